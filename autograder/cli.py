@@ -1,0 +1,149 @@
+"""The `course` command."""
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import sys
+import time
+
+from . import lessons, report
+
+
+def _seed(args) -> int:
+    return args.seed if args.seed is not None else random.SystemRandom().randrange(2**31)
+
+
+def cmd_list(args) -> int:
+    for lesson in lessons.LESSONS:
+        state = "ready" if lesson.available else "planned"
+        print(f"{lesson.number:02d}  {lesson.stem:<28} {state:<8} {lesson.title}")
+    return 0
+
+
+def _grade(stem: str, solutions: bool, seed: int, only=None):
+    from .runner import Target, grade_lesson
+    return grade_lesson(stem, Target.for_lesson(stem, solutions), seed, only=only)
+
+
+def cmd_check(args) -> int:
+    try:
+        lesson = lessons.find(args.lesson)
+    except KeyError as e:
+        print(e.args[0], file=sys.stderr)
+        return 2
+    if not lesson.available:
+        print(f"lesson {lesson.number:02d} ({lesson.title}) has no checks yet", file=sys.stderr)
+        return 2
+    seed = _seed(args)
+    start = time.perf_counter()
+    results = _grade(lesson.stem, args.solutions, seed, only=args.only or None)
+    what = "solutions" if args.solutions else "exercises"
+    print(f"lesson {lesson.number:02d}: {lesson.title}  ({what}/{lesson.stem}.py, seed {seed})\n")
+    print(report.check_table(results, verbose=args.verbose))
+    print("\n" + report.summary_line(results) + f"  in {time.perf_counter() - start:.1f} s")
+    print(f"reproduce with: course check {lesson.number:02d} --seed {seed}"
+          + (" --solutions" if args.solutions else ""))
+    if args.json:
+        _write_json(args.json, seed, {lesson.stem: results})
+    return 0 if all(r.status in ("passed", "not graded here") for r in results) else 1
+
+
+def cmd_grade(args) -> int:
+    seed = _seed(args)
+    everything, rows = {}, []
+    for lesson in lessons.available():
+        results = _grade(lesson.stem, args.solutions, seed)
+        everything[lesson.stem] = results
+        earned, possible, skipped = report.totals(results)
+        passed = sum(r.status == "passed" for r in results)
+        rows.append((lesson, earned, possible, skipped, passed, len(results)))
+    print(f"{'lesson':<28} {'score':>11} {'checks passed':>14}  not graded here")
+    for lesson, earned, possible, skipped, passed, n in rows:
+        print(f"{lesson.stem:<28} {earned:>5g}/{possible:<5g} {passed:>7}/{n:<6}  "
+              + (f"{skipped:g} pts" if skipped else ""))
+    tot_e = sum(r[1] for r in rows)
+    tot_p = sum(r[2] for r in rows)
+    print(f"{'total':<28} {tot_e:>5g}/{tot_p:<5g}   (seed {seed})")
+    if args.json:
+        _write_json(args.json, seed, everything)
+    ok = all(r.status in ("passed", "not graded here") for res in everything.values() for r in res)
+    return 0 if ok else 1
+
+
+def _write_json(path: str, seed: int, everything: dict):
+    out = {"seed": seed, "lessons": {}}
+    for stem, results in everything.items():
+        earned, possible, skipped = report.totals(results)
+        out["lessons"][stem] = {"earned": earned, "possible": possible, "not_graded_here": skipped,
+                                "checks": [r.to_dict() for r in results]}
+    out["earned"] = round(sum(v["earned"] for v in out["lessons"].values()), 2)
+    out["possible"] = round(sum(v["possible"] for v in out["lessons"].values()), 2)
+    with open(path, "w") as f:
+        json.dump(out, f, indent=2)
+
+
+def cmd_doctor(args) -> int:
+    from .doctor import run
+    return run()
+
+
+def cmd_sync(args) -> int:
+    from . import sync
+    if args.check:
+        bad = sync.stale()
+        for p in bad:
+            print(f"out of date: {p.relative_to(lessons.ROOT)}")
+        if bad:
+            print("run `course sync` to regenerate exercises/ from solutions/")
+        return 1 if bad else 0
+    for p in sync.write():
+        print(f"wrote {p.relative_to(lessons.ROOT)}")
+    return 0
+
+
+def cmd_nbgrader(args) -> int:
+    from .nbgrader_build import build
+    for path in build(args.dir, [lessons.find(x).stem for x in args.lessons] or None):
+        print(f"wrote {path}")
+    return 0
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="course", description="The LLM inference course: lessons and grader.")
+    sub = p.add_subparsers(dest="cmd", required=True)
+    sub.add_parser("list", help="the lessons and which are ready").set_defaults(func=cmd_list)
+    c = sub.add_parser("check", help="grade one lesson (your exercises/ by default)")
+    c.add_argument("lesson", help="lesson number or stem, e.g. 01 or l01_roofline")
+    c.add_argument("--solutions", action="store_true", help="grade solutions/ instead")
+    c.add_argument("--seed", type=int, help="reproduce a run's hidden cases")
+    c.add_argument("--only", nargs="*", help="run only these checks")
+    c.add_argument("-v", "--verbose", action="store_true", help="show every case")
+    c.add_argument("--json", help="also write the results to this file")
+    c.set_defaults(func=cmd_check)
+    g = sub.add_parser("grade", help="grade every ready lesson and print a score table")
+    g.add_argument("--solutions", action="store_true")
+    g.add_argument("--seed", type=int)
+    g.add_argument("--json")
+    g.set_defaults(func=cmd_grade)
+    sub.add_parser("doctor", help="versions, device, and a Triton self-test").set_defaults(func=cmd_doctor)
+    s = sub.add_parser("sync", help="(maintainers) regenerate exercises/ from solutions/; "
+                                    "overwrites exercises/")
+    s.add_argument("--check", action="store_true", help="only report files that are out of date")
+    s.set_defaults(func=cmd_sync)
+    n = sub.add_parser("nbgrader", help="(instructors) nbgrader course directory")
+    nsub = n.add_subparsers(dest="nbcmd", required=True)
+    b = nsub.add_parser("build", help="write nbgrader_config.py and source/<lesson>/<lesson>.ipynb")
+    b.add_argument("dir")
+    b.add_argument("lessons", nargs="*", help="default: every ready lesson")
+    b.set_defaults(func=cmd_nbgrader)
+    return p
+
+
+def main(argv=None) -> int:
+    args = parser().parse_args(argv)
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

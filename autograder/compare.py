@@ -1,0 +1,147 @@
+"""Comparisons that explain themselves: shape, then dtype, then values.
+
+Every function returns None when the values agree and otherwise a message
+that says what differs and where, in the learner's terms.
+"""
+from __future__ import annotations
+
+import math
+import numbers
+
+import torch
+
+# (rtol, atol) per dtype. fp32 is loose enough for a different summation order
+# (Triton's interpreter, a blocked online softmax) but tight enough that a
+# missing 1/sqrt(d) scale or a dropped term is far outside it.
+TOLERANCES = {
+    torch.float64: (1e-7, 1e-9),
+    torch.float32: (1e-4, 1e-5),
+    torch.float16: (1e-3, 1e-3),
+    torch.bfloat16: (1.6e-2, 1e-2),
+}
+FP8_TOLERANCE = (1.25e-1, 1e-1)
+
+
+def tolerance_for(dtype: torch.dtype) -> tuple[float, float]:
+    if dtype in TOLERANCES:
+        return TOLERANCES[dtype]
+    if "float8" in str(dtype):
+        return FP8_TOLERANCE
+    return (0.0, 0.0)  # integer and bool tensors compare exactly
+
+
+def describe(x) -> str:
+    """A short description of a value's type, for 'expected X, got Y' messages."""
+    if isinstance(x, torch.Tensor):
+        return f"Tensor(shape={tuple(x.shape)}, dtype={x.dtype}, device={x.device.type})"
+    if x is None:
+        return "None"
+    if isinstance(x, (list, tuple)):
+        return f"{type(x).__name__} of length {len(x)}"
+    return type(x).__name__
+
+
+def fmt(x) -> str:
+    if isinstance(x, float):
+        return f"{x:.6g}"
+    if isinstance(x, torch.Tensor) and x.numel() == 1:
+        return fmt(x.item())
+    return repr(x)
+
+
+def is_number(x) -> bool:
+    return isinstance(x, numbers.Number) and not isinstance(x, bool)
+
+
+def compare_number(got, expected, rtol: float = 1e-9, atol: float = 0.0) -> str | None:
+    if isinstance(got, torch.Tensor) and got.numel() == 1:
+        got = got.item()
+    if hasattr(got, "item") and not isinstance(got, numbers.Number):  # numpy scalars
+        try:
+            got = got.item()
+        except (TypeError, ValueError):
+            pass
+    if not is_number(got):
+        return f"expected a number, got {describe(got)} ({fmt(got)[:80]})"
+    if isinstance(got, complex):
+        return f"expected a real number, got the complex number {got}"
+    if math.isnan(got):
+        return "got NaN"
+    if math.isinf(expected) or math.isinf(got):
+        return None if got == expected else f"got {fmt(got)}, expected {fmt(expected)}"
+    if abs(got - expected) <= atol + rtol * abs(expected):
+        return None
+    return f"got {fmt(got)}, expected {fmt(expected)}"
+
+
+def _first_bad_index(bad: torch.Tensor) -> tuple[int, ...]:
+    flat = int(torch.nonzero(bad.flatten())[0])
+    return tuple(int(i) for i in torch.unravel_index(torch.tensor(flat), bad.shape))
+
+
+def compare_tensor(got, expected: torch.Tensor, rtol: float | None = None,
+                   atol: float | None = None, check_dtype: bool = True) -> str | None:
+    if not isinstance(got, torch.Tensor):
+        return f"expected a torch.Tensor, got {describe(got)}"
+    if tuple(got.shape) != tuple(expected.shape):
+        return f"shape {tuple(got.shape)}, expected {tuple(expected.shape)}"
+    if check_dtype and got.dtype != expected.dtype:
+        return f"dtype {got.dtype}, expected {expected.dtype}"
+    d_rtol, d_atol = tolerance_for(expected.dtype)
+    rtol = d_rtol if rtol is None else rtol
+    atol = d_atol if atol is None else atol
+    if got.numel() == 0:
+        return None
+    g = got.detach().to("cpu", torch.float64)
+    e = expected.detach().to("cpu", torch.float64)
+    nan_got, nan_exp = torch.isnan(g), torch.isnan(e)
+    if (nan_got & ~nan_exp).any():
+        idx = _first_bad_index(nan_got & ~nan_exp)
+        return f"NaN at index {idx} (expected {fmt(e[idx].item())}); {int((nan_got & ~nan_exp).sum())} NaNs in all"
+    diff = (g - e).abs()
+    diff = torch.where(nan_got & nan_exp, torch.zeros_like(diff), diff)
+    bad = diff > atol + rtol * e.abs()
+    if not bad.any():
+        return None
+    idx = _first_bad_index(bad)
+    rel = diff / e.abs().clamp_min(1e-12)
+    return (f"{int(bad.sum())} of {bad.numel()} values differ; first at index {idx}: "
+            f"yours {fmt(g[idx].item())} vs expected {fmt(e[idx].item())}; "
+            f"max abs error {diff.max().item():.3g}, max rel error {rel[bad].max().item():.3g} "
+            f"(tolerance rtol={rtol:g}, atol={atol:g})")
+
+
+def compare(got, expected, rtol: float | None = None, atol: float | None = None,
+            check_dtype: bool = True) -> str | None:
+    """Compare any supported value: tensors, numbers, and (nested) lists/tuples/dicts of them."""
+    if isinstance(expected, torch.Tensor):
+        return compare_tensor(got, expected, rtol, atol, check_dtype)
+    if isinstance(expected, bool) or expected is None or isinstance(expected, str):
+        return None if got == expected and type(got) is type(expected) else \
+            f"got {fmt(got)[:80]}, expected {fmt(expected)}"
+    if is_number(expected):
+        exact = isinstance(expected, numbers.Integral)
+        return compare_number(got, expected, rtol=(0.0 if exact and rtol is None else (rtol or 1e-9)),
+                              atol=(atol or 0.0))
+    if isinstance(expected, dict):
+        if not isinstance(got, dict):
+            return f"expected a dict, got {describe(got)}"
+        missing = [k for k in expected if k not in got]
+        if missing:
+            return f"missing key(s) {missing[:5]}"
+        for k in expected:
+            msg = compare(got[k], expected[k], rtol, atol, check_dtype)
+            if msg:
+                return f"[{k!r}]: {msg}"
+        return None
+    if isinstance(expected, (list, tuple)):
+        if not isinstance(got, (list, tuple)):
+            return f"expected a {type(expected).__name__}, got {describe(got)}"
+        if len(got) != len(expected):
+            return f"length {len(got)}, expected {len(expected)}"
+        for i, (g, e) in enumerate(zip(got, expected)):
+            msg = compare(g, e, rtol, atol, check_dtype)
+            if msg:
+                return f"[{i}]: {msg}"
+        return None
+    return None if got == expected else f"got {fmt(got)[:80]}, expected {fmt(expected)[:80]}"

@@ -1,0 +1,60 @@
+"""The nineteen lessons, in syllabus order. A lesson is available once its checks exist."""
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@dataclasses.dataclass(frozen=True)
+class Lesson:
+    number: int
+    stem: str
+    title: str
+
+    @property
+    def available(self) -> bool:
+        return importlib.util.find_spec(f"autograder.checks.{self.stem}") is not None
+
+    @property
+    def notebook(self) -> Path:
+        return ROOT / "lessons" / f"{self.stem}.ipynb"
+
+
+LESSONS = [Lesson(n, s, t) for n, s, t in [
+    (1, "l01_roofline", "Roofline of prefill vs decode"),
+    (2, "l02_kv_cache", "KV cache per token"),
+    (3, "l03_continuous_batching", "Continuous batching"),
+    (4, "l04_paged_attention", "PagedAttention"),
+    (5, "l05_latency_metrics", "TTFT, TPOT and goodput"),
+    (6, "l06_capacity_planning", "Capacity planning: bf16, fp8, tensor parallel"),
+    (7, "l07_chunked_prefill", "Chunked prefill"),
+    (8, "l08_tail_latency", "Debugging tail latency"),
+    (9, "l09_engine_choice", "Choosing an engine on the roofline"),
+    (10, "l10_autoscaling", "Autoscaling"),
+    (11, "l11_cold_start", "Cold start"),
+    (12, "l12_streaming", "Streaming robustness"),
+    (13, "l13_gpu_utilization", "What GPU utilization measures"),
+    (14, "l14_speculative_decoding", "Speculative decoding"),
+    (15, "l15_attention_layouts", "MHA, GQA and MLA layouts"),
+    (16, "l16_quantization", "Quantization"),
+    (17, "l17_disaggregation", "Disaggregated prefill and decode"),
+    (18, "l18_prefix_caching", "Prefix caching with a radix tree"),
+    (19, "l19_offline_batch", "Offline batch inference"),
+]]
+
+
+def find(key: str) -> Lesson:
+    """Accept '1', '01', 'l01', 'l01_roofline' or 'roofline'."""
+    k = key.strip().lower()
+    for lesson in LESSONS:
+        if k in (str(lesson.number), f"{lesson.number:02d}", f"l{lesson.number:02d}", lesson.stem,
+                 lesson.stem.split("_", 1)[1]):
+            return lesson
+    raise KeyError(f"no lesson {key!r}; try a number 1-19 (see `course list`)")
+
+
+def available() -> list[Lesson]:
+    return [lesson for lesson in LESSONS if lesson.available]
