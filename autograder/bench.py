@@ -1,0 +1,44 @@
+"""How long grading takes: `python -m autograder.bench [--repeat N]`.
+
+Measures each ready lesson's `course check` against the solutions (every
+check runs its cases, so this is the slow path) in one process after the
+imports, and the whole command as a fresh process (imports included).
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import subprocess
+import sys
+import time
+
+from . import lessons
+from .runner import Target, grade_lesson
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--repeat", type=int, default=5)
+    args = ap.parse_args(argv)
+    t0 = time.perf_counter()
+    import torch  # noqa: F401 - the first import is what a notebook or `course` pays once
+    import triton  # noqa: F401
+    print(f"import torch + triton: {time.perf_counter() - t0:.2f} s")
+    print(f"{'lesson':<24} {'checks':>6} {'in-process median':>18} {'max':>7} {'fresh `course check`':>21}")
+    for lesson in lessons.available():
+        times = []
+        for i in range(args.repeat):
+            start = time.perf_counter()
+            res = grade_lesson(lesson.stem, Target.for_lesson(lesson.stem, solutions=True), seed=i)
+            times.append(time.perf_counter() - start)
+        start = time.perf_counter()
+        subprocess.run([sys.executable, "-m", "autograder.cli", "check", f"{lesson.number:02d}",
+                        "--solutions"], capture_output=True, check=False)
+        fresh = time.perf_counter() - start
+        print(f"{lesson.stem:<24} {len(res):>6} {statistics.median(times):>16.2f} s "
+              f"{max(times):>5.2f} s {fresh:>19.2f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
