@@ -88,3 +88,19 @@ def test_broken_module_import_fails_every_check_cleanly(tmp_path, monkeypatch, s
     assert {r.status for r in res.values()} == {status}, [(r.status, r.message) for r in res.values()]
     assert all(phrase in r.message for r in res.values())
     assert all(r.earned == 0 for r in res.values())
+
+
+def test_forkserver_path_used_with_cuda_grades_the_same(tmp_path, monkeypatch):
+    """With CUDA initialised the grader cannot fork; its forkserver path must grade alike."""
+    pkg = tmp_path / "fs_pkg"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "good.py").write_text("def double(x):\n    return 2 * x\n" + GOOD_COUNT)
+    (pkg / "hangs.py").write_text("def double(x):\n    while True:\n        pass\n" + GOOD_COUNT)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path) + ":" + __import__("os").environ.get("PYTHONPATH", ""))
+    monkeypatch.setenv("COURSE_ISOLATION", "forkserver")
+    good = grade(Target(module_name="fs_pkg.good"))
+    assert {r.status for r in good.values()} == {"passed"}, [(r.status, r.message) for r in good.values()]
+    hangs = grade(Target(module_name="fs_pkg.hangs"))
+    assert hangs["double"].status == "timeout" and hangs["count"].status == "passed"
