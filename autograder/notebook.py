@@ -17,6 +17,8 @@ import types
 from . import report, runtime
 from .runner import Target, grade_lesson
 
+runtime.setup()  # before a lesson's imports can pull in triton
+
 
 def impl_package() -> str:
     return "solutions" if os.environ.get("COURSE_IMPL", "exercises") == "solutions" else "exercises"

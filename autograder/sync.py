@@ -46,10 +46,11 @@ def _exercise_label(chain: list[ast.AST], path: Path, line: int) -> tuple[str, s
     funcs = [n for n in chain if not isinstance(n, ast.ClassDef)]
     if not funcs:
         raise SyncError(f"{path}:{line}: solution markers must sit inside a function body")
+    owner = [n.name for n in chain if isinstance(n, ast.ClassDef)][-1:] + [funcs[-1].name]
     for node in reversed(chain):
         m = _EXERCISE.search(ast.get_docstring(node) or "")
         if m:
-            return m.group(1), funcs[-1].name
+            return m.group(1), ".".join(owner)
     raise SyncError(f"{path}:{line}: the docstring of `{funcs[-1].name}` (or its class) must say "
                     "'Exercise N.M' so the stub can point to the lesson section")
 

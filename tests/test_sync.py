@@ -51,7 +51,7 @@ def test_stub_names_exercise_and_section(tmp_path):
     text = sync.exercise_source(p, 99)
     assert 'raise NotImplementedError("Exercise 9.2 (f): see section 9.2 of lessons/l99_demo.ipynb")' in text
     assert "    y = 1\n" in text and "return 2 * x" not in text
-    assert '        raise NotImplementedError("Exercise 9.3 (inc)' in text
+    assert '        raise NotImplementedError("Exercise 9.3 (C.inc)' in text
 
 
 @pytest.mark.parametrize("src,phrase", [
