@@ -1,0 +1,420 @@
+"""Checks for lesson 02: KV bytes per token, cache sizing, and a KV cache with GQA attention.
+
+Hidden cases draw configs the learner has not seen: random layer counts, heads, kv heads that
+divide the heads, head_dim present, absent or null, num_key_value_heads present, absent or null.
+Attention is checked against torch's scaled_dot_product_attention on K/V expanded with
+repeat_interleave, with an explicit causal mask aligned to the end of the cache.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+
+from autograder.core import LearnerRaised, check
+
+# -- configs ----------------------------------------------------------------------------------
+
+DTYPE_SPECS = ["bfloat16", "float16", "fp16", "bf16", "float8", "fp8", "fp8_e4m3", "fp8_e5m2",
+               "float32", "fp32", 1, 2, 4, torch.bfloat16, torch.float16, torch.float32]
+DTYPE_BYTES = {"float32": 4, "fp32": 4, "bfloat16": 2, "bf16": 2, "float16": 2, "fp16": 2,
+               "float8": 1, "fp8": 1, "fp8_e4m3": 1, "fp8_e5m2": 1}
+
+
+def _fields(cfg):
+    heads = cfg["num_attention_heads"]
+    kv = cfg.get("num_key_value_heads") or heads
+    implied = cfg["hidden_size"] // heads
+    return cfg["num_hidden_layers"], heads, kv, cfg.get("head_dim") or implied, implied
+
+
+def random_config(rng) -> dict:
+    """A decoder config.json the learner has not seen, with the defaults' traps drawn at random."""
+    kv = rng.choice([1, 2, 4, 8, 16])
+    heads = kv * rng.choice([1, 2, 4, 8])
+    head_dim = rng.choice([64, 80, 96, 128, 256])
+    cfg = {"model_type": rng.choice(["llama", "mistral", "qwen2"]),
+           "num_hidden_layers": rng.randint(2, 100), "num_attention_heads": heads,
+           "vocab_size": rng.choice([32000, 128256, 151936]), "torch_dtype": "bfloat16"}
+    if rng.random() < 0.5:  # explicit head_dim that hidden_size // heads does not give
+        cfg["hidden_size"] = heads * rng.choice([d for d in (64, 96, 128, 160, 192) if d != head_dim])
+        cfg["head_dim"] = head_dim
+    else:
+        cfg["hidden_size"] = heads * head_dim
+        if rng.random() < 0.3:
+            cfg["head_dim"] = None  # serialised "head_dim": null means the default too
+    if kv != heads or rng.random() < 0.4:
+        cfg["num_key_value_heads"] = kv
+    elif rng.random() < 0.5:
+        cfg["num_key_value_heads"] = None
+    cfg["intermediate_size"] = 4 * cfg["hidden_size"]
+    return cfg
+
+
+def _describe(cfg) -> str:
+    L, H, kv, hd, _ = _fields(cfg)
+    kv_s = "absent" if "num_key_value_heads" not in cfg else cfg["num_key_value_heads"]
+    hd_s = "absent" if "head_dim" not in cfg else cfg["head_dim"]
+    return (f"layers={L}, heads={H}, num_key_value_heads={kv_s}, head_dim={hd_s}, "
+            f"hidden={cfg['hidden_size']}")
+
+
+def kv_mistakes(cfg, nbytes: int) -> dict:
+    L, H, kv, hd, implied = _fields(cfg)
+    right = 2 * L * kv * hd * nbytes
+    wrong = {"counts only K, not K and V": right // 2,
+             "ignores num_key_value_heads (uses num_attention_heads)": 2 * L * H * hd * nbytes,
+             "uses hidden_size instead of num_key_value_heads * head_dim": 2 * L * cfg["hidden_size"] * nbytes,
+             "ignores an explicit head_dim (uses hidden_size // num_attention_heads)": 2 * L * kv * implied * nbytes,
+             "forgets the number of layers": 2 * kv * hd * nbytes,
+             "uses bits instead of bytes": right * 8}
+    if cfg.get("torch_dtype") in DTYPE_BYTES and DTYPE_BYTES[cfg["torch_dtype"]] != nbytes:
+        wrong["uses the config's torch_dtype instead of the dtype argument (the KV cache may differ "
+              "from the weights)"] = 2 * L * kv * hd * DTYPE_BYTES[cfg["torch_dtype"]]
+    return wrong
+
+
+LLAMA_3_70B = {"model_type": "llama", "num_hidden_layers": 80, "num_attention_heads": 64,
+               "num_key_value_heads": 8, "hidden_size": 8192, "intermediate_size": 28672,
+               "vocab_size": 128256, "torch_dtype": "bfloat16"}
+LLAMA_3_8B = {"model_type": "llama", "num_hidden_layers": 32, "num_attention_heads": 32,
+              "num_key_value_heads": 8, "hidden_size": 4096, "intermediate_size": 14336,
+              "vocab_size": 128256, "torch_dtype": "bfloat16"}
+MHA_7B = {"model_type": "llama", "num_hidden_layers": 32, "num_attention_heads": 32,
+          "hidden_size": 4096, "intermediate_size": 11008, "vocab_size": 32000}
+EXPLICIT_HEAD_DIM = {"model_type": "mistral", "num_hidden_layers": 40, "num_attention_heads": 32,
+                     "num_key_value_heads": 8, "head_dim": 128, "hidden_size": 5120,
+                     "intermediate_size": 14336, "vocab_size": 131072}
+
+
+def expect_raises(t, exc_type, fn, *args, what: str, why: str):
+    """Pass only if the learner's `fn` raises `exc_type` on these arguments."""
+    try:
+        got = t.call_fn(fn, *args, what=what)
+    except LearnerRaised as e:
+        if not isinstance(e.exc, exc_type):
+            t.fail(f"{what}() raised {type(e.exc).__name__}, expected {exc_type.__name__}: {why}")
+        return
+    t.fail(f"{what}() returned {got!r} instead of raising {exc_type.__name__}: {why}")
+
+
+# -- 2.1 bytes per token ----------------------------------------------------------------------
+
+@check(points=1, section="2.1")
+def dtype_bytes(t):
+    """Bytes per element from a dtype name, a byte width or a torch.dtype."""
+    visible = ["bfloat16", "float16", "float32", "fp8_e4m3", "float8", 2, torch.bfloat16]
+    hidden = [rng_case(t.rng, s) for s in t.rng.sample(["bf16", "fp16", "fp8", "fp8_e5m2", "fp32",
+                                                        "bfloat16", "float8"], 3)]
+    for spec in visible + hidden:
+        with t.case(f"dtype_bytes({spec!r})"):
+            expected = t.ref.dtype_bytes(spec)
+            t.expect(t.call("dtype_bytes", spec), expected, f"bytes per {spec!r} element",
+                     mistakes={"uses bits instead of bytes": 8 * expected})
+    with t.case("an unknown name raises ValueError"):
+        expect_raises(t, ValueError, t.fn("dtype_bytes"), "int3", what="dtype_bytes",
+                      why="a typo in a dtype name must not silently size a cache")
+
+
+def rng_case(rng, name: str) -> str:
+    """The same name in a random mix of upper and lower case (names are case-insensitive)."""
+    return "".join(c.upper() if rng.random() < 0.5 else c for c in name)
+
+
+@check(points=3, section="2.1")
+def kv_bytes_per_token(t):
+    """2 x layers x kv_heads x head_dim x bytes, with config.json's defaults."""
+    cases = [("GQA, explicit head_dim 128 while hidden_size // heads = 160", EXPLICIT_HEAD_DIM, "bfloat16"),
+             ("Llama-3-70B config, fp8 cache", LLAMA_3_70B, "fp8_e4m3"),
+             ("MHA config without num_key_value_heads", MHA_7B, "float16"),
+             ("Llama-3-8B config, byte width 4", LLAMA_3_8B, 4)]
+    for _ in range(4):
+        cases.append(("hidden config", random_config(t.rng), t.rng.choice(DTYPE_SPECS)))
+    for label, cfg, dtype in cases:
+        with t.case(f"{label}: {_describe(cfg)}, dtype={dtype!r}"):
+            expected = t.ref.kv_bytes_per_token(cfg, dtype)
+            got = t.call("kv_bytes_per_token", cfg, dtype)
+            t.expect(got, expected, "KV bytes per token", mistakes=kv_mistakes(cfg, t.ref.dtype_bytes(dtype)))
+
+
+# -- 2.2 users and bytes ----------------------------------------------------------------------
+
+@check(points=1, section="2.2")
+def kv_cache_bytes(t):
+    """users x context x bytes per token."""
+    cases = [(LLAMA_3_70B, "bfloat16", 32, 8192), (LLAMA_3_8B, "fp8", 7, 3000)]
+    for _ in range(3):
+        cases.append((random_config(t.rng), t.rng.choice(DTYPE_SPECS), t.rng.randint(2, 256),
+                      t.rng.randint(2, 131072)))
+    for cfg, dtype, users, ctx in cases:
+        with t.case(f"{users} users x {ctx} tokens, {_describe(cfg)}, dtype={dtype!r}"):
+            expected = t.ref.kv_cache_bytes(cfg, dtype, users, ctx)
+            per_token = t.ref.kv_bytes_per_token(cfg, dtype)
+            t.expect(t.call("kv_cache_bytes", cfg, dtype, users, ctx), expected, "cache bytes",
+                     mistakes={"forgets to multiply by the number of users": per_token * ctx,
+                               "forgets the context length": per_token * users,
+                               "counts only K, not K and V": expected // 2})
+
+
+@check(points=2, section="2.2")
+def max_users(t):
+    """Whole sequences that fit in the free bytes: rounded down, never negative."""
+    per_70b = t.ref.kv_cache_bytes(LLAMA_3_70B, "bfloat16", 1, 8192)
+    per_8b = t.ref.kv_cache_bytes(LLAMA_3_8B, "fp8", 1, 4096)
+    cases = [("70.45e9 free bytes", LLAMA_3_70B, "bfloat16", 8192, 70.45e9),
+             ("one byte short of 5 sequences", LLAMA_3_70B, "bfloat16", 8192, 5 * per_70b - 1),
+             ("room for 6.7 sequences", LLAMA_3_8B, "fp8", 4096, int(6.7 * per_8b)),
+             ("exactly 3 sequences", LLAMA_3_8B, "fp8", 4096, 3 * per_8b),
+             ("negative free memory (weights did not fit)", LLAMA_3_8B, "bfloat16", 4096, -2e9)]
+    for _ in range(3):
+        cfg, dtype, ctx = random_config(t.rng), t.rng.choice(DTYPE_SPECS), t.rng.randint(256, 131072)
+        per = t.ref.kv_cache_bytes(cfg, dtype, 1, ctx)
+        cases.append(("hidden", cfg, dtype, ctx, t.rng.uniform(0.3, 300) * per))
+    for label, cfg, dtype, ctx, free in cases:
+        with t.case(f"{label}: context {ctx}, free={free:.6g} bytes, {_describe(cfg)}, dtype={dtype!r}"):
+            expected = t.ref.max_users(cfg, dtype, ctx, free)
+            per_user = t.ref.kv_cache_bytes(cfg, dtype, 1, ctx)
+            per_token = t.ref.kv_bytes_per_token(cfg, dtype)
+            wrong = {}
+            if free > 0:  # ints first: a float within 1e-9 of an int would match the fraction too
+                up, near = math.ceil(free / per_user), round(free / per_user)
+                why = "(a sequence that does not fit entirely cannot be admitted)"
+                if up == near:  # a fraction >= .5: rounding up and to the nearest agree
+                    wrong[f"rounds up or to the nearest whole number instead of down {why}"] = up
+                else:
+                    wrong[f"rounds up {why}"] = up
+                wrong["returns a fraction of a user (round down to whole sequences)"] = free / per_user
+            wrong["counts tokens that fit, not sequences of context_len tokens"] = int(free // per_token)
+            wrong["returns a negative number of users when nothing fits"] = int(free // per_user)
+            t.expect(t.call("max_users", cfg, dtype, ctx, free), expected, "users that fit",
+                     mistakes={k: v for k, v in wrong.items() if v != expected})
+
+
+@check(points=2, section="2.3")
+def users_per_gpu(t):
+    """Weights first, then whole sequences of KV cache in what is left."""
+    cases = [("Llama-3-8B, bf16, 80 GB", LLAMA_3_8B, 8.03e9, 8192, 80e9, "bfloat16", "bfloat16"),
+             ("Llama-3-70B, fp8 weights, bf16 cache, 141 GB", LLAMA_3_70B, 70.55e9, 8192, 141e9, "fp8", "bfloat16"),
+             ("Llama-3-70B, bf16 weights, 141 GB", LLAMA_3_70B, 70.55e9, 8192, 141e9, "bfloat16", "bfloat16"),
+             ("Llama-3-8B, bf16 weights, fp8 cache, 80 GB", LLAMA_3_8B, 8.03e9, 32768, 80e9, "bfloat16", "fp8")]
+    for _ in range(2):
+        cfg = random_config(t.rng)
+        params = t.rng.uniform(1, 100) * 1e9
+        gpu = t.rng.choice([24e9, 48e9, 80e9, 141e9, 192e9])
+        cases.append(("hidden", cfg, params, t.rng.randint(1024, 65536), gpu,
+                      t.rng.choice(["bfloat16", "fp8", 2, 1]), t.rng.choice(["bfloat16", "fp8", "float16"])))
+    for label, cfg, params, ctx, gpu, w_dt, kv_dt in cases:
+        with t.case(f"{label}: {params:.4g} params, context {ctx}, gpu_bytes={gpu:.4g}, weights {w_dt!r}, "
+                    f"cache {kv_dt!r}, {_describe(cfg)}"):
+            expected = t.ref.users_per_gpu(cfg, params, ctx, gpu, w_dt, kv_dt)
+            per_user = t.ref.kv_cache_bytes(cfg, kv_dt, 1, ctx)
+            free = gpu - params * t.ref.dtype_bytes(w_dt)
+            wrong = {"forgets to subtract the weights": int(gpu // per_user),
+                     "returns a negative number of users when the weights do not fit": int(free // per_user),
+                     "sizes the weights with the KV cache's dtype":
+                         max(0, int((gpu - params * t.ref.dtype_bytes(kv_dt)) // per_user)),
+                     "sizes the KV cache with the weights' dtype":
+                         t.ref.max_users(cfg, w_dt, ctx, free)}
+            t.expect(t.call("users_per_gpu", cfg, params, ctx, gpu, w_dt, kv_dt), expected, "users per GPU",
+                     mistakes={k: v for k, v in wrong.items() if v != expected})
+
+
+# -- 2.4 attention over the cache -------------------------------------------------------------
+
+def sdpa_reference(q, k, v):
+    """Expected output: SDPA over K/V expanded with repeat_interleave, causal mask aligned to the
+    end (query i is token S - T + i). SDPA's own is_causal aligns top-left when T != S."""
+    T, H, D = q.shape
+    S, H_kv, _ = k.shape
+    g = H // H_kv
+    ke, ve = k.repeat_interleave(g, dim=1), v.repeat_interleave(g, dim=1)
+    mask = torch.arange(S)[None, :] <= torch.arange(S - T, S)[:, None]     # [T, S], True = attend
+    out = F.scaled_dot_product_attention(q.transpose(0, 1), ke.transpose(0, 1), ve.transpose(0, 1),
+                                         attn_mask=mask)
+    return out.transpose(0, 1).contiguous()
+
+
+def attention_variant(q, k, v, scale=True, heads="interleave", mask="end", softmax_over="keys"):
+    """The typical wrong versions of decode attention, for naming mistakes."""
+    T, H, D = q.shape
+    S, H_kv, _ = k.shape
+    g = H // H_kv
+    if heads == "interleave":
+        ke, ve = k.repeat_interleave(g, dim=1), v.repeat_interleave(g, dim=1)
+    else:  # head h reads kv head h % H_kv
+        ke, ve = k.repeat(1, g, 1), v.repeat(1, g, 1)
+    s = torch.einsum("thd,shd->ths", q, ke)
+    if scale:
+        s = s / math.sqrt(D)
+    q_pos = torch.arange(S - T, S) if mask == "end" else torch.arange(T)
+    if mask != "none":
+        s = s.masked_fill(torch.arange(S)[None, None, :] > q_pos[:, None, None], float("-inf"))
+    p = s.softmax(dim={"keys": -1, "queries": 0, "heads": 1}[softmax_over])
+    return torch.einsum("ths,shd->thd", torch.nan_to_num(p), ve)
+
+
+def attention_mistakes(q, k, v) -> dict:
+    T, H, _ = q.shape
+    S, H_kv, _ = k.shape
+    m = {"is missing the 1/sqrt(head_dim) scale": attention_variant(q, k, v, scale=False)}
+    if H_kv > 1 and H > H_kv:
+        m["maps query heads to KV heads with repeat instead of repeat_interleave "
+          "(query head h must read KV head h // group)"] = attention_variant(q, k, v, heads="repeat")
+    if T > 1:
+        m["applies no causal mask to the new tokens (query i must not see the tokens after it)"] = \
+            attention_variant(q, k, v, mask="none")
+    if T < S:
+        m["aligns the causal mask top-left (query i sees keys 0..i), but the T new queries are the "
+          "last T tokens: query i sees keys 0..S-T+i"] = attention_variant(q, k, v, mask="start")
+    m["takes the softmax over the wrong axis (over queries instead of keys)"] = \
+        attention_variant(q, k, v, softmax_over="queries")
+    m["takes the softmax over the wrong axis (over heads instead of keys)"] = \
+        attention_variant(q, k, v, softmax_over="heads")
+    return m
+
+
+def _qkv(t, T, S, H, H_kv, D):
+    return (torch.randn(T, H, D, generator=t.gen), torch.randn(S, H_kv, D, generator=t.gen),
+            torch.randn(S, H_kv, D, generator=t.gen))
+
+
+@check(points=3, section="2.4")
+def decode_attention(t):
+    """GQA attention of the T newest queries over S cached keys and values, causal."""
+    shapes = [("decode step, MHA", 1, 7, 4, 4, 16),
+              ("decode step, GQA group 4", 1, 9, 8, 2, 16),
+              ("4 new tokens over 10 cached, GQA group 2", 4, 10, 4, 2, 8),
+              ("prefill T = S = 6, GQA group 2", 6, 6, 4, 2, 8)]
+    for _ in range(4):
+        H_kv, g = t.rng.randint(1, 4), t.rng.choice([1, 2, 4, 8])
+        S = t.rng.randint(1, 48)
+        T = t.rng.choice([1, t.rng.randint(1, min(S, 8)), S])
+        shapes.append(("hidden", T, S, H_kv * g, H_kv, t.rng.choice([8, 16, 32, 64])))
+    for label, T, S, H, H_kv, D in shapes:
+        with t.case(f"{label}: T={T}, S={S}, heads={H}, kv_heads={H_kv}, head_dim={D}"):
+            q, k, v = _qkv(t, T, S, H, H_kv, D)
+            expected = sdpa_reference(q, k, v)
+            t.expect(t.call("decode_attention", q, k, v), expected, "attention output",
+                     mistakes=attention_mistakes(q, k, v))
+
+
+# -- 2.5 the cache ----------------------------------------------------------------------------
+
+def _kv(t, n, H_kv, D):
+    return torch.randn(n, H_kv, D, generator=t.gen), torch.randn(n, H_kv, D, generator=t.gen)
+
+
+def new_cache(t, layers, max_tokens, H_kv, D, dtype=torch.float32):
+    ref = t.ref.KVCache(layers, max_tokens, H_kv, D, dtype)
+    return t.call("KVCache", layers, max_tokens, H_kv, D, dtype), ref
+
+
+def append_both(t, cache, ref, layer, k, v):
+    ref.append(layer, k, v)
+    t.call_fn(cache.append, layer, k, v, what="KVCache.append")
+
+
+def expect_read(t, cache, ref, layer, max_tokens, last=None):
+    expected = ref.read(layer)
+    got = t.call_fn(cache.read, layer, what="KVCache.read")
+    t.expect_true(isinstance(got, (tuple, list)) and len(got) == 2,
+                  f"KVCache.read({layer}) should return a (K, V) pair, got {type(got).__name__}")
+    n = expected[0].shape[0]
+    if isinstance(got[0], torch.Tensor) and got[0].ndim == 3 and got[0].shape[0] == max_tokens != n:
+        t.fail(f"KVCache.read({layer}): K has {max_tokens} rows but only {n} tokens were appended. "
+               "Looks like your code reads past the filled length (returns the whole preallocated "
+               "buffer); slice it to length(layer).")
+    mistakes = {}
+    if last is not None and last[0].shape[0] != n:
+        mistakes["overwrites the cache instead of appending to it (read should return every token "
+                 "so far, in order)"] = tuple(x.to(expected[0].dtype) for x in last)
+    t.expect(tuple(got), tuple(expected), f"KVCache.read({layer})", mistakes=mistakes)
+
+
+@check(points=3, section="2.5")
+def kv_cache(t):
+    """append() adds after what is there; read() returns exactly the filled tokens, per layer."""
+    with t.case("prefill 5 tokens into layer 0 of 2, read both layers"):
+        cache, ref = new_cache(t, 2, 16, 2, 8)
+        k, v = _kv(t, 5, 2, 8)
+        append_both(t, cache, ref, 0, k, v)
+        expect_read(t, cache, ref, 0, 16)
+        expect_read(t, cache, ref, 1, 16)
+    with t.case("prefill 4 tokens, then three 1-token decode steps, on every layer"):
+        cache, ref = new_cache(t, 3, 12, 2, 4)
+        last = {}
+        for n in (4, 1, 1, 1):
+            for layer in range(3):
+                last[layer] = _kv(t, n, 2, 4)
+                append_both(t, cache, ref, layer, *last[layer])
+        for layer in range(3):
+            expect_read(t, cache, ref, layer, 12, last=last[layer])
+    with t.case("length() per layer, halfway through a forward pass"):
+        cache, ref = new_cache(t, 3, 10, 1, 4)
+        for layer, n in [(0, 3), (1, 3), (2, 3), (0, 2)]:
+            append_both(t, cache, ref, layer, *_kv(t, n, 1, 4))
+        got = [t.call_fn(cache.length, layer, what="KVCache.length") for layer in range(3)]
+        t.expect(got, [ref.length(layer) for layer in range(3)], "[length(0), length(1), length(2)]")
+    with t.case("appending past max_tokens raises ValueError"):
+        cache, ref = new_cache(t, 1, 6, 2, 4)
+        append_both(t, cache, ref, 0, *_kv(t, 4, 2, 4))
+        expect_raises(t, ValueError, cache.append, 0, *_kv(t, 3, 2, 4), what="KVCache.append",
+                      why="4 + 3 tokens do not fit in max_tokens=6; silently dropping or wrapping "
+                          "would corrupt attention")
+    with t.case("a float16 cache stores float16"):
+        cache, ref = new_cache(t, 2, 8, 2, 4, torch.float16)
+        for layer in range(2):
+            append_both(t, cache, ref, layer, *_kv(t, 3, 2, 4))
+        expect_read(t, cache, ref, 1, 8)
+    for _ in range(2):
+        layers, H_kv, D = t.rng.randint(1, 4), t.rng.randint(1, 4), t.rng.choice([4, 8, 16, 32])
+        chunks = [t.rng.randint(1, 12)] + [t.rng.choice([1, 1, 1, 2, 3]) for _ in range(t.rng.randint(1, 5))]
+        max_tokens = sum(chunks) + t.rng.randint(0, 8)
+        with t.case(f"hidden: {layers} layers, kv_heads={H_kv}, head_dim={D}, max_tokens={max_tokens}, "
+                    f"appends of {chunks} tokens"):
+            cache, ref = new_cache(t, layers, max_tokens, H_kv, D)
+            last = {}
+            for n in chunks:
+                for layer in range(layers):
+                    last[layer] = _kv(t, n, H_kv, D)
+                    append_both(t, cache, ref, layer, *last[layer])
+            for layer in range(layers):
+                expect_read(t, cache, ref, layer, max_tokens, last=last[layer])
+            got = [t.call_fn(cache.length, layer, what="KVCache.length") for layer in range(layers)]
+            t.expect(got, [ref.length(layer) for layer in range(layers)], "lengths per layer")
+
+
+@check(points=2, section="2.5")
+def kv_cache_attend(t):
+    """Step by step, attend() gives what full causal attention over the whole sequence gives."""
+    scenarios = [("prefill 5 tokens with append(), then 3 decode steps and one 2-token step with attend()",
+                  2, 4, 2, 8, False, [5, 1, 1, 1, 2]),
+                 ("prefill 6 tokens with attend(), then 2 decode steps", 2, 4, 1, 8, True, [6, 1, 1])]
+    for _ in range(2):
+        H_kv, g = t.rng.randint(1, 3), t.rng.choice([1, 2, 4, 8])
+        steps = [t.rng.randint(1, 10)] + [t.rng.choice([1, 1, 2, 3]) for _ in range(t.rng.randint(2, 4))]
+        scenarios.append((f"hidden: steps of {steps} tokens", t.rng.randint(1, 3), H_kv * g, H_kv,
+                          t.rng.choice([8, 16, 32]), t.rng.random() < 0.5, steps))
+    for label, layers, H, H_kv, D, attend_prefill, steps in scenarios:
+        with t.case(f"{label}: layers={layers}, heads={H}, kv_heads={H_kv}, head_dim={D}"):
+            cache, _ = new_cache(t, layers, sum(steps) + 2, H_kv, D)
+            hist = [(torch.empty(0, H_kv, D), torch.empty(0, H_kv, D)) for _ in range(layers)]
+            for i, n in enumerate(steps):
+                for layer in range(layers):
+                    q = torch.randn(n, H, D, generator=t.gen)
+                    k, v = _kv(t, n, H_kv, D)
+                    old_k, old_v = hist[layer]
+                    hist[layer] = (torch.cat([old_k, k]), torch.cat([old_v, v]))
+                    if i == 0 and not attend_prefill:
+                        t.call_fn(cache.append, layer, k, v, what="KVCache.append")
+                        continue
+                    expected = sdpa_reference(q, *hist[layer])
+                    wrong = {"attends only over this step's new tokens, not the whole cache":
+                             t.ref.decode_attention(q, k, v)}
+                    if old_k.shape[0] >= n:
+                        wrong["attends before appending this step's k, v (a token must see its own key)"] = \
+                            t.ref.decode_attention(q, old_k, old_v)
+                    got = t.call_fn(cache.attend, layer, q, k, v, what="KVCache.attend")
+                    t.expect(got, expected, f"step {i} ({n} new tokens), layer {layer}: attend() output",
+                             mistakes=wrong)

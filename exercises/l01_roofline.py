@@ -1,0 +1,231 @@
+# Lesson 01 exercises: replace each `raise NotImplementedError` with your code.
+# Check your work with `course check 01`. (Generated from solutions/l01_roofline.py by
+# `course sync`; keep the names and signatures.)
+"""Lesson 01: the roofline of prefill vs decode.
+
+Counting conventions used throughout (the lesson's section 1 explains them):
+- FLOPs: a multiply-add is 2 FLOPs. The weight matmuls of a dense decoder cost 2 * P * T for T
+  tokens (every weight takes part in one multiply-add per token). Attention's two
+  context-dependent matmuls (Q K^T and P V) are a separate term: per layer and query head, each
+  (query, key) pair costs 4 * head_dim FLOPs, and under the causal mask a new token at position i
+  of a chunk sees `cached + i + 1` keys. Softmax, norms and activations are ignored.
+- Bytes: the weights are read once per forward pass, however many tokens it holds; the KV cache
+  of the cached context is read once; the new tokens' K and V are written once. Activations,
+  re-reads of K/V inside an attention kernel and the embedding lookup are not counted.
+- Units: FLOP/s and bytes/s in SI units (1 GB = 1e9 bytes, 1 TFLOP/s = 1e12 FLOP/s).
+"""
+from __future__ import annotations
+
+import itertools
+import math
+import time
+
+import torch
+
+# Bits per element of the number formats used below. Bytes = bits / 8.
+DTYPE_BITS = {"fp32": 32, "fp16": 16, "bf16": 16, "fp8": 8, "int8": 8, "int4": 4}
+
+# Vendor datasheets (NVIDIA A100 / H100 / H200): dense bf16 tensor-core TFLOP/s, HBM bandwidth
+# and capacity; the sparse (2:4 structured sparsity) figure printed beside dense is twice it.
+CHIPS = {
+    "A100 SXM 80GB": {"dense_tflops": 312.0, "sparse_tflops": 2 * 312.0, "hbm_gb_per_s": 2039.0, "hbm_gb": 80},
+    "H100 SXM": {"dense_tflops": 989.0, "sparse_tflops": 2 * 989.0, "hbm_gb_per_s": 3350.0, "hbm_gb": 80},
+    "H200 SXM": {"dense_tflops": 989.0, "sparse_tflops": 2 * 989.0, "hbm_gb_per_s": 4800.0, "hbm_gb": 141},
+}
+
+# Shapes from the models' config.json; "params" is the nominal parameter count (8e9, 70e9).
+LLAMA_3_8B = {"name": "Llama-3-8B", "params": 8e9, "layers": 32, "heads": 32, "kv_heads": 8,
+              "head_dim": 128}
+LLAMA_3_70B = {"name": "Llama-3-70B", "params": 70e9, "layers": 80, "heads": 64, "kv_heads": 8,
+               "head_dim": 128}
+
+
+# ---------------------------------------------------------------- 1. the cost of a forward pass
+
+
+def matmul_cost(m: int, n: int, k: int, dtype: str) -> dict:
+    """Exercise 1.1: FLOPs and bytes of one matmul C[m, n] = A[m, k] @ B[k, n].
+
+    Each of the m * n outputs is a dot product of length k: k multiplies and k adds. Bytes are
+    the minimum traffic: read A and B once, write C once, each element DTYPE_BITS[dtype] / 8 bytes.
+
+    Returns {"flops": ..., "bytes": ...}.
+    Example: matmul_cost(1, 4096, 4096, "bf16") ->
+        {"flops": 33554432, "bytes": 33570816.0}   (intensity ~1 FLOP/byte)
+    """
+    raise NotImplementedError("Exercise 1.1 (matmul_cost): see section 1.1 of lessons/l01_roofline.ipynb")
+
+
+def attention_flops(model: dict, new_tokens: int, cached: int) -> int:
+    """Exercise 1.2: FLOPs of attention's score and value matmuls in one forward pass.
+
+    `new_tokens` tokens of one sequence go through the model; `cached` earlier tokens of it are
+    already in the KV cache. Under the causal mask the i-th new token (i = 0, 1, ...) attends to
+    cached + i + 1 keys (the cached ones, the earlier new ones, itself). Per layer and per query
+    head, each (query, key) pair costs 2 * head_dim FLOPs for q.k and 2 * head_dim for adding
+    p * v: 4 * head_dim in all. Uses model["layers"], model["heads"] (query heads), model["head_dim"].
+
+    Example: attention_flops(LLAMA_3_8B, 1, 2000) == 4 * 32 * 32 * 128 * 2001 == 1049100288
+    """
+    raise NotImplementedError("Exercise 1.2 (attention_flops): see section 1.2 of lessons/l01_roofline.ipynb")
+
+
+def forward_flops(model: dict, new_tokens: int, cached: int) -> float:
+    """Exercise 1.3: total FLOPs of one forward pass of one sequence.
+
+    Weight matmuls, 2 * model["params"] * new_tokens, plus attention_flops(model, new_tokens, cached).
+
+    Example: forward_flops(LLAMA_3_8B, 1, 2000) == 2 * 8e9 + 1049100288 == 1.7049100288e10
+    """
+    raise NotImplementedError("Exercise 1.3 (forward_flops): see section 1.3 of lessons/l01_roofline.ipynb")
+
+
+def forward_bytes(model: dict, new_tokens: int, cached: int, weight_dtype: str,
+                  kv_dtype: str) -> float:
+    """Exercise 1.4: bytes moved from/to HBM by one forward pass of one sequence.
+
+    Counted: all weights read once (model["params"] elements of weight_dtype), the KV cache of the
+    `cached` tokens read once, and K and V of the `new_tokens` written once. KV bytes per token are
+    2 (K and V) * layers * kv_heads * head_dim elements of kv_dtype. Activations are not counted.
+
+    Example: forward_bytes(LLAMA_3_8B, 1, 2000, "bf16", "bf16")
+        == 8e9 * 2 + (2000 + 1) * 131072 == 16262275072.0
+    """
+    raise NotImplementedError("Exercise 1.4 (forward_bytes): see section 1.4 of lessons/l01_roofline.ipynb")
+
+
+# ---------------------------------------------------------------- 2. the roofline
+
+
+def ridge_point(chip: dict) -> float:
+    """Exercise 2.1: the chip's ridge point in FLOP/byte: dense peak FLOP/s over HBM bytes/s.
+
+    chip["dense_tflops"] is in TFLOP/s (1e12 FLOP/s), chip["hbm_gb_per_s"] in GB/s (1e9 bytes/s).
+    A pass with a higher arithmetic intensity than this is compute-bound on the chip.
+
+    Example: ridge_point(CHIPS["H100 SXM"]) == 989e12 / 3350e9 == 295.22...
+    """
+    raise NotImplementedError("Exercise 2.1 (ridge_point): see section 2.1 of lessons/l01_roofline.ipynb")
+
+
+def roofline(flops: float, bytes_moved: float, chip: dict) -> dict:
+    """Exercise 2.2: the roofline model of one pass on one chip.
+
+    Returns a dict with
+      "intensity":              flops / bytes_moved (FLOP/byte)
+      "attainable_flops_per_s": min(peak, intensity * bandwidth) (FLOP/s, dense peak)
+      "bound":                  "compute" if intensity >= ridge_point(chip) else "memory"
+      "time_s":                 max(flops / peak, bytes_moved / bandwidth): compute and memory
+                                traffic overlap, so the slower of the two sets the time.
+
+    Example: roofline(2e12, 1e10, CHIPS["H100 SXM"]) ->
+        {"intensity": 200.0, "attainable_flops_per_s": 6.7e14, "bound": "memory",
+         "time_s": 0.002985...}
+    """
+    raise NotImplementedError("Exercise 2.2 (roofline): see section 2.2 of lessons/l01_roofline.ipynb")
+
+
+# ---------------------------------------------------------------- 3. batching decode
+
+
+def decode_step_cost(model: dict, batch: int, context: int, weight_dtype: str,
+                     kv_dtype: str) -> dict:
+    """Exercise 3.1: FLOPs and bytes of one decode step of `batch` sequences.
+
+    Each sequence has `context` tokens in the KV cache and adds one new token. The sequences share
+    one read of the weights; each reads its own KV cache and writes one token's K and V.
+
+    Returns {"flops": ..., "bytes": ...}.
+    Example: decode_step_cost(LLAMA_3_8B, 1, 2000, "bf16", "bf16") ==
+        {"flops": forward_flops(LLAMA_3_8B, 1, 2000),
+         "bytes": forward_bytes(LLAMA_3_8B, 1, 2000, "bf16", "bf16")}
+    """
+    raise NotImplementedError("Exercise 3.1 (decode_step_cost): see section 3.1 of lessons/l01_roofline.ipynb")
+
+
+def decode_crossover_batch(model: dict, chip: dict, context: int, weight_dtype: str,
+                           kv_dtype: str, include_kv: bool = True) -> int | None:
+    """Exercise 3.2: the smallest batch size at which a decode step is compute-bound.
+
+    That is the smallest whole B >= 1 with intensity(decode_step_cost(model, B, ...)) >=
+    ridge_point(chip). With include_kv=False, count only the weight matmuls and the weight read
+    (no attention FLOPs, no KV bytes): the short-context approximation. Returns None when no
+    batch size gets there: each sequence reads its own KV cache, so those bytes grow with B as
+    fast as the FLOPs, and the intensity levels off (below the ridge, for long contexts).
+
+    Example: decode_crossover_batch(LLAMA_3_8B, CHIPS["H100 SXM"], 0, "bf16", "bf16",
+                                    include_kv=False) == 296      (ridge 295.2 * 2 bytes / 2 FLOPs)
+    """
+    raise NotImplementedError("Exercise 3.2 (decode_crossover_batch): see section 3.2 of lessons/l01_roofline.ipynb")
+
+
+# ---------------------------------------------------------------- 4. measuring your own device
+# Teaching code, not exercises: timings are noisy, so nothing here is graded by value.
+
+_TORCH_DTYPES = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def time_call(fn, device: torch.device, min_seconds: float = 0.05, repeats: int = 3) -> float:
+    """Seconds per call of fn(): the best of `repeats` timed loops, each at least min_seconds long."""
+    fn()  # warm-up: first-call allocation, kernel selection
+    _sync(device)
+    calls, best = 1, float("inf")
+    for _ in range(repeats):
+        while True:
+            start = time.perf_counter()
+            for _ in range(calls):
+                fn()
+            _sync(device)
+            elapsed = time.perf_counter() - start
+            if elapsed >= min_seconds:
+                break
+            calls *= 2
+        best = min(best, elapsed / calls)
+    return best
+
+
+def measure_copy_bandwidth(device: torch.device, nbytes: int = 2**28, min_seconds: float = 0.05) -> float:
+    """Bytes/s of a large device-to-device copy, counting the read and the write (2 * nbytes)."""
+    src = torch.full((nbytes // 4,), 1.0, dtype=torch.float32, device=device)
+    dst = torch.empty_like(src)
+    seconds = time_call(lambda: dst.copy_(src), device, min_seconds)
+    return 2 * src.numel() * 4 / seconds
+
+
+def measure_read_bandwidth(device: torch.device, nbytes: int = 2**28, min_seconds: float = 0.05) -> float:
+    """Bytes/s of summing a large tensor: a pure read stream, like a decode step reading weights."""
+    src = torch.full((nbytes // 4,), 1.0, dtype=torch.float32, device=device)
+    seconds = time_call(lambda: src.sum(), device, min_seconds)
+    return src.numel() * 4 / seconds
+
+
+def matmul_sweep(ms: list[int], n: int, k: int, dtype: torch.dtype, device: torch.device,
+                 pool_bytes: int = 2**28, min_seconds: float = 0.05, repeats: int = 3) -> list[dict]:
+    """Time [m, k] @ [k, n] for each m in `ms`; the FLOPs and bytes come from matmul_cost.
+
+    The weight B cycles through a pool of copies at least `pool_bytes` large, so each call reads a
+    B that is not sitting in the last-level cache (else small-m points beat the memory roof).
+    Returns one dict per m: m, flops, bytes, seconds, flops_per_s, intensity.
+    """
+    w_bytes = k * n * torch.finfo(dtype).bits // 8
+    pool = [torch.randn(k, n, device=device, dtype=dtype)
+            for _ in range(max(1, math.ceil(pool_bytes / w_bytes)))]
+    rows = []
+    for m in ms:
+        a = torch.randn(m, k, device=device, dtype=dtype)
+        out = torch.empty(m, n, device=device, dtype=dtype)
+        turn = itertools.count()
+
+        def step():
+            torch.matmul(a, pool[next(turn) % len(pool)], out=out)
+
+        seconds = time_call(step, device, min_seconds, repeats)
+        cost = matmul_cost(m, n, k, _TORCH_DTYPES[dtype])
+        rows.append({"m": m, "flops": cost["flops"], "bytes": cost["bytes"], "seconds": seconds,
+                     "flops_per_s": cost["flops"] / seconds, "intensity": cost["flops"] / cost["bytes"]})
+    return rows

@@ -1,0 +1,180 @@
+"""Lesson 06: capacity planning in bf16, fp8 and under tensor parallelism.
+
+The budget of one GPU, as vLLM sizes it at startup:
+
+    KV bytes free per GPU = total * gpu_memory_utilization - weights per GPU - runtime reserve
+    concurrent users at context L = floor(free / (KV bytes per token per GPU * L))
+
+Conventions:
+- Models are Llama-style Hugging Face config.json dicts. Missing `num_key_value_heads` means
+  multi-head attention (as many KV heads as query heads); missing `head_dim` means
+  hidden_size / num_attention_heads; missing `tie_word_embeddings` means untied (the default of
+  transformers' LlamaConfig). Biases are not counted: Llama's attention_bias and mlp_bias are false.
+- Formats are named by strings; DTYPE_BITS gives their bits per element, bytes = bits / 8.
+- Units: bytes. GB = 1e9 bytes (datasheets), GiB = 2**30 bytes (what engines and nvidia-smi's
+  MiB columns count in).
+"""
+from __future__ import annotations
+
+import math
+
+# Bits per element. int4 is a weight-only format: see quantized_linear_bytes for its scales.
+DTYPE_BITS = {"fp32": 32, "fp16": 16, "bf16": 16, "fp8": 8, "int8": 8, "int4": 4}
+SCALE_BITS = 16  # one fp16 scale per group of int4 weights (GPTQ, AWQ)
+ZERO_BITS = 4    # an asymmetric group's zero point, packed 4-bit like the weights (GPTQ/AWQ qzeros)
+
+GB, GiB = 10**9, 2**30
+
+# HBM per GPU from the vendor datasheets, in GB as printed there (1 GB taken as 1e9 bytes).
+GPU_MEMORY_BYTES = {"H100 SXM": 80 * GB, "H200 SXM": 141 * GB}
+
+# The fields of the models' config.json that matter here (meta-llama on the Hugging Face hub).
+LLAMA_3_70B = {"model_type": "llama", "hidden_size": 8192, "intermediate_size": 28672,
+               "num_hidden_layers": 80, "num_attention_heads": 64, "num_key_value_heads": 8,
+               "vocab_size": 128256, "tie_word_embeddings": False, "torch_dtype": "bfloat16"}
+LLAMA_3_8B = {"model_type": "llama", "hidden_size": 4096, "intermediate_size": 14336,
+              "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8,
+              "vocab_size": 128256, "tie_word_embeddings": False, "torch_dtype": "bfloat16"}
+
+
+def config_shape(config: dict) -> dict:
+    """The attention shape of a config with the defaults filled in: heads, kv_heads, head_dim."""
+    heads = config["num_attention_heads"]
+    return {"heads": heads,
+            "kv_heads": config.get("num_key_value_heads") or heads,
+            "head_dim": config.get("head_dim") or config["hidden_size"] // heads}
+
+
+# ---------------------------------------------------------------- 1. parameters
+
+
+def param_count(config: dict) -> int:
+    """Exercise 1.1: the number of parameters of a Llama-style decoder, from its config.json.
+
+    Count, with h = hidden_size, I = intermediate_size, H = num_attention_heads,
+    K = num_key_value_heads, d = head_dim (defaults: see config_shape):
+      - token embeddings: vocab_size x h
+      - per layer, attention: q_proj h x H*d, k_proj and v_proj h x K*d each, o_proj H*d x h
+      - per layer, SwiGLU MLP: gate_proj and up_proj h x I, down_proj I x h (three matrices)
+      - per layer, two RMSNorm weight vectors of h (before attention, before the MLP)
+      - the final RMSNorm (h)
+      - lm_head vocab_size x h, unless tie_word_embeddings is true (then it reuses the embeddings)
+    No biases.
+
+    Example: param_count(LLAMA_3_8B) == 8030261248
+    """
+    ### BEGIN SOLUTION
+    h, inter, vocab = config["hidden_size"], config["intermediate_size"], config["vocab_size"]
+    s = config_shape(config)
+    q_width, kv_width = s["heads"] * s["head_dim"], s["kv_heads"] * s["head_dim"]
+    attention = h * q_width + 2 * h * kv_width + q_width * h
+    mlp = 3 * h * inter
+    per_layer = attention + mlp + 2 * h
+    embeddings = vocab * h
+    lm_head = 0 if config.get("tie_word_embeddings", False) else vocab * h
+    return config["num_hidden_layers"] * per_layer + embeddings + h + lm_head
+    ### END SOLUTION
+
+
+# ---------------------------------------------------------------- 2. weight bytes
+
+
+def quantized_linear_bytes(out_features: int, in_features: int, group_size: int = 128,
+                           zero_point: bool = False) -> float:
+    """Exercise 2.1: bytes of one int4 weight matrix W[out_features, in_features], with its scales.
+
+    Layout (GPTQ/AWQ style): each weight is 4 bits, packed two to a byte. Each row of W is cut into
+    groups of `group_size` consecutive weights along the input dimension, ceil(in / g) groups per
+    row (the last one may be short), and every group stores one fp16 scale (2 bytes). With
+    zero_point=True (asymmetric quantization) every group also stores a 4-bit zero point (0.5 B).
+
+    Example: quantized_linear_bytes(8192, 8192, 128) == 8192 * 8192 / 2 + 8192 * 64 * 2 == 34603008.0
+    """
+    ### BEGIN SOLUTION
+    groups = out_features * math.ceil(in_features / group_size)
+    per_group = SCALE_BITS + (ZERO_BITS if zero_point else 0)
+    return (out_features * in_features * DTYPE_BITS["int4"] + groups * per_group) / 8
+    ### END SOLUTION
+
+
+def weight_bytes(n_params: int, dtype: str, group_size: int = 128, zero_point: bool = False) -> float:
+    """Exercise 2.2: bytes of `n_params` weights stored in `dtype` (a key of DTYPE_BITS).
+
+    Every weight takes DTYPE_BITS[dtype] / 8 bytes. For "int4" add the group scales (and zero
+    points) of quantized_linear_bytes; treat the count as rows whose lengths are multiples of
+    group_size (true of every Llama matrix for g <= 128), so there are ceil(n_params / g) groups.
+    group_size and zero_point matter only for int4.
+
+    Example: weight_bytes(1_000_000, "bf16") == 2e6;  weight_bytes(1_024, "int4", 128) == 528.0
+    """
+    ### BEGIN SOLUTION
+    if dtype == "int4":
+        return quantized_linear_bytes(1, n_params, group_size, zero_point)
+    return n_params * DTYPE_BITS[dtype] / 8
+    ### END SOLUTION
+
+
+# ---------------------------------------------------------------- 3. KV cache under tensor parallelism
+
+
+def kv_bytes_per_token_per_gpu(config: dict, kv_dtype: str = "bf16", tp: int = 1) -> int:
+    """Exercise 3.1: bytes of KV cache one token takes on each GPU of a tensor-parallel group.
+
+    Whole model: 2 (K and V) x layers x kv_heads x head_dim x DTYPE_BITS[kv_dtype] / 8. Under
+    tensor parallelism of degree `tp` each rank keeps the K and V of its own KV heads only. With
+    more ranks than KV heads a head cannot be split: each rank still holds one whole KV head, and
+    the heads are replicated (vLLM: num_kv_heads = 1 and num_kv_head_replicas = tp / kv_heads when
+    tp >= kv_heads). So a rank holds ceil(kv_heads / tp) heads. (vLLM accepts only tp that divides
+    the attention heads and either divides or is a multiple of the KV heads; you need not check.)
+
+    Example: kv_bytes_per_token_per_gpu(LLAMA_3_70B, "bf16", 8) == 2 * 80 * 1 * 128 * 2 == 40960
+             kv_bytes_per_token_per_gpu(LLAMA_3_70B, "bf16", 16) == 40960 as well
+    """
+    ### BEGIN SOLUTION
+    s = config_shape(config)
+    heads_per_rank = math.ceil(s["kv_heads"] / tp)
+    return 2 * config["num_hidden_layers"] * heads_per_rank * s["head_dim"] * DTYPE_BITS[kv_dtype] // 8
+    ### END SOLUTION
+
+
+# ---------------------------------------------------------------- 4. concurrent users
+
+
+def max_users(config: dict, gpu_mem_bytes: float, n_gpus: int, context_len: int,
+              weight_dtype: str = "bf16", kv_dtype: str = "bf16",
+              gpu_memory_utilization: float = 0.9, reserve_gib: float = 2.0) -> dict:
+    """Exercise 4.1: how many sequences of `context_len` tokens fit in the KV cache of a TP group.
+
+    The model runs with tensor parallelism over `n_gpus` GPUs of `gpu_mem_bytes` bytes each. The
+    weights (param_count, weight_bytes with its defaults) are split evenly across the ranks. As
+    in vLLM, the engine may use gpu_memory_utilization of each GPU's memory; out of that come the
+    weights and a runtime reserve of `reserve_gib` GiB (2**30 bytes) per GPU (activations, CUDA
+    graphs, fragmentation), and the rest holds KV cache. A user needs context_len tokens of KV.
+
+    Returns a dict:
+      "weight_bytes_per_gpu":       weight bytes / n_gpus
+      "kv_bytes_per_token_per_gpu": kv_bytes_per_token_per_gpu(config, kv_dtype, n_gpus)
+      "free_kv_bytes_per_gpu":      gpu_mem_bytes * util - weights per GPU - reserve (bytes;
+                                    negative when the weights do not fit)
+      "users":                      floor(free / (KV bytes per token per GPU * context_len)), an
+                                    int, 0 when nothing fits
+      "reason":                     None when users > 0, else a sentence saying why not
+
+    Example: max_users(LLAMA_3_70B, 80e9, 8, 8192)["users"] == 155
+    """
+    ### BEGIN SOLUTION
+    weights = weight_bytes(param_count(config), weight_dtype) / n_gpus
+    kv_token = kv_bytes_per_token_per_gpu(config, kv_dtype, n_gpus)
+    free = gpu_mem_bytes * gpu_memory_utilization - weights - reserve_gib * GiB
+    per_user = kv_token * context_len
+    users = max(0, math.floor(free / per_user))
+    reason = None
+    if free <= 0:
+        reason = (f"the weights ({weights / GB:.1f} GB per GPU) and the reserve ({reserve_gib:g} GiB) "
+                  f"do not fit in {gpu_memory_utilization:g} x {gpu_mem_bytes / GB:.0f} GB")
+    elif users == 0:
+        reason = (f"one sequence of {context_len} tokens needs {per_user / GB:.2f} GB of KV per GPU; "
+                  f"only {free / GB:.2f} GB is free")
+    return {"weight_bytes_per_gpu": weights, "kv_bytes_per_token_per_gpu": kv_token,
+            "free_kv_bytes_per_gpu": free, "users": users, "reason": reason}
+    ### END SOLUTION

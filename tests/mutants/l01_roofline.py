@@ -1,0 +1,226 @@
+"""Plausible wrong answers to lesson 01, each caught by its check with the mistake named.
+
+Mutants rebind the module-level names, so helpers call the reference through `S.`.
+"""
+import math
+
+from solutions import l01_roofline as S
+from solutions.l01_roofline import DTYPE_BITS
+from tests.mutants import mutant
+
+
+def _kv_per_token(model, kv_dtype, heads="kv_heads"):
+    return 2 * model["layers"] * model[heads] * model["head_dim"] * DTYPE_BITS[kv_dtype] / 8
+
+
+# ---------------------------------------------------------------- 1.1 matmul_cost
+
+@mutant(check="matmul_cost", message="counts a multiply-add as one FLOP")
+def matmul_cost(m, n, k, dtype):
+    return {"flops": m * n * k, "bytes": (m * k + k * n + m * n) * DTYPE_BITS[dtype] / 8}
+
+
+@mutant(check="matmul_cost", message="leaves out writing the output C")
+def matmul_cost(m, n, k, dtype):  # noqa: F811
+    return {"flops": 2 * m * n * k, "bytes": (m * k + k * n) * DTYPE_BITS[dtype] / 8}
+
+
+@mutant(check="matmul_cost", message="uses bits instead of bytes")
+def matmul_cost(m, n, k, dtype):  # noqa: F811
+    return {"flops": 2 * m * n * k, "bytes": (m * k + k * n + m * n) * DTYPE_BITS[dtype]}
+
+
+# ---------------------------------------------------------------- 1.2 attention_flops
+
+@mutant(check="attention_flops", message="uses the KV heads")
+def attention_flops(model, new_tokens, cached):
+    keys = new_tokens * cached + new_tokens * (new_tokens + 1) // 2
+    return 4 * model["layers"] * model["kv_heads"] * model["head_dim"] * keys
+
+
+@mutant(check="attention_flops", message="ignores the causal mask")
+def attention_flops(model, new_tokens, cached):  # noqa: F811
+    return 4 * model["layers"] * model["heads"] * model["head_dim"] * new_tokens * (cached + new_tokens)
+
+
+@mutant(check="attention_flops", message="counts 2 FLOPs per key and head_dim instead of 4")
+def attention_flops(model, new_tokens, cached):  # noqa: F811
+    keys = new_tokens * cached + new_tokens * (new_tokens + 1) // 2
+    return 2 * model["layers"] * model["heads"] * model["head_dim"] * keys
+
+
+@mutant(check="attention_flops", message="ignores the cached context")
+def attention_flops(model, new_tokens, cached):  # noqa: F811
+    return 4 * model["layers"] * model["heads"] * model["head_dim"] * new_tokens * (new_tokens + 1) // 2
+
+
+# ---------------------------------------------------------------- 1.3 forward_flops
+
+@mutant(check="forward_flops", message="leaves out the attention term")
+def forward_flops(model, new_tokens, cached):
+    return 2 * model["params"] * new_tokens
+
+
+@mutant(check="forward_flops", message="counts a multiply-add as one FLOP in the weight matmuls")
+def forward_flops(model, new_tokens, cached):  # noqa: F811
+    return model["params"] * new_tokens + S.attention_flops(model, new_tokens, cached)
+
+
+# ---------------------------------------------------------------- 1.4 forward_bytes
+
+@mutant(check="forward_bytes", message="counts the weights once per token instead of once per pass")
+def forward_bytes(model, new_tokens, cached, weight_dtype, kv_dtype):
+    weights = model["params"] * DTYPE_BITS[weight_dtype] / 8
+    return new_tokens * weights + (cached + new_tokens) * _kv_per_token(model, kv_dtype)
+
+
+@mutant(check="forward_bytes", message="ignores the KV cache read")
+def forward_bytes(model, new_tokens, cached, weight_dtype, kv_dtype):  # noqa: F811
+    return model["params"] * DTYPE_BITS[weight_dtype] / 8 + new_tokens * _kv_per_token(model, kv_dtype)
+
+
+@mutant(check="forward_bytes", message="uses bits instead of bytes")
+def forward_bytes(model, new_tokens, cached, weight_dtype, kv_dtype):  # noqa: F811
+    kv = 2 * model["layers"] * model["kv_heads"] * model["head_dim"] * DTYPE_BITS[kv_dtype]
+    return model["params"] * DTYPE_BITS[weight_dtype] + (cached + new_tokens) * kv
+
+
+@mutant(check="forward_bytes", message="sizes the KV cache with the query heads")
+def forward_bytes(model, new_tokens, cached, weight_dtype, kv_dtype):  # noqa: F811
+    weights = model["params"] * DTYPE_BITS[weight_dtype] / 8
+    return weights + (cached + new_tokens) * _kv_per_token(model, kv_dtype, heads="heads")
+
+
+# ---------------------------------------------------------------- 2.1 ridge_point
+
+@mutant(check="ridge_point", message="uses the sparse TFLOP/s")
+def ridge_point(chip):
+    return chip["sparse_tflops"] * 1e12 / (chip["hbm_gb_per_s"] * 1e9)
+
+
+@mutant(check="ridge_point", message="mixes GB and GiB")
+def ridge_point(chip):  # noqa: F811
+    return chip["dense_tflops"] * 1e12 / (chip["hbm_gb_per_s"] * 2**30)
+
+
+# ---------------------------------------------------------------- 2.2 roofline
+
+def _roofline(flops, bytes_moved, chip, peak_key="dense_tflops", add=False, flip=False):
+    peak, bw = chip[peak_key] * 1e12, chip["hbm_gb_per_s"] * 1e9
+    ai = flops / bytes_moved
+    compute = (ai >= peak / bw) != flip
+    return {"intensity": ai, "attainable_flops_per_s": min(peak, ai * bw),
+            "bound": "compute" if compute else "memory",
+            "time_s": flops / peak + bytes_moved / bw if add else max(flops / peak, bytes_moved / bw)}
+
+
+@mutant(check="roofline", message="adds the compute time and the memory time")
+def roofline(flops, bytes_moved, chip):
+    return _roofline(flops, bytes_moved, chip, add=True)
+
+
+@mutant(check="roofline", message="gets the bound backwards")
+def roofline(flops, bytes_moved, chip):  # noqa: F811
+    return _roofline(flops, bytes_moved, chip, flip=True)
+
+
+@mutant(check="roofline", message="uses the sparse TFLOP/s")
+def roofline(flops, bytes_moved, chip):  # noqa: F811
+    return _roofline(flops, bytes_moved, chip, peak_key="sparse_tflops")
+
+
+@mutant(check="roofline", message="leaves the compute roof out")
+def roofline(flops, bytes_moved, chip):  # noqa: F811
+    out = _roofline(flops, bytes_moved, chip)
+    out["attainable_flops_per_s"] = out["intensity"] * chip["hbm_gb_per_s"] * 1e9
+    return out
+
+
+# ---------------------------------------------------------------- 3.1 decode_step_cost
+
+@mutant(check="decode_step_cost", message="counts the weights once per sequence")
+def decode_step_cost(model, batch, context, weight_dtype, kv_dtype):
+    return {"flops": batch * S.forward_flops(model, 1, context),
+            "bytes": batch * S.forward_bytes(model, 1, context, weight_dtype, kv_dtype)}
+
+
+@mutant(check="decode_step_cost", message="ignores the KV cache read")
+def decode_step_cost(model, batch, context, weight_dtype, kv_dtype):  # noqa: F811
+    weights = model["params"] * DTYPE_BITS[weight_dtype] / 8
+    return {"flops": batch * S.forward_flops(model, 1, context),
+            "bytes": weights + batch * _kv_per_token(model, kv_dtype)}
+
+
+@mutant(check="decode_step_cost", message="leaves out the attention FLOPs")
+def decode_step_cost(model, batch, context, weight_dtype, kv_dtype):  # noqa: F811
+    weights = model["params"] * DTYPE_BITS[weight_dtype] / 8
+    return {"flops": batch * 2 * model["params"],
+            "bytes": weights + batch * (context + 1) * _kv_per_token(model, kv_dtype)}
+
+
+# ---------------------------------------------------------------- 3.2 decode_crossover_batch
+
+def _solve(model, chip, context, weight_dtype, kv_dtype, include_kv, *, flops_per_param=2,
+           peak_key="dense_tflops", bytes_per_bit=1 / 8, gb=1e9, kv=True, finish=math.ceil):
+    ridge = chip[peak_key] * 1e12 / (chip["hbm_gb_per_s"] * gb)
+    weights = model["params"] * DTYPE_BITS[weight_dtype] * bytes_per_bit
+    f, k = flops_per_param * model["params"], 0.0
+    if include_kv and kv:
+        f += S.attention_flops(model, 1, context) * flops_per_param / 2
+        k = (context + 1) * 2 * model["layers"] * model["kv_heads"] * model["head_dim"] \
+            * DTYPE_BITS[kv_dtype] * bytes_per_bit
+    margin = f - ridge * k
+    return None if margin <= 0 else max(1, finish(ridge * weights / margin))
+
+
+@mutant(check="decode_crossover_batch", message="forgets the factor 2 in the FLOPs")
+def decode_crossover_batch(model, chip, context, weight_dtype, kv_dtype, include_kv=True):
+    return _solve(model, chip, context, weight_dtype, kv_dtype, include_kv, flops_per_param=1)
+
+
+@mutant(check="decode_crossover_batch", message="uses the sparse TFLOP/s")
+def decode_crossover_batch(model, chip, context, weight_dtype, kv_dtype, include_kv=True):  # noqa: F811
+    return _solve(model, chip, context, weight_dtype, kv_dtype, include_kv, peak_key="sparse_tflops")
+
+
+@mutant(check="decode_crossover_batch", message="mixes GB and GiB")
+def decode_crossover_batch(model, chip, context, weight_dtype, kv_dtype, include_kv=True):  # noqa: F811
+    return _solve(model, chip, context, weight_dtype, kv_dtype, include_kv, gb=2**30)
+
+
+@mutant(check="decode_crossover_batch", message="uses bits instead of bytes")
+def decode_crossover_batch(model, chip, context, weight_dtype, kv_dtype, include_kv=True):  # noqa: F811
+    return _solve(model, chip, context, weight_dtype, kv_dtype, include_kv, bytes_per_bit=1)
+
+
+@mutant(check="decode_crossover_batch", message="ignores the KV cache read")
+def decode_crossover_batch(model, chip, context, weight_dtype, kv_dtype, include_kv=True):  # noqa: F811
+    return _solve(model, chip, context, weight_dtype, kv_dtype, include_kv, kv=False)
+
+
+@mutant(check="decode_crossover_batch", message="rounds down")
+def decode_crossover_batch(model, chip, context, weight_dtype, kv_dtype, include_kv=True):  # noqa: F811
+    return _solve(model, chip, context, weight_dtype, kv_dtype, include_kv, finish=math.floor)
+
+
+@mutant(check="decode_crossover_batch", message="returns the real-valued crossover")
+def decode_crossover_batch(model, chip, context, weight_dtype, kv_dtype, include_kv=True):  # noqa: F811
+    return _solve(model, chip, context, weight_dtype, kv_dtype, include_kv, finish=lambda x: x)
+
+
+@mutant(check="decode_crossover_batch", message="counts the weights once per sequence")
+def decode_crossover_batch(model, chip, context, weight_dtype, kv_dtype, include_kv=True):  # noqa: F811
+    # A search that never finds a batch: per-sequence weights keep the intensity flat.
+    ridge = S.ridge_point(chip)
+    for batch in range(1, 10_000):
+        step_flops = batch * S.forward_flops(model, 1, context if include_kv else 0)
+        step_bytes = batch * S.forward_bytes(model, 1, context if include_kv else 0, weight_dtype, kv_dtype)
+        if step_flops / step_bytes >= ridge:
+            return batch
+    return None
+
+
+@mutant(check="decode_crossover_batch", message="returns infinity")
+def decode_crossover_batch(model, chip, context, weight_dtype, kv_dtype, include_kv=True):  # noqa: F811
+    b = _solve(model, chip, context, weight_dtype, kv_dtype, include_kv)
+    return math.inf if b is None else b
