@@ -1,0 +1,498 @@
+"""Checks of lesson 15: cache bytes per layout, a GQA decode kernel, MLA with absorbed projections."""
+from __future__ import annotations
+
+import math
+import time
+
+import torch
+
+from autograder.core import check
+
+STEM_NB = "lessons/l15_attention_layouts.ipynb"
+
+
+# ---------------------------------------------------------------- 1. bytes per token
+
+
+def _rand_mla_config(rng) -> dict:
+    heads = rng.choice([16, 32, 64, 128])
+    rope = rng.choice([32, 64])
+    cfg = {"num_hidden_layers": rng.randint(2, 96), "num_attention_heads": heads,
+           "num_key_value_heads": heads, "hidden_size": heads * rng.choice([32, 56, 64]),
+           "kv_lora_rank": rng.choice([128, 256, 512]), "qk_rope_head_dim": rope,
+           "qk_nope_head_dim": rng.choice([64, 128]), "v_head_dim": rng.choice([64, 128]),
+           "q_lora_rank": rng.choice([None, 768, 1536])}
+    if rng.random() < 0.5:
+        cfg["head_dim"] = rope  # what transformers' DeepseekV2Config writes out: another trap
+    return cfg
+
+
+def _rand_dense_config(rng, kind: str) -> dict:
+    heads = rng.choice([8, 16, 24, 32, 40, 64])
+    d = rng.choice([64, 80, 96, 128])
+    cfg = {"num_hidden_layers": rng.randint(2, 96), "num_attention_heads": heads,
+           "hidden_size": heads * d}
+    if kind == "MHA, num_key_value_heads missing":
+        return cfg
+    if kind == "MQA":
+        cfg["num_key_value_heads"] = 1
+    elif kind == "MHA, num_key_value_heads null":
+        cfg["num_key_value_heads"] = None
+    else:
+        cfg["num_key_value_heads"] = rng.choice([k for k in (2, 4, 8) if heads % k == 0 and k < heads])
+    if kind.endswith("explicit head_dim"):
+        # Not d, d/2 or 2d: those would make a wrong answer look like another mistake.
+        cfg["head_dim"] = rng.choice([x for x in (64, 128, 192, 256) if x not in (d, 2 * d, d // 2)])
+    return cfg
+
+
+def _kv_mistakes(cfg: dict, b: int) -> dict:
+    L, heads, hidden = cfg["num_hidden_layers"], cfg["num_attention_heads"], cfg["hidden_size"]
+    kv = cfg.get("num_key_value_heads") or heads
+    d = cfg.get("head_dim") or hidden // heads
+    if cfg.get("kv_lora_rank"):
+        r, rope = cfg["kv_lora_rank"], cfg["qk_rope_head_dim"]
+        return {
+            "uses the GQA formula on an MLA model (2 x layers x num_key_value_heads x head_dim); "
+            "MLA caches one latent per layer, detect it by kv_lora_rank": 2 * L * kv * d * b,
+            "uses the GQA formula on an MLA model (2 x layers x num_key_value_heads x "
+            "hidden_size/heads); MLA caches one latent per layer": 2 * L * kv * (hidden // heads) * b,
+            "uses the GQA formula on an MLA model: it counts decompressed per-head K "
+            "(qk_nope + qk_rope) and V (v_head_dim), which MLA never stores":
+                L * kv * (cfg["qk_nope_head_dim"] + rope + cfg["v_head_dim"]) * b,
+            "counts K and V for the MLA latent (the latent is shared, stored once)": 2 * L * (r + rope) * b,
+            "counts K and V for the MLA latent (the latent is shared, stored once; "
+            "only the small RoPE key is extra)": L * (2 * r + rope) * b,
+            "forgets the decoupled RoPE key (qk_rope_head_dim values per layer)": L * r * b,
+            "stores the latent once per head (it is one vector per layer, shared by all heads)":
+                L * heads * (r + rope) * b,
+        }
+    out = {"counts only K, not K and V": L * kv * d * b,
+           "treats a GQA/MQA model as MHA (ignores num_key_value_heads)": 2 * L * heads * d * b,
+           "ignores an explicit head_dim (it need not be hidden_size / num_attention_heads)":
+               2 * L * kv * (hidden // heads) * b}
+    return out
+
+
+@check(points=3, section="1.1", timeout=10)
+def kv_bytes_per_token(t):
+    """KV bytes per token for MHA, GQA, MQA and MLA configs, MLA detected by kv_lora_rank."""
+    R = t.ref
+    cases = [("Llama-3-70B, bf16", R.LLAMA_3_70B, 2), ("DeepSeek-V3, bf16", R.DEEPSEEK_V3, 2),
+             ("DeepSeek-V2, bf16", R.DEEPSEEK_V2, 2), ("Mistral-7B, fp8", R.MISTRAL_7B, 1),
+             ("GQA whose head_dim is not hidden_size / heads", {"num_hidden_layers": 40,
+              "num_attention_heads": 32, "num_key_value_heads": 8, "hidden_size": 5120, "head_dim": 128}, 2)]
+    kinds = ["MHA, num_key_value_heads missing", "MHA, num_key_value_heads null", "MQA",
+             "GQA, explicit head_dim", "GQA"]
+    for kind in t.rng.sample(kinds, 3):
+        cases.append((f"hidden {kind}", _rand_dense_config(t.rng, kind), t.rng.choice([1, 2, 4])))
+    for _ in range(2):
+        cases.append(("hidden MLA", _rand_mla_config(t.rng), t.rng.choice([1, 2])))
+    for label, cfg, b in cases:
+        with t.case(f"{label} ({b} B/element)"):
+            expected = R.kv_bytes_per_token(cfg, b)
+            got = t.call("kv_bytes_per_token", cfg, b)
+            t.expect(got, expected, f"bytes per token for {_cfg_repr(cfg)}", mistakes=_kv_mistakes(cfg, b))
+
+
+def _cfg_repr(cfg: dict) -> str:
+    keys = ["num_hidden_layers", "num_attention_heads", "num_key_value_heads", "hidden_size",
+            "head_dim", "kv_lora_rank", "qk_rope_head_dim"]
+    return "{" + ", ".join(f"{k}: {cfg[k]}" for k in keys if k in cfg) + "}"
+
+
+@check(points=2, section="1.2", timeout=10)
+def kv_capacity_tokens(t):
+    """Tokens of cache that fit after the weights, with the cache stored once or per GPU."""
+    R = t.ref
+    cases = [("Llama-3-70B bf16 on 8 x 141 GB", R.LLAMA_3_70B, 70.55e9, 2, 2, 8, 141e9, 1),
+             ("DeepSeek-V3 fp8 weights, latent on every GPU (plain TP)", R.DEEPSEEK_V3, 671e9, 1, 2, 8, 141e9, 8),
+             ("DeepSeek-V3 fp8 weights, each latent stored once", R.DEEPSEEK_V3, 671e9, 1, 2, 8, 141e9, 1),
+             ("DeepSeek-V3 bf16 weights on 8 x 141 GB (they do not fit)", R.DEEPSEEK_V3, 671e9, 2, 2, 8, 141e9, 1)]
+    for _ in range(3):
+        cfg = t.rng.choice([R.LLAMA_3_8B, R.MISTRAL_7B, R.LLAMA_3_70B, R.DEEPSEEK_V2])
+        gpus = t.rng.choice([1, 2, 4, 8])
+        params = R.param_count(cfg) * t.rng.uniform(0.9, 1.1)
+        cases.append(("hidden", cfg, params, t.rng.choice([1, 2]), t.rng.choice([1, 2]), gpus,
+                      t.rng.choice([40e9, 80e9, 141e9]), t.rng.choice([1, gpus])))
+    for label, cfg, params, wb, kvb, gpus, gpu_bytes, copies in cases:
+        args = (cfg, params, wb, kvb, gpus, gpu_bytes, copies)
+        with t.case(f"{label}: {cfg['name']}, {params / 1e9:.4g}B params x {wb} B, "
+                    f"{gpus} x {gpu_bytes / 1e9:g} GB, kv_copies={copies}"):
+            expected = R.kv_capacity_tokens(*args)
+            got = t.call("kv_capacity_tokens", *args)
+            per = R.kv_bytes_per_token(cfg, kvb)
+            free = gpus * gpu_bytes - params * wb
+            t.expect(got, expected, "tokens", mistakes={
+                "returns a negative count when the weights do not fit (return 0)": int(free // (per * copies)),
+                "does not subtract the weights": int(gpus * gpu_bytes // (per * copies)),
+                "ignores kv_copies (a replicated cache takes its bytes once per copy)": max(0, int(free // per)),
+                "subtracts the whole model from every GPU (the weights are split across them)":
+                    max(0, int(gpus * (gpu_bytes - params * wb) // (per * copies))),
+            })
+
+
+# ---------------------------------------------------------------- 2. GQA decode
+
+
+def _gqa_variant(q, k_cache, v_cache, seq_lens, kv_map="div", scale=None, lens=None):
+    """A torch GQA decode with one thing changed, to name what a wrong answer did."""
+    B, H, D = q.shape
+    _, L, H_kv, _ = k_cache.shape
+    idx = torch.arange(H) // (H // H_kv) if kv_map == "div" else torch.arange(H) % H_kv
+    k = k_cache.float()[:, :, idx.to(q.device)]
+    v = v_cache.float()[:, :, idx.to(q.device)]
+    s = torch.einsum("bhd,blhd->bhl", q.float(), k) * (1 / math.sqrt(D) if scale is None else scale)
+    lens = seq_lens if lens is None else lens
+    s = s.masked_fill((torch.arange(L, device=q.device)[None, :] >= lens.to(q.device)[:, None])[:, None, :],
+                      float("-inf"))
+    return torch.einsum("bhl,blhd->bhd", s.softmax(-1), v).to(q.dtype)
+
+
+def _padded_block_variant(q, k_cache, v_cache, seq_lens, block=16):
+    """Scores of the last block's padding (K = V = 0 there) left in the softmax."""
+    B, _, _ = q.shape
+    L = k_cache.shape[1]
+    padded_len = ((int(seq_lens.max()) + block - 1) // block) * block
+    k = torch.zeros(B, max(L, padded_len), *k_cache.shape[2:], dtype=k_cache.dtype, device=k_cache.device)
+    v = torch.zeros_like(k)
+    for b in range(B):
+        n = int(seq_lens[b])
+        k[b, :n], v[b, :n] = k_cache[b, :n], v_cache[b, :n]
+    padded = ((seq_lens + block - 1) // block) * block
+    return _gqa_variant(q, k, v, seq_lens, lens=padded)
+
+
+def _gqa_mistakes(q, k, v, lens) -> dict:
+    D = q.shape[-1]
+    return {
+        "maps query head h to KV head h % num_kv_heads instead of h // group (heads 0..group-1 "
+        "share KV head 0)": _gqa_variant(q, k, v, lens, kv_map="mod"),
+        "does not scale scores by 1/sqrt(head_dim)": _gqa_variant(q, k, v, lens, scale=1.0),
+        "scales scores by 1/head_dim instead of 1/sqrt(head_dim)": _gqa_variant(q, k, v, lens, scale=1.0 / D),
+        "attends to positions past the sequence length (mask every row >= seq_lens[b])":
+            _gqa_variant(q, k, v, lens, lens=torch.full_like(lens, k.shape[1])),
+        "attends to positions past the sequence length (the last block's padding stays in the "
+        "softmax: set its scores to -inf)": _padded_block_variant(q, k, v, lens),
+    }
+
+
+def _gqa_case(t, B, H, H_kv, D, L, lens, dtype=torch.float32, q_scale=1.0):
+    g = t.gen
+    q = torch.randn(B, H, D, generator=g) * q_scale
+    k = torch.randn(B, L, H_kv, D, generator=g)
+    v = torch.randn(B, L, H_kv, D, generator=g)
+    lens = torch.tensor(lens, dtype=torch.int32)
+    return [x.to(t.device, dtype) for x in (q, k, v)] + [lens.to(t.device)]
+
+
+def _gqa_configs(t) -> list:
+    """(label, B, H, H_kv, D, L, lens): two visible, then group sizes 1, 2, 4, 8 hidden."""
+    out = [("visible: 2 seqs, 8 heads / 2 KV heads, d=16", 2, 8, 2, 16, 40, [37, 1]),
+           ("visible: 3 seqs, MQA 4 heads / 1 KV head, d=32", 3, 4, 1, 32, 24, [24, 16, 5])]
+    for group in (1, 2, 4, 8):
+        H_kv = t.rng.choice([1, 2, 3]) if group > 1 else t.rng.choice([2, 3, 4])
+        D = t.rng.choice([16, 32, 64])
+        B = t.rng.choice([1, 2, 3])
+        L = t.rng.randint(17, 48)
+        lens = [t.rng.choice([1, 16, 17, t.rng.randint(2, L)])] + [t.rng.randint(1, L) for _ in range(B - 1)]
+        t.rng.shuffle(lens)
+        out.append((f"hidden: group {group}, {B} seqs, {group * H_kv} heads / {H_kv} KV heads, "
+                    f"d={D}, lengths {lens} of max {L}", B, group * H_kv, H_kv, D, L, lens))
+    return out
+
+
+@check(points=2, section="2.1", timeout=15)
+def gqa_decode_torch(t):
+    """The torch GQA decode: head mapping, scale, ragged lengths."""
+    for label, B, H, H_kv, D, L, lens in _gqa_configs(t):
+        with t.case(label):
+            q, k, v, lens_t = _gqa_case(t, B, H, H_kv, D, L, lens)
+            expected = t.ref.gqa_decode_torch(q, k, v, lens_t)
+            got = t.call("gqa_decode_torch", q, k, v, lens_t)
+            t.expect(got, expected, "attention output", mistakes=_gqa_mistakes(q, k, v, lens_t))
+
+
+def _time(fn, cuda: bool, reps: int = 20) -> float:
+    fn()
+    if cuda:
+        torch.cuda.synchronize()
+    start = time.perf_counter()
+    for _ in range(reps):
+        fn()
+    if cuda:
+        torch.cuda.synchronize()
+    return (time.perf_counter() - start) / reps
+
+
+@check(points=4, section="2.2", timeout=60)
+def gqa_decode_triton(t):
+    """The Triton GQA decode kernel against the torch reference (fp32; bf16 and timing on CUDA)."""
+    # tl.dot on fp32 uses TF32 on NVIDIA GPUs (10-bit mantissa): loosen fp32 there only.
+    tol = {"rtol": 5e-3, "atol": 5e-3} if t.cuda else {}
+    for label, B, H, H_kv, D, L, lens in _gqa_configs(t):
+        with t.case(label):
+            q, k, v, lens_t = _gqa_case(t, B, H, H_kv, D, L, lens)
+            expected = t.ref.gqa_decode_torch(q, k, v, lens_t)
+            got = t.call("gqa_decode_triton", q, k, v, lens_t)
+            t.expect(got, expected, "attention output", mistakes=_gqa_mistakes(q, k, v, lens_t), **tol)
+    with t.case("large scores (beyond 88.7, where exp overflows float32)"):
+        q, k, v, lens_t = _gqa_case(t, 2, 4, 2, 16, 33, [33, 20], q_scale=60.0)
+        expected = t.ref.gqa_decode_torch(q, k, v, lens_t)
+        got = t.call("gqa_decode_triton", q, k, v, lens_t)
+        if isinstance(got, torch.Tensor) and got.shape == expected.shape and not torch.isfinite(got).all():
+            t.fail("your output has inf/NaN where the answer is finite. Looks like your code skips the "
+                   "running-max subtraction, so exp overflows: use exp(s - m_new) and rescale by exp(m - m_new)")
+        # TF32 rounding of scores near 150 moves the softmax by a few percent on a GPU.
+        big_tol = {"rtol": 5e-2, "atol": 5e-2} if t.cuda else {}
+        t.expect(got, expected, "attention output", mistakes=_gqa_mistakes(q, k, v, lens_t), **big_tol)
+    with t.case("bf16 inputs", requires_cuda=True) as on:
+        if on:
+            q, k, v, lens_t = _gqa_case(t, 4, 32, 8, 128, 300, [300, 1, 77, 250], dtype=torch.bfloat16)
+            expected = t.ref.gqa_decode_torch(q, k, v, lens_t)
+            t.expect(t.call("gqa_decode_triton", q, k, v, lens_t), expected, "bf16 attention output")
+    with t.case("speed: not slower than 1.5x the torch reference (bf16, 32 seqs x 4096)",
+                requires_cuda=True) as on:
+        if on:
+            lens = [t.rng.randint(2048, 4096) for _ in range(32)]
+            q, k, v, lens_t = _gqa_case(t, 32, 32, 8, 128, 4096, lens, dtype=torch.bfloat16)
+            fn = t.fn("gqa_decode_triton")
+            try:  # called directly: copying and comparing 0.5 GB of inputs per call would swamp the timing
+                mine = _time(lambda: fn(q, k, v, lens_t), cuda=True)
+            except Exception as e:  # noqa: BLE001 - learner code
+                t.fail(f"gqa_decode_triton() raised {type(e).__name__}: {e}")
+            ref = _time(lambda: t.ref.gqa_decode_torch(q, k, v, lens_t), cuda=True)
+            t.expect_true(mine <= 1.5 * ref, f"your kernel takes {mine * 1e3:.3f} ms per call, the torch "
+                          f"reference {ref * 1e3:.3f} ms: load each K/V block once for the whole group")
+
+
+# ---------------------------------------------------------------- 3. MLA
+
+
+def _rand_mla_cfg(t) -> dict:
+    rng = t.rng
+    return {"hidden_size": rng.choice([32, 48, 64]), "num_attention_heads": rng.choice([2, 3, 4, 6]),
+            "q_lora_rank": rng.choice([None, 16, 24]), "kv_lora_rank": rng.choice([16, 24, 40]),
+            "qk_nope_head_dim": rng.choice([8, 12, 16]), "qk_rope_head_dim": rng.choice([4, 8]),
+            "v_head_dim": rng.choice([8, 20]), "rope_theta": rng.choice([10000.0, 50000.0])}
+
+
+def _mla_repr(cfg: dict) -> str:
+    return (f"hidden={cfg['hidden_size']}, heads={cfg['num_attention_heads']}, "
+            f"q_lora_rank={cfg['q_lora_rank']}, kv_lora_rank={cfg['kv_lora_rank']}, "
+            f"nope={cfg['qk_nope_head_dim']}, rope={cfg['qk_rope_head_dim']}, v={cfg['v_head_dim']}, "
+            f"theta={cfg['rope_theta']:g}")
+
+
+def _mla_setup(t, cfg, S, T, start_pos=0):
+    """Weights, all S tokens' hidden states, the cache (from the reference), the newest T tokens."""
+    w = t.ref.random_mla_weights(cfg, t.gen)
+    x_all = torch.randn(S, cfg["hidden_size"], generator=t.gen)
+    pos_all = torch.arange(start_pos, start_pos + S)
+    c_kv, k_pe = t.ref.mla_cache_entry(w, cfg, x_all, pos_all)
+    if start_pos:  # the cache also holds earlier tokens 0 .. start_pos-1
+        x_old = torch.randn(start_pos, cfg["hidden_size"], generator=t.gen)
+        c_old, k_old = t.ref.mla_cache_entry(w, cfg, x_old, torch.arange(start_pos))
+        c_kv, k_pe = torch.cat([c_old, c_kv]), torch.cat([k_old, k_pe])
+    return w, x_all, pos_all, c_kv, k_pe, x_all[S - T:], pos_all[S - T:]
+
+
+def _rope_half_split(x, positions, theta):
+    """Llama-style RoPE: pairs (x[i], x[i + d/2]) instead of adjacent pairs."""
+    d = x.shape[-1]
+    inv = 1.0 / (theta ** (torch.arange(0, d, 2, dtype=torch.float32) / d))
+    ang = positions.float()[:, None] * inv[None, :]
+    ang = ang.reshape(ang.shape[0], *([1] * (x.dim() - 2)), d // 2)
+    cos, sin = torch.cat([ang.cos()] * 2, -1), torch.cat([ang.sin()] * 2, -1)
+    x1, x2 = x[..., : d // 2], x[..., d // 2:]
+    return x * cos + torch.cat([-x2, x1], -1) * sin
+
+
+ROTATE_HALF = ("applies Llama's half-split RoPE (rotate_half: x[i] with x[i + d/2]) instead of "
+               "DeepSeek's adjacent pairs (x[2i], x[2i+1]); use rope_interleaved")
+
+
+def _query_mistakes(R, w, cfg, x, pos) -> dict:
+    H, nope = cfg["num_attention_heads"], cfg["qk_nope_head_dim"]
+
+    def raw(norm=True):
+        if cfg.get("q_lora_rank"):
+            a = x @ w["q_a_proj.weight"].T
+            a = R.rms_norm(a, w["q_a_layernorm.weight"]) if norm else a
+            q = a @ w["q_b_proj.weight"].T
+        else:
+            q = x @ w["q_proj.weight"].T
+        q = q.view(x.shape[0], H, -1)
+        return q[..., :nope], q[..., nope:]
+
+    qn, qp = raw()
+    out = {ROTATE_HALF: (qn, _rope_half_split(qp, pos, cfg["rope_theta"])),
+           "forgets RoPE on q_pe": (qn, qp)}
+    if cfg.get("q_lora_rank"):
+        qn2, qp2 = raw(norm=False)
+        out["skips q_a_layernorm between q_a_proj and q_b_proj"] = (qn2, R.rope_interleaved(qp2, pos, cfg["rope_theta"]))
+    return out
+
+
+def _mla_cfgs(t) -> list:
+    tiny = dict(t.ref.MLA_TINY)
+    return [("visible: MLA_TINY (q_lora_rank 24)", tiny),
+            ("visible: MLA_TINY without q_lora", {**tiny, "q_lora_rank": None}),
+            ("hidden", _rand_mla_cfg(t)), ("hidden", _rand_mla_cfg(t))]
+
+
+@check(points=2, section="3.1", timeout=10)
+def mla_query(t):
+    """The MLA query: optional q_lora path, split into nope and RoPE parts, interleaved RoPE."""
+    R = t.ref
+    for label, cfg in _mla_cfgs(t):
+        with t.case(f"{label}: {_mla_repr(cfg)}"):
+            w = R.random_mla_weights(cfg, t.gen)
+            T = t.rng.randint(2, 6)
+            x = torch.randn(T, cfg["hidden_size"], generator=t.gen)
+            pos = torch.arange(T) + t.rng.randint(0, 50)
+            expected = R.mla_query(w, cfg, x, pos)
+            got = t.call("mla_query", w, cfg, x, pos)
+            t.expect(got, expected, "(q_nope, q_pe)", mistakes=_query_mistakes(R, w, cfg, x, pos))
+
+
+@check(points=2, section="3.1", timeout=10)
+def mla_cache_entry(t):
+    """What MLA caches: the normalised latent and the rotated shared RoPE key."""
+    R = t.ref
+    for label, cfg in _mla_cfgs(t):
+        with t.case(f"{label}: {_mla_repr(cfg)}"):
+            w = R.random_mla_weights(cfg, t.gen)
+            T = t.rng.randint(2, 8)
+            x = torch.randn(T, cfg["hidden_size"], generator=t.gen)
+            pos = torch.arange(T) + t.rng.randint(0, 50)
+            expected = R.mla_cache_entry(w, cfg, x, pos)
+            r, theta = cfg["kv_lora_rank"], cfg["rope_theta"]
+            a = x @ w["kv_a_proj_with_mqa.weight"].T
+            c = R.rms_norm(a[:, :r], w["kv_a_layernorm.weight"])
+            rope = cfg["qk_rope_head_dim"]
+            got = t.call("mla_cache_entry", w, cfg, x, pos)
+            t.expect(got, expected, "(c_kv, k_pe)", mistakes={
+                ROTATE_HALF: (c, _rope_half_split(a[:, r:], pos, theta)),
+                "forgets RoPE on k_pe (it is cached already rotated)": (c, a[:, r:]),
+                "skips kv_a_layernorm on the latent (the cache holds the normalised latent)":
+                    (a[:, :r], expected[1]),
+                "normalises the latent without kv_a_layernorm's weight": (R.rms_norm(a[:, :r], torch.ones(r)), expected[1]),
+                "takes the RoPE key from the front of kv_a_proj_with_mqa's output (the latent "
+                "comes first, then the RoPE key)": (R.rms_norm(a[:, rope:], w["kv_a_layernorm.weight"]),
+                                                    R.rope_interleaved(a[:, :rope], pos, theta)),
+            })
+
+
+def _mla_variant(R, w, cfg, x, pos, c_kv, k_pe, scale=None, rope_score=True, causal=True,
+                 kv_split="per_head"):
+    """Naive MLA attention with one thing changed, to name what a wrong answer did."""
+    S, T = c_kv.shape[0], x.shape[0]
+    H, nope, vd = cfg["num_attention_heads"], cfg["qk_nope_head_dim"], cfg["v_head_dim"]
+    q_nope, q_pe = R.mla_query(w, cfg, x, pos)
+    kv = c_kv @ w["kv_b_proj.weight"].T
+    if kv_split == "per_head":
+        kv = kv.view(S, H, nope + vd)
+        k_nope, v = kv[..., :nope], kv[..., nope:]
+    elif kv_split == "k_block_then_v_block":
+        k_nope, v = kv[:, : H * nope].view(S, H, nope), kv[:, H * nope:].view(S, H, vd)
+    else:  # "v_then_k"
+        kv = kv.view(S, H, nope + vd)
+        v, k_nope = kv[..., :vd], kv[..., vd:]
+    s = torch.einsum("thn,shn->hts", q_nope, k_nope)
+    if rope_score:
+        s = s + torch.einsum("thp,sp->hts", q_pe, k_pe)
+    s = s * (R.mla_scale(cfg) if scale is None else scale)
+    if causal:
+        s = s.masked_fill(torch.arange(S)[None, :] > pos[:, None], float("-inf"))
+    o = torch.einsum("hts,shv->thv", s.softmax(-1), v)
+    return o.reshape(T, H * vd) @ w["o_proj.weight"].T
+
+
+def _mla_mistakes(R, w, cfg, x, pos, c_kv, k_pe, absorbed: bool) -> dict:
+    args = (R, w, cfg, x, pos, c_kv, k_pe)
+    nope, rope, r = cfg["qk_nope_head_dim"], cfg["qk_rope_head_dim"], cfg["kv_lora_rank"]
+    out = {
+        "scales scores by 1/sqrt(qk_nope_head_dim) instead of 1/sqrt(qk_nope_head_dim + "
+        "qk_rope_head_dim)": _mla_variant(*args, scale=nope ** -0.5),
+        "scales scores by 1/sqrt(v_head_dim) instead of 1/sqrt(qk_nope_head_dim + qk_rope_head_dim)":
+            _mla_variant(*args, scale=cfg["v_head_dim"] ** -0.5),
+        "drops the RoPE part of the score (add q_pe . k_pe to q_nope . k_nope)": _mla_variant(*args, rope_score=False),
+        "splits kv_b_proj's output as [all heads' K | all heads' V]; it is per head "
+        "[k_nope, v], viewed as [S, H, nope + v]": _mla_variant(*args, kv_split="k_block_then_v_block"),
+        "takes v before k_nope within each head (per head it is [k_nope, v])": _mla_variant(*args, kv_split="v_then_k"),
+    }
+    if x.shape[0] > 1:
+        out["does not apply the causal mask (the query at position p sees cached tokens 0..p)"] = \
+            _mla_variant(*args, causal=False)
+    if absorbed:
+        out["scales scores by 1/sqrt(kv_lora_rank + qk_rope_head_dim), the latent width; the "
+            "scale stays that of the per-head query, 1/sqrt(qk_nope + qk_rope)"] = \
+            _mla_variant(*args, scale=(r + rope) ** -0.5)
+    return out
+
+
+def _mla_attention_cases(t) -> list:
+    tiny = dict(t.ref.MLA_TINY)
+    cases = [("visible: decode, MLA_TINY", tiny, 9, 1, 0),
+             ("visible: prefill, MLA_TINY without q_lora", {**tiny, "q_lora_rank": None}, 6, 6, 0)]
+    for kind in ("decode", "chunk of a prompt"):
+        S = t.rng.randint(3, 20)
+        T = 1 if kind == "decode" else t.rng.randint(2, S)
+        cases.append((f"hidden: {kind}", _rand_mla_cfg(t), S, T, t.rng.choice([0, 5])))
+    return cases
+
+
+def _run_mla_attention(t, name: str, absorbed: bool):
+    R = t.ref
+    for label, cfg, S, T, start in _mla_attention_cases(t):
+        with t.case(f"{label}, {T} new token(s), {S + start} in the cache; {_mla_repr(cfg)}"):
+            w, _, _, c_kv, k_pe, x, pos = _mla_setup(t, cfg, S, T, start)
+            expected = R.mla_attention_naive(w, cfg, x, pos, c_kv, k_pe)
+            got = t.call(name, w, cfg, x, pos, c_kv, k_pe)
+            t.expect(got, expected, "attention output",
+                     mistakes=_mla_mistakes(R, w, cfg, x, pos, c_kv, k_pe, absorbed))
+
+
+@check(points=3, section="3.2", timeout=10)
+def mla_attention_naive(t):
+    """MLA attention from the latent cache, decompressed into per-head K and V."""
+    _run_mla_attention(t, "mla_attention_naive", absorbed=False)
+
+
+class _ShapeWatch(torch.overrides.TorchFunctionMode):
+    """Notes every tensor an op returns whose shape has the cache length next to a per-head width."""
+
+    def __init__(self, S: int, widths: set[int]):
+        super().__init__()
+        self.S, self.widths, self.seen = S, widths, []
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for o in (out if isinstance(out, (tuple, list)) else (out,)):
+            if isinstance(o, torch.Tensor) and self.S in o.shape and self.widths & set(o.shape):
+                self.seen.append(tuple(o.shape))
+        return out
+
+
+@check(points=3, section="3.3", timeout=10)
+def mla_attention_absorbed(t):
+    """MLA attention with W_UK absorbed into the query and W_UV after the sum, equal to the naive form."""
+    _run_mla_attention(t, "mla_attention_absorbed", absorbed=True)
+    with t.case("stays in latent space: no per-head K or V of the cached tokens is built"):
+        # Sizes all distinct, so any [S, ...] tensor carrying a per-head K/V width gives itself away.
+        cfg = {"hidden_size": 56, "num_attention_heads": 3, "q_lora_rank": None, "kv_lora_rank": 28,
+               "qk_nope_head_dim": 12, "qk_rope_head_dim": 4, "v_head_dim": 20, "rope_theta": 10000.0}
+        S = 41
+        w, _, _, c_kv, k_pe, x, pos = _mla_setup(t, cfg, S, 1)
+        H, nope, vd, rope = 3, 12, 20, 4
+        widths = {nope, vd, nope + vd, nope + rope, H * nope, H * vd, H * (nope + vd)}
+        fn = t.fn("mla_attention_absorbed")
+        watch = _ShapeWatch(S, widths)
+        with watch:
+            got = t.call_fn(fn, w, cfg, x, pos, c_kv, k_pe)
+        expected = t.ref.mla_attention_naive(w, cfg, x, pos, c_kv, k_pe)
+        t.expect(got, expected, "attention output")
+        t.expect_true(not watch.seen, f"your code built tensors of shape {watch.seen[:3]} from the {S} cached "
+                      "tokens. Looks like your code decompresses the cache into per-head K/V: the absorbed "
+                      "form keeps every [S, ...] tensor in latent space (c_kv, k_pe, the scores)")
