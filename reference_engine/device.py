@@ -1,0 +1,47 @@
+"""Where the engine runs, and how Triton runs there.
+
+On a machine without CUDA, Triton kernels still run under its interpreter (numpy on the CPU), but only
+if TRITON_INTERPRET=1 is set before triton is first imported: ensure_triton_mode() does that.
+"""
+from __future__ import annotations
+
+import os
+import sys
+
+import torch
+
+
+def default_device() -> torch.device:
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def default_dtype(device: torch.device) -> torch.dtype:
+    """bf16 on GPUs that support it (halves weight and KV bytes), fp32 on CPU (bf16 matmuls are slow there)."""
+    if device.type == "cuda" and torch.cuda.is_bf16_supported():
+        return torch.bfloat16
+    return torch.float16 if device.type == "cuda" else torch.float32
+
+
+def interpret_mode() -> bool:
+    """True when Triton kernels run under the interpreter (no GPU compile)."""
+    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+def ensure_triton_mode(strict: bool = True) -> bool:
+    """Turn on the interpreter when there is no CUDA device and triton is not imported yet.
+
+    Returns interpret_mode(). Triton's own library functions (tl.sum, tl.max, ...) are defined when
+    triton is first imported, so the switch must come before that (transformers' model code imports
+    triton, for one). Too late on a CPU-only machine: raises if strict, else returns False.
+    reference_engine calls this, non-strict, when it is imported.
+    """
+    if torch.cuda.is_available() or interpret_mode():
+        return interpret_mode()
+    if "triton" in sys.modules:
+        if strict:
+            raise RuntimeError("triton was imported before TRITON_INTERPRET=1 was set and there is no CUDA device, so "
+                               "Triton kernels cannot run: import reference_engine (or call "
+                               "reference_engine.device.ensure_triton_mode()) before transformers/triton, or set TRITON_INTERPRET=1")
+        return False
+    os.environ["TRITON_INTERPRET"] = "1"
+    return True

@@ -1,0 +1,290 @@
+"""LLMEngine: the step API. add_request() queues, step() runs one scheduler iteration + one forward."""
+from __future__ import annotations
+
+import itertools
+import time
+from collections.abc import Iterator
+from dataclasses import replace
+
+import torch
+
+from .attention import get_backend
+from .block_manager import BlockAllocator, BlockManager
+from .config import kv_bytes_per_token
+from .device import default_device, default_dtype
+from .loader import load_model
+from .model_runner import ModelRunner
+from .sampling import SamplingParams, make_generator, sample
+from .scheduler import FCFSPolicy, ScheduledSeq, Scheduler, SchedulerOutput
+from .sequence import CompletionOutput, RequestMetrics, RequestOutput, Sequence, Status, StepOutput, StepStats
+
+CPU_KV_CACHE_BYTES = 512 << 20  # default KV budget on CPU; capped by what max_num_seqs full sequences need
+_DTYPES = {"float32": torch.float32, "fp32": torch.float32, "float": torch.float32, "bfloat16": torch.bfloat16,
+           "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16, "half": torch.float16}
+
+
+class LLMEngine:
+    """One process, one model, one paged KV cache. Arguments as vLLM names them, plus:
+    num_blocks (KV blocks of block_size tokens; default: kv_cache_memory_bytes, or 512 MiB on CPU /
+    80% of free GPU memory, capped at max_num_seqs full-length sequences), block_allocator /
+    scheduler_policy / attention_backend (the hooks in interfaces.py), clock (timestamps).
+
+    Trace replay: add_request(prompt, params, arrival_time=t) as requests arrive, step() in a loop
+    while has_unfinished(); each finished request's RequestOutput comes in a StepOutput.output.
+    """
+
+    def __init__(self, model, *, block_size: int = 16, num_blocks: int | None = None, max_num_seqs: int = 64,
+                 max_num_batched_tokens: int | None = None, enable_chunked_prefill: bool = True, device=None,
+                 dtype=None, attention_backend=None, block_allocator=None, scheduler_policy=None,
+                 max_model_len: int | None = None, kv_cache_memory_bytes: int | None = None, clock=time.perf_counter):
+        for name, v in (("block_size", block_size), ("max_num_seqs", max_num_seqs)):
+            if not isinstance(v, int) or v < 1:
+                raise ValueError(f"{name} must be a positive integer, got {v!r}")
+        self.device = torch.device(device) if device is not None else default_device()
+        self.dtype = _resolve_dtype(dtype, self.device)
+        self.config, self.model, self.tokenizer = load_model(model, self.device, self.dtype)
+        self.clock, self.block_size = clock, block_size
+        self.max_model_len = min(max_model_len or self.config.max_model_len, self.config.max_model_len)
+        self.num_blocks = num_blocks if num_blocks is not None else self._default_num_blocks(max_num_seqs, kv_cache_memory_bytes)
+        if not isinstance(self.num_blocks, int) or self.num_blocks < 1:
+            raise ValueError(f"num_blocks must be a positive integer, got {self.num_blocks!r}")
+        # Longest sequence served: a sequence alone in the cache must always fit, so preemption never deadlocks.
+        self.max_seq_len = min(self.max_model_len, self.num_blocks * block_size)
+        if max_num_batched_tokens is None:
+            max_num_batched_tokens = 512 if enable_chunked_prefill else max(512, self.max_seq_len)
+        if max_num_batched_tokens < max_num_seqs:
+            raise ValueError(f"max_num_batched_tokens ({max_num_batched_tokens}) must be >= max_num_seqs ({max_num_seqs}): "
+                             "every running sequence needs a token each step")
+        if not enable_chunked_prefill and max_num_batched_tokens < self.max_seq_len:
+            raise ValueError(f"with enable_chunked_prefill=False, max_num_batched_tokens ({max_num_batched_tokens}) must be >= "
+                             f"the longest sequence ({self.max_seq_len}) so a preempted one can be prefilled in one step")
+        self.max_num_seqs, self.max_num_batched_tokens = max_num_seqs, max_num_batched_tokens
+        allocator = (block_allocator or BlockAllocator)(self.num_blocks)
+        self.block_manager = BlockManager(allocator, block_size, self.num_blocks)
+        policy = scheduler_policy() if isinstance(scheduler_policy, type) else (scheduler_policy or FCFSPolicy())
+        self.scheduler = Scheduler(self.block_manager, policy, max_num_seqs, max_num_batched_tokens, enable_chunked_prefill)
+        self.backend = get_backend(attention_backend, self.device)
+        self.runner = ModelRunner(self.model, block_size, self.num_blocks, self.device, self.dtype, self.backend)
+        self.requests: dict[str, list[Sequence]] = {}
+        self.step_stats: list[StepStats] = []
+        self._ids, self._seq_ids = itertools.count(), itertools.count()
+        self._eos = frozenset(self.config.eos_token_ids)
+
+    def _default_num_blocks(self, max_num_seqs: int, budget: int | None) -> int:
+        per_block = kv_bytes_per_token(self.config, self.dtype.itemsize) * self.block_size
+        if budget is None:
+            if self.device.type == "cuda":  # after the weights are loaded: most of what is free
+                budget = int(torch.cuda.mem_get_info(self.device)[0] * 0.8)
+            else:
+                budget = CPU_KV_CACHE_BYTES
+        need = max_num_seqs * -(-self.max_model_len // self.block_size)
+        n = min(need, budget // per_block)
+        if n < 1:
+            raise ValueError(f"kv_cache_memory_bytes={budget} holds no block of {per_block} bytes")
+        return n
+
+    # ---- requests -------------------------------------------------------------------------------
+    def validate(self, prompt, params: SamplingParams) -> list[int]:
+        """Check a request without queueing it; returns the prompt's token ids."""
+        if not isinstance(params, SamplingParams):
+            raise TypeError(f"params must be SamplingParams, got {type(params).__name__}")
+        if params.n > self.max_num_seqs:
+            raise ValueError(f"SamplingParams.n={params.n} exceeds max_num_seqs={self.max_num_seqs}")
+        return self.tokenize(prompt)
+
+    def tokenize(self, prompt) -> list[int]:
+        """A string (needs tokenizer.json) or a list of token ids -> validated token ids."""
+        if isinstance(prompt, str):
+            if self.tokenizer is None:
+                raise ValueError("string prompt given but the model directory has no tokenizer.json: pass token ids")
+            ids = self.tokenizer.encode(prompt)
+        elif isinstance(prompt, (list, tuple)) and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+            ids = list(prompt)
+        else:
+            raise TypeError(f"prompt must be a string or a list of token ids, got {type(prompt).__name__}")
+        if not ids:
+            raise ValueError("prompt is empty: give at least one token")
+        bad = [t for t in ids if not 0 <= t < self.config.vocab_size]
+        if bad:
+            raise ValueError(f"prompt holds token ids outside the vocabulary [0, {self.config.vocab_size}): {bad[:5]}")
+        if len(ids) >= self.max_seq_len:
+            limit = "the KV cache holds only num_blocks * block_size" if self.max_seq_len < self.max_model_len else \
+                "the model's context limit (max_position_embeddings, or sliding_window / max_model_len if smaller)"
+            raise ValueError(f"prompt has {len(ids)} tokens; at most {self.max_seq_len - 1} fit, since {limit} is "
+                             f"{self.max_seq_len} tokens and at least one must be generated: shorten the prompt")
+        return ids
+
+    def add_request(self, prompt, params: SamplingParams | None = None, request_id: str | None = None,
+                    arrival_time: float | None = None) -> str:
+        """Queue a request; arrival_time (engine clock) is recorded as given, admission is not delayed."""
+        params = params if params is not None else SamplingParams()
+        ids = self.validate(prompt, params)
+        if request_id is None:
+            request_id = str(next(self._ids))
+            while request_id in self.requests:  # skip ids a caller chose by hand
+                request_id = str(next(self._ids))
+        request_id = str(request_id)
+        if request_id in self.requests:
+            raise ValueError(f"request_id {request_id!r} is already in use")
+        metrics = RequestMetrics(arrival_time=self.clock() if arrival_time is None else arrival_time)
+        stop_ids = frozenset(params.stop_token_ids) | (frozenset() if params.ignore_eos else self._eos)
+        seq = Sequence(next(self._seq_ids), request_id, ids, params, metrics,
+                       make_generator(params.seed, 0, self.device), stop_ids=stop_ids)
+        self.requests[request_id] = [seq]
+        self.scheduler.add(seq)
+        return request_id
+
+    def abort(self, request_id: str) -> RequestOutput | None:
+        """Stop a request wherever it is (waiting or running); its blocks return to the pool. Unknown ids are ignored."""
+        seqs = self.requests.pop(request_id, None)
+        if seqs is None:
+            return None
+        now = self.clock()
+        for seq in seqs:
+            if seq.status is not Status.FINISHED:
+                self.scheduler.finish(seq)
+                seq.finish_reason, seq.metrics.finish_time = "abort", now
+        return self._request_output(seqs)
+
+    def has_unfinished(self) -> bool:
+        return self.scheduler.has_unfinished()
+
+    # ---- the step -------------------------------------------------------------------------------
+    def step(self) -> list[StepOutput]:
+        """Schedule, run one forward over every scheduled token, sample; one StepOutput per new token."""
+        t0 = self.clock()
+        so = self.scheduler.schedule()
+        if so.block_copies:
+            self.runner.copy_blocks(so.block_copies)
+        outputs = []
+        if so.scheduled:
+            for s in so.prefills:
+                if s.seq.metrics.first_scheduled_time is None:
+                    s.seq.metrics.first_scheduled_time = t0
+            sampling = [s.seq for s in so.scheduled if s.samples]
+            logits = self.runner.execute(so)
+            for s in so.scheduled:
+                s.seq.num_computed_tokens += s.num_tokens
+            seqs, rows = [], []
+            for r, seq in enumerate(sampling):
+                group = [seq] + self._fork(seq) if seq.pending_forks else [seq]
+                seqs += group
+                rows += [r] * len(group)
+            if len(rows) != len(sampling):
+                logits = logits[rows]
+            tokens = sample(logits, [s.params for s in seqs], [s.generator for s in seqs]).tolist()
+            now = self.clock()
+            for i, (seq, tok) in enumerate(zip(seqs, tokens)):
+                if seq.logprobs is not None:
+                    seq.logprobs.append(_logprobs(logits[i], tok, seq.params.logprobs))
+                outputs.append(self._append_token(seq, tok, now))
+        if so.scheduled or so.preempted:
+            self._record_stats(so, t0)
+        return outputs
+
+    def _fork(self, parent: Sequence) -> list[Sequence]:
+        """Parallel sampling: n - 1 children share the parent's blocks (ref counts), copy-on-write later."""
+        children = []
+        for i in range(1, parent.pending_forks + 1):
+            child = Sequence(next(self._seq_ids), parent.request_id, parent.token_ids, parent.params,
+                             replace(parent.metrics, token_times=[]), make_generator(parent.params.seed, i, self.device),
+                             index=i, stop_ids=parent.stop_ids)
+            child.pending_forks = 0
+            child.num_computed_tokens, child.status = parent.num_computed_tokens, Status.RUNNING
+            self.block_manager.fork(parent, child)
+            children.append(child)
+        parent.pending_forks = 0
+        at = self.scheduler.running.index(parent) + 1
+        self.scheduler.running[at:at] = children
+        self.requests[parent.request_id] += children
+        return children
+
+    def _append_token(self, seq: Sequence, token: int, now: float) -> StepOutput:
+        seq.token_ids.append(token)
+        m = seq.metrics
+        m.token_times.append(now)
+        if m.first_token_time is None:
+            m.first_token_time = now
+        reason = None
+        if token in seq.stop_ids:
+            reason = "stop"
+        elif seq.num_output_tokens >= seq.params.max_tokens or seq.num_tokens >= self.max_seq_len:
+            reason = "length"
+        out = StepOutput(seq.request_id, seq.index, [token], reason is not None, reason)
+        if reason:
+            seq.finish_reason, m.finish_time = reason, now
+            self.scheduler.finish(seq)
+            if all(s.status is Status.FINISHED for s in self.requests[seq.request_id]):
+                out.output = self._request_output(self.requests.pop(seq.request_id))
+        return out
+
+    def _request_output(self, seqs: list[Sequence]) -> RequestOutput:
+        dec = self.tokenizer.decode if self.tokenizer else (lambda ids: None)
+        comps = [CompletionOutput(s.index, s.output_token_ids, dec(s.output_token_ids), s.finish_reason, s.metrics, s.logprobs)
+                 for s in sorted(seqs, key=lambda s: s.index)]
+        first = seqs[0]
+        return RequestOutput(first.request_id, first.token_ids[:first.num_prompt_tokens], comps)
+
+    def _record_stats(self, so, t0: float) -> None:
+        free = self.block_manager.num_free()
+        self.step_stats.append(StepStats(
+            step=len(self.step_stats), start_time=t0, wall_time=self.clock() - t0,
+            num_prefill_tokens=sum(s.num_tokens for s in so.prefills), num_decode_tokens=len(so.decodes),
+            num_prefill_seqs=len(so.prefills), num_decode_seqs=len(so.decodes),
+            num_running=len(self.scheduler.running), num_waiting=len(self.scheduler.waiting),
+            num_preempted=len(so.preempted), blocks_used=self.num_blocks - free, blocks_free=free))
+
+    @torch.inference_mode()
+    def score(self, prompt) -> torch.Tensor:
+        """Logits [len(prompt), vocab] at every position in one prefill forward (perplexity, KL checks,
+        or verifying drafted tokens). Uses free cache blocks for the duration of the call only."""
+        ids = self.tokenize(prompt)
+        seq = Sequence(-1, "score", ids, SamplingParams(max_tokens=1), RequestMetrics(self.clock()))
+        if not self.block_manager.can_reserve(seq, len(ids)):
+            raise RuntimeError(f"score() needs {self.block_manager.blocks_needed(seq, len(ids))} free KV blocks, "
+                               f"{self.block_manager.num_free()} are free: call it when fewer requests run")
+        self.block_manager.reserve(seq, len(ids))
+        try:
+            so = SchedulerOutput(prefills=[ScheduledSeq(seq, len(ids), num_logits=len(ids))])
+            return self.runner.execute(so)
+        finally:
+            self.block_manager.free(seq)
+
+    # ---- streaming ------------------------------------------------------------------------------
+    def stream(self, prompts, params: SamplingParams | None = None) -> Iterator[StepOutput]:
+        """Add the prompt(s) and step until they finish, yielding every StepOutput as it is produced
+        (other requests in the engine progress too; filter on request_id)."""
+        ids = {self.add_request(p, params) for p in _as_prompt_list(prompts)}
+        while ids:
+            for out in self.step():
+                if out.output is not None:
+                    ids.discard(out.request_id)
+                yield out
+
+
+def _logprobs(logits: torch.Tensor, token: int, k: int) -> dict[int, float]:
+    """Log-softmax of the raw logits (before temperature): the sampled token plus the top k."""
+    lp = torch.log_softmax(logits, -1)
+    top = lp.topk(min(k, lp.numel())) if k else None
+    d = {} if top is None else dict(zip(top.indices.tolist(), top.values.tolist()))
+    d[token] = lp[token].item()
+    return d
+
+
+def _as_prompt_list(prompts) -> list:
+    """A string or a token-id list is one prompt; a list of those is many."""
+    if isinstance(prompts, str) or (isinstance(prompts, (list, tuple)) and prompts and isinstance(prompts[0], int)):
+        return [prompts]
+    if not isinstance(prompts, (list, tuple)):
+        raise TypeError(f"prompts must be a string, a token-id list or a list of those, got {type(prompts).__name__}")
+    return list(prompts)
+
+
+def _resolve_dtype(dtype, device: torch.device) -> torch.dtype:
+    if dtype is None or dtype == "auto":
+        return default_dtype(device)
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    if dtype in _DTYPES:
+        return _DTYPES[dtype]
+    raise ValueError(f"unknown dtype {dtype!r}; use one of {sorted(_DTYPES)} or a torch.dtype")

@@ -1,0 +1,74 @@
+"""Owns the paged KV cache and turns a SchedulerOutput into one forward over a flat token batch."""
+from __future__ import annotations
+
+import torch
+
+from .attention import AttentionMetadata
+from .model import CausalLM
+from .scheduler import ScheduledSeq, SchedulerOutput
+
+
+class ModelRunner:
+    def __init__(self, model: CausalLM, block_size: int, num_blocks: int, device, dtype, backend):
+        c = model.config
+        self.model, self.block_size, self.device = model, block_size, device
+        # [layers, num_blocks, block_size, kv_heads, head_dim] for K and for V; layer i's view is the
+        # [num_blocks, block_size, kv_heads, head_dim] cache the kernels take. Zeroed: masked slots
+        # still pass through the torch gather, and 0 * NaN garbage would poison the softmax sum.
+        shape = (c.num_hidden_layers, num_blocks, block_size, c.num_key_value_heads, c.head_dim)
+        self.k_cache = torch.zeros(shape, dtype=dtype, device=device)
+        self.v_cache = torch.zeros(shape, dtype=dtype, device=device)
+        for i, layer in enumerate(model.layers):
+            layer.self_attn.k_cache, layer.self_attn.v_cache = self.k_cache[i], self.v_cache[i]
+            layer.self_attn.backend = backend
+
+    def copy_blocks(self, pairs: list[tuple[int, int]]) -> None:
+        """Copy-on-write: duplicate whole blocks (all layers) before a forked sequence writes into them."""
+        src = torch.tensor([s for s, _ in pairs], device=self.device)
+        dst = torch.tensor([d for _, d in pairs], device=self.device)
+        self.k_cache[:, dst] = self.k_cache[:, src]
+        self.v_cache[:, dst] = self.v_cache[:, src]
+
+    def _block_tables(self, scheduled: list[ScheduledSeq]) -> torch.Tensor | None:
+        if not scheduled:
+            return None
+        width = max(len(s.seq.block_table) for s in scheduled)
+        rows = [s.seq.block_table + [0] * (width - len(s.seq.block_table)) for s in scheduled]  # pad: masked anyway
+        return torch.tensor(rows, dtype=torch.int32, device=self.device)
+
+    def prepare(self, out: SchedulerOutput):
+        """Flat input_ids/positions/slots for decodes then prefill chunks, and the rows whose logits are needed."""
+        bs = self.block_size
+        ids, pos, slots, logit_rows = [], [], [], []
+        cu, ctx = [0], []
+        for s in out.scheduled:
+            seq, p0 = s.seq, s.seq.num_computed_tokens
+            p1 = p0 + s.num_tokens
+            bt = seq.block_table
+            ids += seq.token_ids[p0:p1]
+            pos += range(p0, p1)
+            slots += [bt[p // bs] * bs + p % bs for p in range(p0, p1)]
+            if s.samples:
+                logit_rows += range(len(ids) - s.num_logits, len(ids))
+        for s in out.prefills:
+            cu.append(cu[-1] + s.num_tokens)
+            ctx.append(s.seq.num_computed_tokens + s.num_tokens)
+        dev = self.device
+        meta = AttentionMetadata(
+            slot_mapping=torch.tensor(slots, dtype=torch.int64, device=dev),
+            num_decode_tokens=len(out.decodes),
+            decode_block_tables=self._block_tables(out.decodes),
+            decode_context_lens=torch.tensor([s.seq.num_computed_tokens + 1 for s in out.decodes], dtype=torch.int32, device=dev),
+            prefill_cu_seqlens=cu,
+            prefill_context_lens=ctx,
+            prefill_block_tables=self._block_tables(out.prefills),
+        )
+        ids_t = torch.tensor(ids, dtype=torch.int64, device=dev)
+        pos_t = torch.tensor(pos, dtype=torch.int64, device=dev)
+        return ids_t, pos_t, meta, torch.tensor(logit_rows, dtype=torch.int64, device=dev)
+
+    def execute(self, out: SchedulerOutput) -> torch.Tensor:
+        """Run the forward; logits [num_rows, vocab] float32 for each sampling sequence's last num_logits tokens."""
+        ids, pos, meta, rows = self.prepare(out)
+        hidden = self.model(ids, pos, meta)
+        return self.model.compute_logits(hidden[rows])

@@ -1,0 +1,190 @@
+"""Iteration-level scheduling: each step picks which sequences run and how many tokens each computes.
+
+Order of a step (vLLM V1 / Sarathi-Serve style, one token budget for everything):
+  1. every running sequence in decode (one uncomputed token) gets its token, oldest first; if the
+     cache has no block for it, the newest running sequence is preempted (recompute: blocks freed,
+     back to the front of the waiting queue) until it fits;
+  2. the SchedulerPolicy spends what is left of the token budget on prefill: chunks of prompts in
+     progress and newly admitted waiting requests (none in a step that preempted). If nothing at
+     all can run because partly prefilled prompts fill the cache, the newest is preempted and the
+     policy asked again.
+A prompt whose last chunk is a single token finishes in the decode batch (it is one query token
+against cached context, exactly a decode), so a policy never sees it.
+"""
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+from .block_manager import BlockManager
+from .sequence import Sequence, Status
+
+
+@dataclass
+class ScheduledSeq:
+    seq: Sequence
+    num_tokens: int  # tokens computed this step, from seq.num_computed_tokens on
+    num_logits: int = 1  # logits wanted for the chunk's last num_logits tokens (k + 1 to verify k drafts)
+
+    @property
+    def samples(self) -> bool:
+        """True when this chunk reaches the last known token, so its logits give the next one."""
+        return self.seq.num_computed_tokens + self.num_tokens == self.seq.num_tokens
+
+
+@dataclass
+class SchedulerOutput:
+    decodes: list[ScheduledSeq] = field(default_factory=list)
+    prefills: list[ScheduledSeq] = field(default_factory=list)
+    preempted: list[Sequence] = field(default_factory=list)
+    block_copies: list[tuple[int, int]] = field(default_factory=list)  # (src, dst) copy-on-write
+
+    @property
+    def scheduled(self) -> list[ScheduledSeq]:
+        return self.decodes + self.prefills  # the batch order: decode rows first
+
+
+class Budget:
+    """What a SchedulerPolicy may still spend this step: tokens, batch slots and free KV blocks."""
+
+    def __init__(self, tokens: int, slots: int, block_manager: BlockManager, chunked_prefill: bool):
+        self.tokens, self.slots, self.chunked_prefill = tokens, slots, chunked_prefill
+        self.free_blocks = block_manager.num_free()
+        self._bm = block_manager
+
+    def fits(self, seq: Sequence, num_tokens: int) -> bool:
+        return (0 < num_tokens <= min(self.tokens, seq.num_uncomputed_tokens)
+                and (not seq.is_waiting or seq.num_slots <= self.slots)
+                and self._bm.blocks_needed(seq, num_tokens) <= self.free_blocks)
+
+    def take(self, seq: Sequence, num_tokens: int) -> None:
+        self.tokens -= num_tokens
+        self.free_blocks -= self._bm.blocks_needed(seq, num_tokens)
+        if seq.is_waiting:
+            self.slots -= seq.num_slots
+
+    def try_take(self, seq: Sequence, num_tokens: int) -> bool:
+        if not self.fits(seq, num_tokens):
+            return False
+        self.take(seq, num_tokens)
+        return True
+
+
+class FCFSPolicy:
+    """The engine's policy: first come, first served, no skipping ahead of a request that does not fit.
+
+    Candidates arrive oldest first: prompts already being prefilled, then the waiting queue. With
+    chunked prefill a prompt takes whatever budget is left (a chunk); without, all of it or nothing.
+    """
+
+    def schedule(self, candidates: list[Sequence], budget: Budget) -> list[tuple[Sequence, int]]:
+        picked = []
+        for seq in candidates:
+            n = seq.num_uncomputed_tokens
+            if budget.chunked_prefill:
+                n = min(n, budget.tokens)
+            if not budget.try_take(seq, n):
+                break
+            picked.append((seq, n))
+        return picked
+
+
+class Scheduler:
+    def __init__(self, block_manager: BlockManager, policy, max_num_seqs: int, max_num_batched_tokens: int,
+                 enable_chunked_prefill: bool):
+        self.bm, self.policy = block_manager, policy
+        self.max_num_seqs, self.max_num_batched_tokens = max_num_seqs, max_num_batched_tokens
+        self.chunked_prefill = enable_chunked_prefill
+        self.waiting: deque[Sequence] = deque()
+        self.running: list[Sequence] = []  # admission order: the last one is preempted first
+
+    def add(self, seq: Sequence) -> None:
+        self.waiting.append(seq)
+
+    def has_unfinished(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def schedule(self) -> SchedulerOutput:
+        out = SchedulerOutput()
+        for seq in list(self.running):
+            if seq.status is Status.RUNNING and seq.num_uncomputed_tokens == 1:
+                self._schedule_decode(seq, out)
+        while True:
+            budget = Budget(self.max_num_batched_tokens - len(out.decodes), self.max_num_seqs - self._num_slots_used(),
+                            self.bm, self.chunked_prefill)
+            # After a preemption, admit nobody new this step (as vLLM does): the freed blocks would
+            # otherwise go straight back to the victim's re-prefill and the cache would thrash.
+            admit = not out.preempted or not self.running
+            candidates = [s for s in self.running if s.num_uncomputed_tokens > 1] + (list(self.waiting) if admit else [])
+            decisions = self.policy.schedule(candidates, budget)
+            self._check(decisions, candidates, len(out.decodes))
+            if decisions or out.decodes or not self.running:
+                break
+            self._preempt_newest(out)  # only partly prefilled prompts run and none can grow
+        if not decisions and not out.decodes and self.waiting:
+            raise RuntimeError(f"scheduler policy {type(self.policy).__name__} admitted nothing although the cache is "
+                               f"empty and {len(self.waiting)} request(s) wait: the engine would never progress")
+        for seq, n in decisions:
+            if seq.is_waiting:
+                self.waiting.remove(seq)
+                seq.status = Status.RUNNING
+                self.running.append(seq)
+            out.block_copies += self.bm.reserve(seq, n)
+            out.prefills.append(ScheduledSeq(seq, n))
+        return out
+
+    def _schedule_decode(self, seq: Sequence, out: SchedulerOutput) -> None:
+        while not self.bm.can_reserve(seq, 1):
+            if self._preempt_newest(out) is seq:
+                return
+        out.block_copies += self.bm.reserve(seq, 1)
+        out.decodes.append(ScheduledSeq(seq, 1))
+
+    def _preempt_newest(self, out: SchedulerOutput) -> Sequence:
+        victim = self.running[-1]  # FCFS priority: the latest admitted loses its cache first
+        self.preempt(victim)
+        out.preempted.append(victim)
+        return victim
+
+    def preempt(self, seq: Sequence) -> None:
+        """Recompute preemption: drop the KV, keep the tokens; re-prefilled later, nothing is lost."""
+        self.running.remove(seq)
+        self.bm.free(seq)
+        seq.num_computed_tokens = 0
+        seq.status = Status.WAITING
+        seq.metrics.num_preemptions += 1
+        self.waiting.appendleft(seq)
+
+    def finish(self, seq: Sequence) -> None:
+        """Remove a finished or aborted sequence from whichever queue holds it and free its blocks."""
+        if seq.status is Status.RUNNING:
+            self.running.remove(seq)
+        elif seq.status is Status.WAITING:
+            self.waiting.remove(seq)
+        self.bm.free(seq)
+        seq.status = Status.FINISHED
+
+    def _num_slots_used(self) -> int:
+        return sum(s.num_slots for s in self.running)
+
+    def _check(self, decisions, candidates, num_decodes) -> None:
+        """A policy is user code: refuse decisions that break the engine's invariants, saying which."""
+        allowed, seen = {id(s) for s in candidates}, set()
+        tokens, slots, blocks = num_decodes, self._num_slots_used(), 0
+        for seq, n in decisions:
+            if id(seq) not in allowed or id(seq) in seen:
+                raise RuntimeError(f"scheduler policy returned {seq!r}, which is not a candidate or appears twice")
+            seen.add(id(seq))
+            if not isinstance(n, int) or not 0 < n <= seq.num_uncomputed_tokens:
+                raise RuntimeError(f"scheduler policy gave {n!r} tokens to {seq!r}: need 1..{seq.num_uncomputed_tokens}")
+            if not self.chunked_prefill and n != seq.num_uncomputed_tokens:
+                raise RuntimeError(f"scheduler policy chunked {seq!r} ({n} tokens) but chunked prefill is off")
+            tokens += n
+            slots += seq.num_slots if seq.is_waiting else 0
+            blocks += self.bm.blocks_needed(seq, n)
+        if tokens > self.max_num_batched_tokens:
+            raise RuntimeError(f"scheduler policy scheduled {tokens} tokens (decodes included) > max_num_batched_tokens={self.max_num_batched_tokens}")
+        if slots > self.max_num_seqs:
+            raise RuntimeError(f"scheduler policy admitted past max_num_seqs={self.max_num_seqs} ({slots} slots)")
+        if blocks > self.bm.num_free():
+            raise RuntimeError(f"scheduler policy needs {blocks} KV blocks, only {self.bm.num_free()} are free")

@@ -1,0 +1,145 @@
+"""Requests, the sequences they are scheduled as, and what the engine returns for them.
+
+A request with SamplingParams.n = 1 is one Sequence. With n > 1 it starts as one sequence; when its
+prompt is prefilled it forks into n that share the prompt's blocks and sample independently.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum
+
+from .sampling import SamplingParams
+
+
+class Status(Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+@dataclass
+class RequestMetrics:
+    """Timestamps on the engine's clock (time.perf_counter unless another clock is injected).
+
+    TTFT = first_token_time - arrival_time; TPOT = (finish_time - first_token_time) / (tokens - 1);
+    ITL = differences of token_times.
+    """
+    arrival_time: float
+    first_scheduled_time: float | None = None
+    first_token_time: float | None = None
+    token_times: list[float] = field(default_factory=list)
+    finish_time: float | None = None
+    num_preemptions: int = 0
+
+
+class Sequence:
+    def __init__(self, seq_id: int, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
+                 metrics: RequestMetrics, generator=None, index: int = 0, stop_ids: frozenset = frozenset()):
+        self.seq_id, self.request_id, self.index = seq_id, request_id, index
+        self.token_ids = list(prompt_token_ids)
+        self.num_prompt_tokens = len(prompt_token_ids)
+        self.params, self.metrics, self.generator = params, metrics, generator
+        self.stop_ids = stop_ids  # a sampled token in here ends the sequence with "stop"
+        self.status = Status.WAITING
+        self.num_computed_tokens = 0  # tokens whose K/V are in the cache
+        self.block_table: list[int] = []
+        self.pending_forks = params.n - 1  # children still to fork once the prompt is prefilled
+        self.finish_reason: str | None = None
+        self.logprobs: list[dict[int, float]] | None = [] if params.logprobs is not None else None
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.token_ids)
+
+    @property
+    def num_uncomputed_tokens(self) -> int:
+        """Tokens the next forward must process: the rest of the prompt, or the last sampled token."""
+        return len(self.token_ids) - self.num_computed_tokens
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.token_ids) - self.num_prompt_tokens
+
+    @property
+    def output_token_ids(self) -> list[int]:
+        return self.token_ids[self.num_prompt_tokens:]
+
+    @property
+    def num_slots(self) -> int:
+        """Running-batch slots this sequence will occupy (its future forks included)."""
+        return 1 + self.pending_forks
+
+    @property
+    def is_waiting(self) -> bool:
+        return self.status is Status.WAITING
+
+    def __repr__(self):
+        return (f"Sequence(id={self.seq_id}, request={self.request_id!r}, status={self.status.value}, "
+                f"tokens={self.num_tokens}, computed={self.num_computed_tokens}, blocks={self.block_table})")
+
+
+@dataclass
+class CompletionOutput:
+    index: int
+    token_ids: list[int]
+    text: str | None
+    finish_reason: str | None  # "stop", "length" or "abort"
+    metrics: RequestMetrics
+    logprobs: list[dict[int, float]] | None = None
+
+
+@dataclass
+class RequestOutput:
+    request_id: str
+    prompt_token_ids: list[int]
+    outputs: list[CompletionOutput]
+    finished: bool = True
+
+    # The first (for n = 1 the only) completion, flattened as vLLM users expect.
+    @property
+    def token_ids(self) -> list[int]:
+        return self.outputs[0].token_ids
+
+    @property
+    def text(self) -> str | None:
+        return self.outputs[0].text
+
+    @property
+    def finish_reason(self) -> str | None:
+        return self.outputs[0].finish_reason
+
+    @property
+    def metrics(self) -> RequestMetrics:
+        return self.outputs[0].metrics
+
+    @property
+    def logprobs(self) -> list[dict[int, float]] | None:
+        return self.outputs[0].logprobs
+
+
+@dataclass
+class StepOutput:
+    """What one step() produced for one sequence: its new tokens, and the full output once finished."""
+    request_id: str
+    index: int
+    new_token_ids: list[int]
+    finished: bool
+    finish_reason: str | None = None
+    output: RequestOutput | None = None  # set when the whole request (all n samples) has finished
+
+
+@dataclass
+class StepStats:
+    """Per-step counters the lessons plot."""
+    step: int
+    start_time: float
+    wall_time: float  # seconds this step took
+    num_prefill_tokens: int
+    num_decode_tokens: int
+    num_prefill_seqs: int
+    num_decode_seqs: int
+    num_running: int  # after the step
+    num_waiting: int
+    num_preempted: int
+    blocks_used: int
+    blocks_free: int

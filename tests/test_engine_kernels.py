@@ -1,0 +1,116 @@
+"""Triton kernels == torch references (under the Triton interpreter when there is no GPU), and paged == contiguous."""
+import pytest
+import torch
+import torch.nn.functional as F
+
+from reference_engine.device import ensure_triton_mode
+
+ensure_triton_mode()  # before triton is imported: interpreter on CPU-only machines
+pytest.importorskip("triton")
+
+from reference_engine.kernels import paged_decode_torch, prefill_torch, triton_kernels, write_kv_torch  # noqa: E402
+
+DEV = "cuda" if torch.cuda.is_available() else "cpu"
+TOL = dict(atol=2e-5, rtol=1e-4) if DEV == "cpu" else dict(atol=2e-3, rtol=2e-3)  # fp32 dots are exact on CPU
+tk = triton_kernels()
+
+
+def make_cache(num_blocks, block_size, kv_heads, head_dim, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    k = torch.randn(num_blocks, block_size, kv_heads, head_dim, generator=g)
+    v = torch.randn(num_blocks, block_size, kv_heads, head_dim, generator=g)
+    return k.to(DEV), v.to(DEV)
+
+
+def scattered_tables(context_lens, block_size, num_blocks, seed=0):
+    """Each sequence gets distinct, shuffled (non-contiguous) blocks; padding entries repeat block 0."""
+    perm = torch.randperm(num_blocks, generator=torch.Generator().manual_seed(seed)).tolist()
+    need = [-(-c // block_size) for c in context_lens]
+    width, rows, at = max(need), [], 0
+    for n in need:
+        rows.append(perm[at:at + n] + [0] * (width - n))
+        at += n
+    return torch.tensor(rows, dtype=torch.int32, device=DEV)
+
+
+def contiguous_kv(cache, table, length, block_size):
+    """The first `length` tokens of a sequence, read slot by slot (no paging tricks)."""
+    return torch.stack([cache[table[t // block_size], t % block_size] for t in range(length)])
+
+
+@pytest.mark.parametrize("group", [1, 2, 4])
+@pytest.mark.parametrize("head_dim", [16, 24])
+def test_paged_decode_triton_matches_torch(group, head_dim):
+    kv_heads, bs = 2, 16
+    ctx = [1, 15, 16, 17, 40, 64]  # partial last blocks, exact multiples, a single token
+    k_cache, v_cache = make_cache(32, bs, kv_heads, head_dim)
+    bt = scattered_tables(ctx, bs, 32)
+    q = torch.randn(len(ctx), kv_heads * group, head_dim, generator=torch.Generator().manual_seed(1)).to(DEV)
+    cl = torch.tensor(ctx, dtype=torch.int32, device=DEV)
+    ref = paged_decode_torch(q, k_cache, v_cache, bt, cl, head_dim ** -0.5)
+    out = tk.paged_decode_triton(q, k_cache, v_cache, bt, cl, head_dim ** -0.5)
+    torch.testing.assert_close(out, ref, **TOL)
+
+
+def test_paged_decode_equals_contiguous_attention():
+    kv_heads, group, D, bs = 2, 2, 16, 8
+    ctx = [3, 8, 21]
+    k_cache, v_cache = make_cache(16, bs, kv_heads, D, seed=4)
+    bt = scattered_tables(ctx, bs, 16, seed=4)
+    q = torch.randn(len(ctx), kv_heads * group, D).to(DEV)
+    out = paged_decode_torch(q, k_cache, v_cache, bt, torch.tensor(ctx, device=DEV), D ** -0.5)
+    for i, n in enumerate(ctx):
+        k = contiguous_kv(k_cache, bt[i].tolist(), n, bs).repeat_interleave(group, dim=1)  # [n, H, D]
+        v = contiguous_kv(v_cache, bt[i].tolist(), n, bs).repeat_interleave(group, dim=1)
+        w = torch.einsum("hd,nhd->hn", q[i], k) * D ** -0.5
+        ref = torch.einsum("hn,nhd->hd", w.softmax(-1), v)
+        torch.testing.assert_close(out[i], ref, atol=1e-5, rtol=1e-5)
+
+
+def chunk_batch(chunks, k_cache, v_cache, bt, bs, H, D, seed=2):
+    """chunks: (chunk_len, context_len) per sequence; K/V of each chunk are read back from the cache."""
+    cu = [0]
+    for n, _ in chunks:
+        cu.append(cu[-1] + n)
+    q = torch.randn(cu[-1], H, D, generator=torch.Generator().manual_seed(seed)).to(DEV)
+    k = torch.cat([contiguous_kv(k_cache, bt[i].tolist(), c, bs)[c - n:] for i, (n, c) in enumerate(chunks)])
+    v = torch.cat([contiguous_kv(v_cache, bt[i].tolist(), c, bs)[c - n:] for i, (n, c) in enumerate(chunks)])
+    return q, k, v, cu, [c for _, c in chunks]
+
+
+@pytest.mark.parametrize("group", [1, 2, 4])
+def test_prefill_triton_matches_torch(group):
+    kv_heads, D, bs = 2, 16, 16
+    chunks = [(5, 5), (17, 17), (1, 30), (20, 37), (33, 64)]  # whole prompts, then chunks after cached context
+    k_cache, v_cache = make_cache(40, bs, kv_heads, D, seed=3)
+    bt = scattered_tables([c for _, c in chunks], bs, 40, seed=3)
+    q, k, v, cu, ctx = chunk_batch(chunks, k_cache, v_cache, bt, bs, kv_heads * group, D)
+    ref = prefill_torch(q, k, v, k_cache, v_cache, cu, ctx, bt, D ** -0.5)
+    out = tk.prefill_triton(q, k, v, k_cache, v_cache, cu, ctx, bt, D ** -0.5)
+    torch.testing.assert_close(out, ref, **TOL)
+
+
+def test_prefill_chunk_equals_causal_attention_over_whole_sequence():
+    """A chunk after cached context gives the rows full causal attention gives at those positions."""
+    kv_heads, group, D, bs, L = 2, 2, 16, 8, 29
+    k_cache, v_cache = make_cache(8, bs, kv_heads, D, seed=5)
+    bt = scattered_tables([L], bs, 8, seed=5)
+    q_all, k_all, v_all, _, _ = chunk_batch([(L, L)], k_cache, v_cache, bt, bs, kv_heads * group, D)
+    full = F.scaled_dot_product_attention(q_all.transpose(0, 1), k_all.transpose(0, 1).repeat_interleave(group, 0),
+                                          v_all.transpose(0, 1).repeat_interleave(group, 0), is_causal=True).transpose(0, 1)
+    for start in (0, 7, 8, 20):
+        out = prefill_torch(q_all[start:], k_all[start:], v_all[start:], k_cache, v_cache, [0, L - start], [L], bt, D ** -0.5)
+        torch.testing.assert_close(out, full[start:], atol=1e-5, rtol=1e-5)
+
+
+def test_write_kv_triton_matches_torch():
+    kv_heads, D, bs = 2, 16, 16
+    k_cache, v_cache = make_cache(8, bs, kv_heads, D, seed=6)
+    slots = torch.randperm(8 * bs, generator=torch.Generator().manual_seed(6))[:37].to(DEV)
+    k, v = torch.randn(2, 37, kv_heads, D).to(DEV)
+    a_k, a_v, b_k, b_v = k_cache.clone(), v_cache.clone(), k_cache.clone(), v_cache.clone()
+    write_kv_torch(k, v, a_k, a_v, slots)
+    tk.write_kv_triton(k, v, b_k, b_v, slots)
+    assert torch.equal(a_k, b_k) and torch.equal(a_v, b_v)
+    flat = a_k.view(-1, kv_heads, D)
+    assert torch.equal(flat[slots], k)  # slot = block_id * block_size + offset
