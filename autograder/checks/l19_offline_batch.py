@@ -1,0 +1,467 @@
+"""Checks for lesson 19: packing ragged prompts, packed attention, first-fit-decreasing batches,
+the batching window's added latency, and the largest batch that fits in memory.
+
+Packed attention is checked against its definition, independently of the reference: causal SDPA run
+on each sequence alone, the outputs concatenated. Batches are checked by their properties (every
+request once, the budget held, no more batches than first-fit decreasing needs), so any packing at
+least as good as FFD passes; a worse one is compared against the usual wrong algorithms to name it.
+"""
+from __future__ import annotations
+
+import math
+import numbers
+
+import torch
+import torch.nn.functional as F
+
+from autograder.core import LearnerRaised, check
+
+# -- 1.1 packing ------------------------------------------------------------------------------------
+
+
+def random_prompts(rng, n_max: int = 6, len_max: int = 12) -> list[list[int]]:
+    n = rng.randint(2, n_max)
+    return [[rng.randrange(2048) for _ in range(rng.randint(1, len_max))] for _ in range(n)]
+
+
+def _lengths(prompts):
+    return torch.tensor([len(p) for p in prompts], dtype=torch.int64)
+
+
+def cu_seqlens_mistakes(prompts) -> dict:
+    ends = _lengths(prompts).cumsum(0)
+    zero = torch.zeros(1, dtype=torch.int64)
+    return {"leaves out the leading 0 of cu_seqlens (it has n + 1 entries and starts at 0)": ends.int(),
+            "leaves out the final total (cu_seqlens has n + 1 entries and ends at T)": torch.cat([zero, ends[:-1]]).int(),
+            "stores each sequence's last index instead of its end (off by one: sequence i is "
+            "cu_seqlens[i]:cu_seqlens[i + 1], end excluded)": torch.cat([zero, ends - 1]).int(),
+            "returns cu_seqlens as int64; varlen attention kernels take int32": torch.cat([zero, ends])}
+
+
+def positions_mistakes(prompts) -> dict:
+    T = int(_lengths(prompts).sum())
+    restart = torch.cat([torch.arange(len(p)) for p in prompts])
+    return {"numbers positions across the whole packed batch instead of restarting at 0 for each "
+            "sequence (they run past the model's context, and decoding resumes at positions that do not "
+            "match the cached keys)": torch.arange(T),
+            "starts positions at 1 instead of 0": restart + 1,
+            "returns positions as int32; index tensors (RoPE tables, embeddings) use int64": restart.int()}
+
+
+@check(points=2, section="1.1")
+def pack_prompts(t):
+    """Flat input_ids, int32 cu_seqlens with a leading 0, per-sequence positions, max_seqlen."""
+    cases = [("visible: two prompts", [[5, 6, 7], [8, 9]]),
+             ("visible: one prompt", [[11, 12, 13, 14]]),
+             ("visible: one-token prompts at both ends", [[7], [3, 4, 5], [9]])]
+    cases += [(f"hidden: {len(p)} random prompts", p) for p in (random_prompts(t.rng), random_prompts(t.rng))]
+    for label, prompts in cases:
+        with t.case(f"{label}, lengths {[len(p) for p in prompts]}"):
+            expected = t.ref.pack_prompts(prompts)
+            got = t.call("pack_prompts", prompts)
+            t.expect_true(isinstance(got, dict), f"pack_prompts() must return a dict, got {type(got).__name__}")
+            missing = [k for k in expected if k not in got]
+            t.expect_true(not missing, f"the dict is missing key(s) {missing}")
+            t.expect(got["input_ids"], expected["input_ids"], "input_ids",
+                     mistakes={"stores token ids as int32; embedding lookups take int64":
+                               expected["input_ids"].int()})
+            t.expect(got["cu_seqlens"], expected["cu_seqlens"], "cu_seqlens", mistakes=cu_seqlens_mistakes(prompts))
+            t.expect(got["positions"], expected["positions"], "positions", mistakes=positions_mistakes(prompts))
+            t.expect(got["max_seqlen"], expected["max_seqlen"], "max_seqlen",
+                     mistakes={"returns the total token count, not the longest prompt": int(_lengths(prompts).sum())})
+            t.expect_true(isinstance(got["max_seqlen"], numbers.Integral),
+                          f"max_seqlen should be a Python int, got {type(got['max_seqlen']).__name__}")
+    with t.case("an empty prompt is refused with ValueError"):
+        expect_raises(t, ValueError, "pack_prompts", [[1, 2], []],
+                      why="an empty prompt has no token to generate from; engines reject it")
+
+
+def expect_raises(t, exc_type, name: str, *args, why: str):
+    try:
+        got = t.call(name, *args)
+    except LearnerRaised as e:
+        if not isinstance(e.exc, exc_type):
+            t.fail(f"{name}() raised {type(e.exc).__name__}, expected {exc_type.__name__}: {why}")
+        return
+    t.fail(f"{name}() returned {type(got).__name__} instead of raising {exc_type.__name__}: {why}")
+
+
+# -- 1.2 the mask -----------------------------------------------------------------------------------
+
+def cu_of(lengths) -> torch.Tensor:
+    cu = torch.zeros(len(lengths) + 1, dtype=torch.int32)
+    cu[1:] = torch.tensor(lengths).cumsum(0)
+    return cu
+
+
+def block_diagonal(cu: torch.Tensor) -> torch.Tensor:
+    cu = cu.long()
+    seq = torch.repeat_interleave(torch.arange(len(cu) - 1), cu[1:] - cu[:-1])
+    return seq[:, None] == seq[None, :]
+
+
+def mask_mistakes(cu: torch.Tensor) -> dict:
+    T = int(cu[-1])
+    causal = torch.ones(T, T, dtype=torch.bool).tril()
+    block = block_diagonal(cu)
+    return {"is causal over the whole packed batch, so tokens attend across sequences (the mask must "
+            "also be block-diagonal: same sequence only)": causal,
+            "is block-diagonal but not causal: tokens see later tokens of their own sequence": block,
+            "is transposed: token i sees tokens j >= i (the future) instead of j <= i": block & causal.T,
+            "leaves out the diagonal: a token must attend to itself (j <= i, not j < i)": block & causal.tril(-1)}
+
+
+def random_lengths(rng, n_max=6, len_max=10) -> list[int]:
+    return [rng.randint(1, len_max) for _ in range(rng.randint(2, n_max))]
+
+
+@check(points=2, section="1.2")
+def varlen_causal_mask(t):
+    """Block-diagonal causal bool mask from cu_seqlens."""
+    cases = [("visible", [2, 1]), ("visible", [3, 2]), ("visible: one sequence", [4]),
+             ("visible: one-token sequences", [1, 3, 1]),
+             ("hidden", random_lengths(t.rng)), ("hidden", random_lengths(t.rng))]
+    for label, lengths in cases:
+        with t.case(f"{label}: lengths {lengths}"):
+            cu = cu_of(lengths)
+            expected = t.ref.varlen_causal_mask(cu)
+            got = t.call("varlen_causal_mask", cu)
+            t.expect(got, expected, f"mask for cu_seqlens {cu.tolist()}", mistakes=mask_mistakes(cu),
+                     hint="Return a bool tensor, True where attention is allowed (SDPA's boolean attn_mask "
+                          "convention), not an additive 0 / -inf float mask.")
+
+
+# -- 1.3 packed attention ---------------------------------------------------------------------------
+
+def per_sequence_sdpa(q, k, v, cu, scale=None) -> torch.Tensor:
+    """The definition: causal attention on each sequence alone (SDPA), outputs concatenated."""
+    group = q.shape[1] // k.shape[1]
+    out = []
+    for s, e in zip(cu[:-1].tolist(), cu[1:].tolist()):
+        qi, ki, vi = (x[s:e].transpose(0, 1)[None] for x in (q, k.repeat_interleave(group, 1), v.repeat_interleave(group, 1)))
+        out.append(F.scaled_dot_product_attention(qi.double(), ki.double(), vi.double(), is_causal=True,
+                                                  scale=scale)[0].transpose(0, 1))
+    return torch.cat(out).to(q.dtype)
+
+
+def masked_attention(q, k, v, mask, scale, heads="interleave") -> torch.Tensor:
+    T, H, D = q.shape
+    group = H // k.shape[1]
+    if heads == "interleave":
+        k, v = k.repeat_interleave(group, 1), v.repeat_interleave(group, 1)
+    else:
+        k, v = k.repeat(1, group, 1), v.repeat(1, group, 1)
+    scores = torch.einsum("thd,shd->hts", q.double(), k.double()) * scale
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf"))
+    return torch.einsum("hts,shd->thd", scores.softmax(-1), v.double()).to(q.dtype)
+
+
+def attention_mistakes(q, k, v, cu, scale) -> dict:
+    D, H, H_kv = q.shape[2], q.shape[1], k.shape[1]
+    s = D ** -0.5 if scale is None else scale
+    T = int(cu[-1])
+    causal = torch.ones(T, T, dtype=torch.bool).tril()
+    block = block_diagonal(cu)
+    wrong = {"attends across sequences (a causal mask over the whole batch is not block-diagonal)":
+             masked_attention(q, k, v, causal, s),
+             "is not causal within a sequence (block-diagonal mask without the triangle)":
+             masked_attention(q, k, v, block, s),
+             "applies no mask at all": masked_attention(q, k, v, None, s)}
+    if scale is None:
+        wrong["is missing the 1/sqrt(head_dim) scale"] = masked_attention(q, k, v, block & causal, 1.0)
+    else:
+        wrong["ignores the scale argument (uses 1/sqrt(head_dim))"] = masked_attention(q, k, v, block & causal, D ** -0.5)
+    if H_kv > 1 and H > H_kv:
+        wrong["pairs query heads with KV heads by repeat, not repeat_interleave (head h reads KV head "
+              "h // group)"] = masked_attention(q, k, v, block & causal, s, heads="repeat")
+    return wrong
+
+
+@check(points=3, section="1.3")
+def packed_attention(t):
+    """Attention over the packed batch equals causal attention on each sequence alone."""
+    cases = [("visible", [3, 2], 4, 2, 8, None), ("visible: one sequence", [5], 2, 2, 8, None),
+             ("visible: GQA, a one-token sequence", [1, 4, 2], 8, 2, 16, None),
+             ("visible: explicit scale", [2, 3], 2, 1, 8, 0.3)]
+    for _ in range(2):
+        H_kv, group = t.rng.choice([1, 2, 4]), t.rng.choice([1, 2, 4])
+        cases.append(("hidden", random_lengths(t.rng, 5, 10), H_kv * group, H_kv, t.rng.choice([8, 16, 32]), None))
+    for label, lengths, H, H_kv, D, scale in cases:
+        with t.case(f"{label}: lengths {lengths}, heads {H}, kv heads {H_kv}, head_dim {D}"
+                    + (f", scale {scale}" if scale else "")):
+            T = sum(lengths)
+            q = torch.randn(T, H, D, generator=t.gen)
+            k, v = torch.randn(T, H_kv, D, generator=t.gen), torch.randn(T, H_kv, D, generator=t.gen)
+            cu = cu_of(lengths)
+            expected = per_sequence_sdpa(q, k, v, cu, scale)
+            args = (q, k, v, cu) + ((scale,) if scale is not None else ())
+            got = t.call("packed_attention", *args)
+            t.expect(got, expected, "packed attention vs each sequence alone",
+                     mistakes=attention_mistakes(q, k, v, cu, scale))
+
+
+# -- 2.1 batches under a token budget ---------------------------------------------------------------
+
+def _cost(costs, batch, padded):
+    sizes = [costs[i] for i in batch]
+    return len(sizes) * max(sizes) if padded else sum(sizes)
+
+
+def _pack(costs, budget, padded, order="decreasing", fit="first", strict=False, cost_padded=None):
+    """First/next-fit with a choice of order: the reference's algorithm and its usual variants."""
+    cost_padded = padded if cost_padded is None else cost_padded
+    idx = list(range(len(costs)))
+    if order == "decreasing":
+        idx.sort(key=lambda i: (-costs[i], i))
+    elif order == "increasing":
+        idx.sort(key=lambda i: (costs[i], i))
+    batches = []
+    for i in idx:
+        open_ = batches if fit == "first" else batches[-1:]
+        for b in open_:
+            c = _cost(costs, b + [i], cost_padded)
+            if c < budget or (not strict and c == budget):
+                b.append(i)
+                break
+        else:
+            batches.append([i])
+    return batches
+
+
+def batching_mistakes(costs, budget, padded) -> dict:
+    wrong = {"does not sort by cost first (first-fit, not first-fit decreasing)": _pack(costs, budget, padded, "none"),
+             "sorts ascending; first-fit decreasing places the largest requests first":
+             _pack(costs, budget, padded, "increasing"),
+             "only tries the most recently opened batch (next-fit), not every open batch":
+             _pack(costs, budget, padded, fit="next"),
+             "treats the budget as exclusive (a batch of exactly `budget` tokens is allowed)":
+             _pack(costs, budget, padded, strict=True)}
+    if not padded:
+        wrong["uses the padded size len(batch) * max cost in packed mode"] = _pack(costs, budget, False, cost_padded=True)
+    return wrong
+
+
+def canonical(batches) -> list:
+    return sorted(sorted(b) for b in batches)
+
+
+def random_costs(rng, budget: int, n: int, oversize: bool) -> list[int]:
+    """Request sizes shaped like a trace: many short, a few long; optionally one over the budget."""
+    costs = [max(1, min(budget, int(rng.lognormvariate(math.log(budget / 6), 0.8)))) for _ in range(n)]
+    if oversize:
+        costs[rng.randrange(n)] = budget + rng.randint(1, budget)
+    return costs
+
+
+@check(points=3, section="2.1")
+def form_batches(t):
+    """Every request once, each batch within the budget, no more batches than first-fit decreasing."""
+    cases = [("visible: packed", [4, 4, 4, 6, 6, 6], 10, False),
+             ("visible: padded", [4, 4, 4, 6, 6, 6], 12, True),
+             ("visible: exact fits", [5, 5, 5, 5, 2, 8], 10, False),
+             ("visible: a request larger than the budget", [3, 15, 5, 2, 7], 10, False)]
+    for padded, oversize in [(False, False), (False, True), (True, False)]:
+        budget = t.rng.choice([256, 512, 1000, 2048])
+        cases.append((f"hidden: {'padded' if padded else 'packed'}", random_costs(t.rng, budget, t.rng.randint(12, 30), oversize),
+                      budget, padded))
+    for label, costs, budget, padded in cases:
+        shown = costs if len(costs) <= 8 else f"{len(costs)} requests"
+        with t.case(f"{label}: costs {shown}, budget {budget}"):
+            try:
+                got = t.call("form_batches", costs, budget, padded)
+            except LearnerRaised as e:
+                if any(c > budget for c in costs) and isinstance(e.exc, ValueError):
+                    t.fail("form_batches() raised ValueError for a request larger than the budget; "
+                           "it should get a batch of its own")
+                raise
+            check_batches(t, got, costs, budget, padded)
+            ref = t.ref.form_batches(costs, budget, padded)
+            if len(got) > len(ref):
+                mine = canonical(got)
+                for name, wrong in batching_mistakes(costs, budget, padded).items():
+                    if canonical(wrong) == mine:
+                        t.fail(f"{len(got)} batches where first-fit decreasing needs {len(ref)}. "
+                               f"Looks like your code {name}.")
+                t.fail(f"{len(got)} batches where first-fit decreasing needs {len(ref)}: {ref}")
+
+
+def check_batches(t, got, costs, budget, padded) -> None:
+    t.expect_true(isinstance(got, (list, tuple)) and all(isinstance(b, (list, tuple)) for b in got),
+                  f"form_batches() must return a list of lists of indices, got {type(got).__name__}")
+    flat = [i for b in got for i in b]
+    t.expect_true(all(isinstance(i, numbers.Integral) and 0 <= i < len(costs) for i in flat),
+                  f"batches must hold request indices 0..{len(costs) - 1}")
+    t.expect_true(all(len(b) > 0 for b in got), "a batch is empty: drop it")
+    missing = sorted(set(range(len(costs))) - set(flat))
+    t.expect_true(not missing, f"request(s) {missing[:10]} are in no batch")
+    twice = sorted({i for i in flat if flat.count(i) > 1})
+    t.expect_true(not twice, f"request(s) {twice[:10]} are in more than one batch")
+    kind = "padded (len(batch) * longest)" if padded else "packed (sum of costs)"
+    for b in got:
+        size = _cost(costs, list(b), padded)
+        if len(b) > 1 and size > budget:
+            big = [i for i in b if costs[i] > budget]
+            if big:
+                t.fail(f"request {big[0]} costs {costs[big[0]]} > budget {budget}, yet shares batch {list(b)}: "
+                       "an oversized request runs alone")
+            if padded and _cost(costs, list(b), False) <= budget:
+                t.fail(f"batch {list(b)} is {size} tokens padded, over the budget {budget}. Looks like your code "
+                       "counts packed tokens in padded mode (a padded batch costs len(batch) * its longest request).")
+            t.fail(f"batch {list(b)} is {size} tokens {kind}, over the budget {budget}")
+
+
+# -- 3.1 the batching window ------------------------------------------------------------------------
+
+def _window(arrivals, window, max_batch=None, strict=False, clock_aligned=False, from_open=False,
+            mean_over_batches=False, full_waits=False) -> dict:
+    """The batcher with one switchable mistake (all off: the right answer)."""
+    dispatch, opened, sizes, i, n = [], [], [], 0, len(arrivals)
+    while i < n:
+        a0 = arrivals[i]
+        close = (math.floor(a0 / window) + 1) * window if clock_aligned and window > 0 else a0 + window
+        j = i + 1
+        while j < n and (arrivals[j] < close if strict or clock_aligned else arrivals[j] <= close) \
+                and (max_batch is None or j - i < max_batch):
+            j += 1
+        full = max_batch is not None and j - i == max_batch and not full_waits
+        at = float(arrivals[j - 1]) if full else float(close)
+        dispatch += [at] * (j - i)
+        opened += [float(a0)] * (j - i)
+        sizes.append(j - i)
+        i = j
+    start = opened if from_open else arrivals
+    delay = [d - float(a) for d, a in zip(dispatch, start)]
+    if mean_over_batches and sizes:
+        k, means = 0, []
+        for s in sizes:
+            means.append(sum(delay[k:k + s]) / s)
+            k += s
+        mean = sum(means) / len(means)
+    else:
+        mean = sum(delay) / n if n else 0.0
+    return {"dispatch": dispatch, "delay": delay, "mean": mean, "max": max(delay, default=0.0), "batch_sizes": sizes}
+
+
+def window_mistakes(arrivals, window, max_batch) -> dict:
+    wrong = {"measures each delay from the window's opening, not from the request's own arrival":
+             _window(arrivals, window, max_batch, from_open=True),
+             "leaves a request that arrives exactly at the window's end for the next batch (the window "
+             "includes its end: arrival <= a0 + window)": _window(arrivals, window, max_batch, strict=True),
+             "uses fixed clock-aligned windows [k*W, (k+1)*W) instead of opening a window when the first "
+             "waiting request arrives": _window(arrivals, window, max_batch, clock_aligned=True),
+             "averages the delay over batches, not over requests": _window(arrivals, window, max_batch,
+                                                                            mean_over_batches=True)}
+    if max_batch is not None:
+        wrong["ignores max_batch_size"] = _window(arrivals, window, None)
+        wrong["dispatches a full batch at its window's end instead of the moment it fills"] = \
+            _window(arrivals, window, max_batch, full_waits=True)
+    return wrong
+
+
+def poisson_arrivals(rng, n: int, rate: float, grid: float | None = None) -> list[float]:
+    t, out = 0.0, []
+    for _ in range(n):
+        out.append(round(t / grid) * grid if grid else t)
+        t += rng.expovariate(rate)
+    return sorted(out)
+
+
+@check(points=3, section="3.1")
+def batch_window_delays(t):
+    """Per-request added wait of a batching window (with an optional max batch size); mean and max."""
+    grid = [0.125, 0.375, 0.625, 0.875, 1.625, 1.875, 3.125]  # exact in binary: ties at a0 + window are real
+    cases = [("visible: window 0.5 s", grid, 0.5, None),
+             ("visible: window 0.5 s, max_batch_size 2", grid, 0.5, 2),
+             ("visible: window 0, simultaneous arrivals", [1.0, 1.0, 1.0, 2.0], 0.0, None),
+             ("visible: no requests", [], 1.0, None),
+             ("hidden: Poisson arrivals", poisson_arrivals(t.rng, t.rng.randint(15, 40), t.rng.uniform(2, 20)),
+              t.rng.uniform(0.05, 1.0), None),
+             ("hidden: Poisson arrivals on a 0.125 s grid, max_batch_size",
+              poisson_arrivals(t.rng, t.rng.randint(15, 40), t.rng.uniform(4, 12), grid=0.125),
+              t.rng.choice([0.25, 0.5, 0.75]), t.rng.randint(2, 6))]
+    for label, arrivals, window, max_batch in cases:
+        shown = arrivals if len(arrivals) <= 8 else f"{len(arrivals)} arrivals"
+        with t.case(f"{label}: {shown}, window {window:g}" + (f", max_batch_size {max_batch}" if max_batch else "")):
+            expected = t.ref.batch_window_delays(arrivals, window, max_batch)
+            got = t.call("batch_window_delays", arrivals, window, max_batch)
+            t.expect(got, expected, "batch_window_delays()", mistakes=window_mistakes(arrivals, window, max_batch),
+                     atol=1e-9)
+
+
+# -- 4.1 the largest batch that fits ----------------------------------------------------------------
+
+LLAMA_3_8B = {"model_type": "llama", "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8,
+              "hidden_size": 4096, "intermediate_size": 14336, "torch_dtype": "bfloat16"}
+LLAMA_3_70B = {"model_type": "llama", "num_hidden_layers": 80, "num_attention_heads": 64, "num_key_value_heads": 8,
+               "hidden_size": 8192, "intermediate_size": 28672, "torch_dtype": "bfloat16"}
+MHA_7B = {"model_type": "llama", "num_hidden_layers": 32, "num_attention_heads": 32, "hidden_size": 4096,
+          "intermediate_size": 11008}
+
+
+def random_config(rng) -> dict:
+    kv = rng.choice([1, 2, 4, 8])
+    heads = kv * rng.choice([1, 2, 4, 8])
+    head_dim = rng.choice([64, 96, 128])
+    cfg = {"model_type": "llama", "num_hidden_layers": rng.randint(4, 80), "num_attention_heads": heads}
+    if rng.random() < 0.4:
+        cfg["hidden_size"], cfg["head_dim"] = heads * rng.choice([d for d in (64, 96, 128, 160) if d != head_dim]), head_dim
+    else:
+        cfg["hidden_size"] = heads * head_dim
+    if kv != heads or rng.random() < 0.5:
+        cfg["num_key_value_heads"] = kv
+    return cfg
+
+
+def memory_mistakes(cfg, nbytes, free, p, o, act, bs) -> dict:
+    heads = cfg["num_attention_heads"]
+    kv = cfg.get("num_key_value_heads") or heads
+    hd = cfg.get("head_dim") or cfg["hidden_size"] // heads
+    per_tok = 2 * cfg["num_hidden_layers"] * kv * hd * nbytes
+
+    def fit(per_token=per_tok, tokens=None, act_tokens=p, rounding=math.floor):
+        tokens = math.ceil((p + o) / bs) * bs if tokens is None else tokens
+        return max(0, int(rounding(free / (tokens * per_token + act_tokens * act))))
+
+    wrong = {"forgets the output tokens: the KV cache grows to prompt_len + output_len tokens per sequence":
+             fit(tokens=math.ceil(p / bs) * bs),
+             "counts only K, not K and V": fit(per_token=per_tok // 2),
+             "ignores num_key_value_heads (uses num_attention_heads)":
+             fit(per_token=2 * cfg["num_hidden_layers"] * heads * hd * nbytes),
+             "rounds up; a batch must fit whole, so round down": fit(rounding=math.ceil),
+             "rounds to the nearest whole number; a batch must fit whole, so round down": fit(rounding=round)}
+    if bs > 1:
+        wrong["does not round each sequence up to whole blocks of block_size tokens"] = fit(tokens=p + o)
+    if act:
+        wrong["ignores the activations"] = fit(act_tokens=0)
+        wrong["counts activations for the output tokens too (only the prefill holds prompt_len tokens' "
+              "activations at once)"] = fit(act_tokens=p + o)
+    if free < 0:
+        wrong["returns a negative batch size when nothing fits (return 0)"] = int(
+            free // (math.ceil((p + o) / bs) * bs * per_tok + p * act))
+    return wrong
+
+
+@check(points=2, section="4.1")
+def max_batch_in_memory(t):
+    """floor(free / (KV of prompt + output, in whole blocks, + prefill activations)), never negative."""
+    cases = [("visible: Llama-3-8B, bf16, 60 GB free", LLAMA_3_8B, 2, 60e9, 1536, 512, 0.0, 1),
+             ("visible: Llama-3-70B, bf16, blocks of 16, activations", LLAMA_3_70B, 2, 40e9, 1000, 210, 100e3, 16),
+             ("visible: short sequences in blocks of 16", LLAMA_3_8B, 2, 10e9, 20, 5, 0.0, 16),
+             ("visible: MHA without num_key_value_heads, fp8 KV", MHA_7B, 1, 24e9, 3000, 500, 0.0, 16),
+             ("visible: nothing fits", LLAMA_3_70B, 2, 1e8, 2048, 512, 0.0, 16),
+             ("visible: the weights did not fit (negative free memory)", LLAMA_3_8B, 2, -5e9, 512, 128, 0.0, 16)]
+    for _ in range(3):
+        cfg = random_config(t.rng)
+        p, o = t.rng.randint(1, 8000), t.rng.randint(1, 2000)
+        act, bs = t.rng.choice([0.0, t.rng.uniform(1e4, 3e5)]), t.rng.choice([1, 8, 16, 32])
+        free = t.rng.uniform(1, 100) * 1e9
+        cases.append(("hidden: random config", cfg, t.rng.choice([1, 2, 4]), free, p, o, act, bs))
+    for label, cfg, nbytes, free, p, o, act, bs in cases:
+        with t.case(f"{label} (prompt {p}, output {o}, act {act:g} B/token, block_size {bs}, "
+                    f"free {free / 1e9:g} GB)"):
+            expected = t.ref.max_batch_in_memory(cfg, nbytes, free, p, o, act, bs)
+            got = t.call("max_batch_in_memory", cfg, nbytes, free, p, o, act, bs)
+            t.expect(got, expected, "sequences that fit", mistakes=memory_mistakes(cfg, nbytes, free, p, o, act, bs))
+            t.expect_true(isinstance(got, numbers.Integral) and not isinstance(got, bool),
+                          f"return a whole number of sequences as an int, got {type(got).__name__}")

@@ -1,0 +1,318 @@
+"""Lesson 05: TTFT, TPOT, ITL, percentiles and goodput, from per-request timestamps.
+
+Every metric here is computed from one record per request, `RequestTimes`: when the request
+arrived, when each of its output tokens was produced, and when it finished, all in seconds on
+one clock. The definitions follow vLLM's serving benchmark (benchmarks/benchmark_serving.py,
+`calculate_metrics`) and DistServe (OSDI 2024) for goodput:
+
+    TTFT = first token time - arrival
+    TPOT = (latency - TTFT) / (output tokens - 1),  latency = finish - arrival
+    ITL  = the gaps between successive output tokens after the first
+    goodput = requests meeting BOTH the TTFT and the TPOT SLO, per second of the run
+
+The bottom of the file holds the measurement harness the notebook uses (a trace replay through
+the reference engine); it is given, not an exercise.
+"""
+from __future__ import annotations
+
+import bisect
+import math
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Sequence
+
+PERCENTILES = (50, 90, 99)
+METRICS = ("ttft", "tpot", "itl", "e2el")
+
+
+@dataclass
+class RequestTimes:
+    """One request's timestamps, in seconds on one clock (any origin).
+
+    arrival:     when the request reached the server (a benchmark client: when it sent it).
+    token_times: when each output token was produced, in order; one entry per output token,
+                 so len(token_times) is the number of output tokens (at least 1).
+    finish:      when the request completed; the reference engine finishes a request at its
+                 last token, so finish == token_times[-1] there.
+    scheduled:   when the engine first scheduled the request (None if unknown). The span
+                 arrival -> scheduled is time spent queueing; TTFT includes it.
+
+    >>> r = RequestTimes(arrival=10.0, token_times=[10.5, 10.625, 11.0], finish=11.0, scheduled=10.25)
+    >>> r.output_tokens
+    3
+    """
+    arrival: float
+    token_times: list[float]
+    finish: float
+    scheduled: float | None = None
+
+    @property
+    def output_tokens(self) -> int:
+        return len(self.token_times)
+
+    @classmethod
+    def from_metrics(cls, metrics, origin: float = 0.0) -> "RequestTimes":
+        """From the engine's RequestMetrics (reference_engine.sequence), times shifted by -origin."""
+        sched = metrics.first_scheduled_time
+        return cls(arrival=metrics.arrival_time - origin,
+                   token_times=[t - origin for t in metrics.token_times],
+                   finish=metrics.finish_time - origin,
+                   scheduled=None if sched is None else sched - origin)
+
+
+# -- 1. per-request latencies ----------------------------------------------------------------
+
+def ttft(r: RequestTimes) -> float:
+    """Exercise 1.1: time to first token, in seconds: first output token time - arrival.
+
+    Measured from the arrival, not from when the engine first scheduled the request: a user
+    waits through the queue too (vLLM's benchmark starts the clock when it sends the request).
+
+    >>> ttft(RequestTimes(arrival=10.0, token_times=[10.5, 10.625], finish=10.625, scheduled=10.25))
+    0.5
+    """
+    ### BEGIN SOLUTION
+    return r.token_times[0] - r.arrival
+    ### END SOLUTION
+
+
+def tpot(r: RequestTimes) -> float | None:
+    """Exercise 1.2: time per output token after the first, in seconds, as vLLM's benchmark does:
+
+        TPOT = (latency - TTFT) / (output_tokens - 1),   latency = finish - arrival
+
+    i.e. the mean time between tokens once the first one is out. A request with one output
+    token has no such gap: return None (vLLM leaves those requests out of its TPOT statistics).
+
+    >>> tpot(RequestTimes(arrival=0.0, token_times=[0.5, 0.625, 1.0], finish=1.0))  # (1.0 - 0.5) / 2
+    0.25
+    >>> tpot(RequestTimes(arrival=0.0, token_times=[0.5], finish=0.5)) is None
+    True
+    """
+    ### BEGIN SOLUTION
+    n = r.output_tokens
+    if n < 2:
+        return None
+    latency = r.finish - r.arrival
+    return (latency - ttft(r)) / (n - 1)
+    ### END SOLUTION
+
+
+def itl(r: RequestTimes) -> list[float]:
+    """Exercise 1.3: inter-token latencies, in seconds: the gaps between successive output tokens.
+
+    One gap per token after the first, so len = output_tokens - 1 (an empty list for a
+    one-token request). The wait for the first token is TTFT, not an ITL. Returns a list.
+
+    >>> itl(RequestTimes(arrival=0.0, token_times=[0.5, 0.625, 1.0], finish=1.0))
+    [0.125, 0.375]
+    """
+    ### BEGIN SOLUTION
+    ts = r.token_times
+    return [b - a for a, b in zip(ts, ts[1:])]
+    ### END SOLUTION
+
+
+# -- 2. percentiles --------------------------------------------------------------------------
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """Exercise 2.1: the q-th percentile (0 <= q <= 100) of `values`, by linear interpolation.
+
+    The convention is numpy's default (np.percentile, method="linear"), which vLLM's benchmark
+    uses: sort the n values into s[0] <= ... <= s[n-1], go to the fractional position
+    k = (n - 1) * q / 100 and interpolate between its neighbours:
+
+        s[floor(k)] + (k - floor(k)) * (s[floor(k) + 1] - s[floor(k)])
+
+    So q = 0 is the minimum, q = 100 the maximum and q = 50 the median. Write the interpolation
+    yourself (no np.percentile / np.quantile / statistics.quantiles). Returns a float. Raises
+    ValueError for no values or a q outside [0, 100].
+
+    >>> percentile([15, 20, 35, 40, 50], 40)      # k = 1.6: 20 + 0.6 * (35 - 20)
+    29.0
+    >>> percentile([3.0], 99)
+    3.0
+    """
+    ### BEGIN SOLUTION
+    if not 0 <= q <= 100:
+        raise ValueError(f"q must be in [0, 100], got {q}")
+    s = sorted(float(v) for v in values)
+    if not s:
+        raise ValueError("percentile of no values")
+    k = (len(s) - 1) * q / 100
+    lo = math.floor(k)
+    hi = min(lo + 1, len(s) - 1)
+    return s[lo] + (k - lo) * (s[hi] - s[lo])
+    ### END SOLUTION
+
+
+def latency_summary(requests: Sequence[RequestTimes],
+                    percentiles: Sequence[float] = PERCENTILES) -> dict[str, dict | None]:
+    """Exercise 2.2: the latency rows of a benchmark report, one per metric.
+
+    Returns {"ttft": row, "tpot": row, "itl": row, "e2el": row} where e2el is the end-to-end
+    latency finish - arrival, and each row is
+
+        {"count": number of values, "mean": ..., "p50": ..., "p90": ..., "p99": ...}
+
+    (one "p<q>" key per entry of `percentiles`, named with f"p{q:g}": 99.9 -> "p99.9"), in
+    seconds, or None when the metric has no values (an empty trace; TPOT and ITL when every
+    request has one output token). The values pooled for each metric:
+      ttft, e2el: one per request;
+      tpot:       one per request with at least two output tokens (vLLM's rule);
+      itl:        every gap of every request, pooled into one list (not a per-request average).
+    Use your percentile().
+
+    >>> reqs = [RequestTimes(0.0, [0.5, 0.625, 1.0], 1.0), RequestTimes(1.0, [1.25], 1.25)]
+    >>> s = latency_summary(reqs)
+    >>> s["ttft"]["p50"], s["tpot"]["count"], s["itl"]["count"], s["itl"]["p50"]
+    (0.375, 1, 2, 0.25)
+    """
+    ### BEGIN SOLUTION
+    values = {"ttft": [ttft(r) for r in requests],
+              "tpot": [x for x in (tpot(r) for r in requests) if x is not None],
+              "itl": [g for r in requests for g in itl(r)],
+              "e2el": [r.finish - r.arrival for r in requests]}
+    out: dict[str, dict | None] = {}
+    for name in METRICS:
+        xs = values[name]
+        if not xs:
+            out[name] = None
+            continue
+        row = {"count": len(xs), "mean": sum(xs) / len(xs)}
+        for q in percentiles:
+            row[f"p{q:g}"] = percentile(xs, q)
+        out[name] = row
+    return out
+    ### END SOLUTION
+
+
+# -- 3. SLOs and goodput ---------------------------------------------------------------------
+
+def meets_slo(r: RequestTimes, ttft_slo: float, tpot_slo: float) -> bool:
+    """Exercise 3.1: does this request meet BOTH service-level objectives (seconds)?
+
+    TTFT <= ttft_slo and TPOT <= tpot_slo; a value exactly at its SLO meets it. A request with
+    one output token has no TPOT, so only its TTFT is judged (vLLM's benchmark counts its TPOT
+    as 0 for goodput). Returns a bool.
+
+    >>> r = RequestTimes(arrival=0.0, token_times=[0.5, 0.625, 1.0], finish=1.0)   # TPOT 0.25
+    >>> meets_slo(r, ttft_slo=0.5, tpot_slo=0.25), meets_slo(r, ttft_slo=0.5, tpot_slo=0.2)
+    (True, False)
+    """
+    ### BEGIN SOLUTION
+    per_token = tpot(r)
+    return bool(ttft(r) <= ttft_slo and (per_token is None or per_token <= tpot_slo))
+    ### END SOLUTION
+
+
+def goodput(requests: Sequence[RequestTimes], ttft_slo: float, tpot_slo: float) -> dict[str, float]:
+    """Exercise 3.2: goodput and SLO attainment of a finished run, with its throughput alongside.
+
+    The run lasts from the first arrival to the last finish (duration_s). Returns
+      "requests":         number of requests (all of them completed),
+      "met":              how many meet both SLOs (your meets_slo),
+      "attainment":       met / requests, a fraction in [0, 1],
+      "duration_s":       last finish - first arrival, in seconds,
+      "goodput_rps":      met / duration_s, requests per second that met both SLOs (DistServe),
+      "request_rps":      requests / duration_s,
+      "output_tok_s":     output tokens of all requests / duration_s.
+    An empty run returns 0 (0.0 for the floats) everywhere.
+
+    >>> reqs = [RequestTimes(0.0, [0.5, 0.625, 1.0], 1.0), RequestTimes(1.0, [1.25], 1.25)]
+    >>> g = goodput(reqs, ttft_slo=0.5, tpot_slo=0.2)   # the first misses TPOT, the second is fine
+    >>> g["met"], g["attainment"], g["duration_s"], g["goodput_rps"]
+    (1, 0.5, 1.25, 0.8)
+    """
+    ### BEGIN SOLUTION
+    n = len(requests)
+    if n == 0:
+        return {"requests": 0, "met": 0, "attainment": 0.0, "duration_s": 0.0, "goodput_rps": 0.0,
+                "request_rps": 0.0, "output_tok_s": 0.0}
+    met = sum(meets_slo(r, ttft_slo, tpot_slo) for r in requests)
+    duration = max(r.finish for r in requests) - min(r.arrival for r in requests)
+    per_s = (lambda x: x / duration) if duration > 0 else (lambda x: 0.0)
+    return {"requests": n, "met": met, "attainment": met / n, "duration_s": duration,
+            "goodput_rps": per_s(met), "request_rps": per_s(n),
+            "output_tok_s": per_s(sum(r.output_tokens for r in requests))}
+    ### END SOLUTION
+
+
+# -- measurement harness (given) ---------------------------------------------------------------
+
+@dataclass
+class Replay:
+    """One trace replay: the workload's request rate, every request's timestamps, and the engine's
+    steps as (start s, duration s, prompt tokens in the step, decode tokens in the step)."""
+    rate_rps: float
+    requests: list[RequestTimes] = field(default_factory=list)
+    wall_s: float = 0.0
+    steps: list[tuple[float, float, int, int]] = field(default_factory=list)
+
+    def step_at(self, t: float) -> tuple[float, float, int, int] | None:
+        """The step that produced a token stamped at time t (tokens are stamped inside their step)."""
+        i = bisect.bisect_right([s[0] for s in self.steps], t) - 1
+        return self.steps[i] if i >= 0 else None
+
+
+def engine_dir() -> Path:
+    """The repository's reference_engine/ folder (found from the package, never a fixed path)."""
+    # Import a submodule, not the package: it has a file even where an old editable install
+    # makes `reference_engine` itself resolve as a namespace package.
+    from reference_engine import trace
+    return Path(trace.__file__).resolve().parent
+
+
+def load_llm(max_num_seqs: int = 16, threads: int = 1):
+    """The shipped ~3M-parameter target model in the reference engine, fp32, on the CPU/GPU default."""
+    import torch
+    from reference_engine.llm import LLM
+
+    torch.set_num_threads(threads)
+    return LLM(model=str(engine_dir() / "checkpoints" / "target"), max_num_seqs=max_num_seqs,
+               dtype=torch.float32)
+
+
+def workload(n: int, seed: int = 0, trace: str = "conv", max_context: int = 512):
+    """n consecutive requests of the Azure LLM inference trace 2023, sizes scaled to max_context,
+    with seeded random prompts of each request's length: (requests, prompt token ids)."""
+    from reference_engine import trace as tr
+
+    reqs = tr.scale_to_context(tr.sample(n, seed=seed, trace=trace), max_context)
+    return reqs, tr.prompt_token_ids(reqs, vocab_size=2048, seed=seed, exclude=(0,))
+
+
+def replay(llm, requests, prompts, rate_rps: float) -> Replay:
+    """Replay `requests` (trace.Request) at `rate_rps` (the trace's burstiness kept) through the
+    engine's step API on a wall clock, the way a serving benchmark would drive a server.
+
+    Between steps, every request whose arrival time has passed is added, stamped with its
+    scheduled arrival, so time spent waiting for a running step counts against its TTFT. Greedy
+    decoding with EOS ignored: each request produces exactly its trace output length.
+    Timestamps come back relative to the start of the replay."""
+    from reference_engine import trace as tr
+    from reference_engine.sampling import SamplingParams
+
+    reqs = tr.with_rate(requests, rate_rps)
+    eng = llm.engine
+    done, index, nxt = {}, {}, 0
+    first_step = len(eng.step_stats)
+    t0 = eng.clock()
+    while len(done) < len(reqs):
+        now = eng.clock() - t0
+        while nxt < len(reqs) and reqs[nxt].arrival <= now:
+            params = SamplingParams(temperature=0, max_tokens=reqs[nxt].output_tokens, ignore_eos=True)
+            index[eng.add_request(prompts[nxt], params, arrival_time=t0 + reqs[nxt].arrival)] = nxt
+            nxt += 1
+        if eng.has_unfinished():
+            for out in eng.step():
+                if out.output is not None and out.request_id in index:
+                    done[index[out.request_id]] = out.output
+        elif nxt < len(reqs):
+            time.sleep(max(0.0, reqs[nxt].arrival - (eng.clock() - t0)))
+    wall = eng.clock() - t0
+    steps = [(s.start_time - t0, s.wall_time, s.num_prefill_tokens, s.num_decode_tokens)
+             for s in eng.step_stats[first_step:]]
+    return Replay(rate_rps, [RequestTimes.from_metrics(done[i].metrics, t0) for i in range(len(reqs))],
+                  wall, steps)

@@ -1,0 +1,258 @@
+"""Wrong answers to lesson 19 that its checks must catch, one per typical mistake."""
+import math
+
+import torch
+
+from solutions import l19_offline_batch as sol
+from tests.mutants import mutant
+
+
+# -- 1.1 packing ------------------------------------------------------------------------------------
+
+@mutant(check="pack_prompts", message="instead of restarting at 0 for each sequence")
+def pack_prompts(prompts):
+    b = sol.pack_prompts(prompts)
+    b["positions"] = torch.arange(len(b["input_ids"]))
+    return b
+
+
+@mutant(check="pack_prompts", message="leaves out the leading 0 of cu_seqlens")
+def pack_prompts(prompts):  # noqa: F811 - each mutant is its own wrong answer
+    b = sol.pack_prompts(prompts)
+    b["cu_seqlens"] = torch.tensor([len(p) for p in prompts]).cumsum(0).int()
+    return b
+
+
+@mutant(check="pack_prompts", message="last index instead of its end (off by one")
+def pack_prompts(prompts):  # noqa: F811
+    b = sol.pack_prompts(prompts)
+    b["cu_seqlens"] = torch.cat([b["cu_seqlens"][:1], b["cu_seqlens"][1:] - 1])
+    return b
+
+
+@mutant(check="pack_prompts", message="returns cu_seqlens as int64")
+def pack_prompts(prompts):  # noqa: F811
+    b = sol.pack_prompts(prompts)
+    b["cu_seqlens"] = b["cu_seqlens"].long()
+    return b
+
+
+# -- 1.2 mask ---------------------------------------------------------------------------------------
+
+@mutant(check="varlen_causal_mask", message="tokens attend across sequences")
+def varlen_causal_mask(cu_seqlens):
+    T = int(cu_seqlens[-1])
+    return torch.ones(T, T, dtype=torch.bool).tril()
+
+
+@mutant(check="varlen_causal_mask", message="not causal")
+def varlen_causal_mask(cu_seqlens):  # noqa: F811
+    m = sol.varlen_causal_mask(cu_seqlens)
+    return m | m.T
+
+
+@mutant(check="varlen_causal_mask", message="leaves out the diagonal")
+def varlen_causal_mask(cu_seqlens):  # noqa: F811
+    return sol.varlen_causal_mask(cu_seqlens) & ~torch.eye(int(cu_seqlens[-1]), dtype=torch.bool)
+
+
+@mutant(check="varlen_causal_mask", message="dtype torch.float32, expected torch.bool")
+def varlen_causal_mask(cu_seqlens):  # noqa: F811 - an additive mask where a boolean one is asked for
+    m = sol.varlen_causal_mask(cu_seqlens)
+    return torch.zeros(m.shape).masked_fill(~m, float("-inf"))
+
+
+# -- 1.3 packed attention ---------------------------------------------------------------------------
+
+def _attn(q, k, v, mask, scale):
+    group = q.shape[1] // k.shape[1]
+    k, v = k.repeat_interleave(group, 1), v.repeat_interleave(group, 1)
+    s = torch.einsum("thd,shd->hts", q, k) * scale
+    if mask is not None:
+        s = s.masked_fill(~mask, float("-inf"))
+    return torch.einsum("hts,shd->thd", s.softmax(-1), v)
+
+
+@mutant(check="packed_attention", message="attends across sequences")
+def packed_attention(q, k, v, cu_seqlens, scale=None):
+    T = q.shape[0]
+    return _attn(q, k, v, torch.ones(T, T, dtype=torch.bool).tril(), scale or q.shape[-1] ** -0.5)
+
+
+@mutant(check="packed_attention", message="is not causal within a sequence")
+def packed_attention(q, k, v, cu_seqlens, scale=None):  # noqa: F811
+    m = sol.varlen_causal_mask(cu_seqlens)
+    return _attn(q, k, v, m | m.T, scale or q.shape[-1] ** -0.5)
+
+
+@mutant(check="packed_attention", message="missing the 1/sqrt(head_dim) scale")
+def packed_attention(q, k, v, cu_seqlens, scale=None):  # noqa: F811
+    return _attn(q, k, v, sol.varlen_causal_mask(cu_seqlens), scale or 1.0)
+
+
+@mutant(check="packed_attention", message="repeat, not repeat_interleave")
+def packed_attention(q, k, v, cu_seqlens, scale=None):  # noqa: F811
+    group = q.shape[1] // k.shape[1]
+    return sol.packed_attention(q, k.repeat(1, group, 1), v.repeat(1, group, 1), cu_seqlens, scale)
+
+
+# -- 2.1 batches ------------------------------------------------------------------------------------
+
+def _first_fit(costs, budget, order, padded=False, last_only=False, strict=False):
+    batches = []
+    for i in order:
+        for b in (batches[-1:] if last_only else batches):
+            c = sol.batch_tokens(costs, b + [i], padded)
+            if c < budget or (c == budget and not strict):
+                b.append(i)
+                break
+        else:
+            batches.append([i])
+    return batches
+
+
+def _decreasing(costs):
+    return sorted(range(len(costs)), key=lambda i: (-costs[i], i))
+
+
+@mutant(check="form_batches", message="does not sort by cost first")
+def form_batches(costs, budget, padded=False):
+    return _first_fit(costs, budget, range(len(costs)), padded)
+
+
+@mutant(check="form_batches", message="(next-fit)")
+def form_batches(costs, budget, padded=False):  # noqa: F811
+    return _first_fit(costs, budget, _decreasing(costs), padded, last_only=True)
+
+
+@mutant(check="form_batches", message="treats the budget as exclusive")
+def form_batches(costs, budget, padded=False):  # noqa: F811
+    return _first_fit(costs, budget, _decreasing(costs), padded, strict=True)
+
+
+@mutant(check="form_batches", message="counts packed tokens in padded mode")
+def form_batches(costs, budget, padded=False):  # noqa: F811
+    return _first_fit(costs, budget, _decreasing(costs), padded=False)
+
+
+@mutant(check="form_batches", message="it should get a batch of its own")
+def form_batches(costs, budget, padded=False):  # noqa: F811
+    if max(costs) > budget:
+        raise ValueError(f"a request of {max(costs)} tokens exceeds the budget of {budget}")
+    return sol.form_batches(costs, budget, padded)
+
+
+# -- 3.1 the window ---------------------------------------------------------------------------------
+
+@mutant(check="batch_window_delays", message="from the window's opening")
+def batch_window_delays(arrivals, window, max_batch_size=None):
+    r = sol.batch_window_delays(arrivals, window, max_batch_size)
+    opened, k = [], 0
+    for s in r["batch_sizes"]:
+        opened += [arrivals[k]] * s
+        k += s
+    r["delay"] = [d - a for d, a in zip(r["dispatch"], opened)]
+    r["mean"] = sum(r["delay"]) / len(arrivals) if arrivals else 0.0
+    r["max"] = max(r["delay"], default=0.0)
+    return r
+
+
+@mutant(check="batch_window_delays", message="ignores max_batch_size")
+def batch_window_delays(arrivals, window, max_batch_size=None):  # noqa: F811
+    return sol.batch_window_delays(arrivals, window, None)
+
+
+@mutant(check="batch_window_delays", message="exactly at the window's end")
+def batch_window_delays(arrivals, window, max_batch_size=None):  # noqa: F811
+    # The learner's own loop with `<` where the window includes its end.
+    dispatch, sizes, i = [], [], 0
+    while i < len(arrivals):
+        j = i + 1
+        while j < len(arrivals) and arrivals[j] < arrivals[i] + window and \
+                (max_batch_size is None or j - i < max_batch_size):
+            j += 1
+        full = max_batch_size is not None and j - i == max_batch_size
+        dispatch += [arrivals[j - 1] if full else arrivals[i] + window] * (j - i)
+        sizes.append(j - i)
+        i = j
+    delay = [d - a for d, a in zip(dispatch, arrivals)]
+    return {"dispatch": dispatch, "delay": delay, "mean": sum(delay) / len(delay) if delay else 0.0,
+            "max": max(delay, default=0.0), "batch_sizes": sizes}
+
+
+@mutant(check="batch_window_delays", message="averages the delay over batches")
+def batch_window_delays(arrivals, window, max_batch_size=None):  # noqa: F811
+    r = sol.batch_window_delays(arrivals, window, max_batch_size)
+    means, k = [], 0
+    for s in r["batch_sizes"]:
+        means.append(sum(r["delay"][k:k + s]) / s)
+        k += s
+    r["mean"] = sum(means) / len(means) if means else 0.0
+    return r
+
+
+@mutant(check="batch_window_delays", message="clock-aligned windows")
+def batch_window_delays(arrivals, window, max_batch_size=None):  # noqa: F811
+    dispatch, sizes, i = [], [], 0
+    while i < len(arrivals):
+        close = (math.floor(arrivals[i] / window) + 1) * window if window > 0 else arrivals[i]
+        j = i + 1
+        while j < len(arrivals) and arrivals[j] < close and (max_batch_size is None or j - i < max_batch_size):
+            j += 1
+        full = max_batch_size is not None and j - i == max_batch_size
+        dispatch += [float(arrivals[j - 1]) if full else float(close)] * (j - i)
+        sizes.append(j - i)
+        i = j
+    delay = [d - a for d, a in zip(dispatch, arrivals)]
+    return {"dispatch": dispatch, "delay": delay, "mean": sum(delay) / len(delay) if delay else 0.0,
+            "max": max(delay, default=0.0), "batch_sizes": sizes}
+
+
+# -- 4.1 memory -------------------------------------------------------------------------------------
+
+def _kv_per_token(config, dtype_bytes):
+    heads = config["num_attention_heads"]
+    kv = config.get("num_key_value_heads") or heads
+    return 2 * config["num_hidden_layers"] * kv * (config.get("head_dim") or config["hidden_size"] // heads) * dtype_bytes
+
+
+@mutant(check="max_batch_in_memory", message="forgets the output tokens")
+def max_batch_in_memory(config, dtype_bytes, free_bytes, prompt_len, output_len, act_bytes_per_token=0.0,
+                        block_size=1):
+    return sol.max_batch_in_memory(config, dtype_bytes, free_bytes, prompt_len, 0,
+                                   act_bytes_per_token, block_size)
+
+
+@mutant(check="max_batch_in_memory", message="does not round each sequence up to whole blocks")
+def max_batch_in_memory(config, dtype_bytes, free_bytes, prompt_len, output_len, act_bytes_per_token=0.0,  # noqa: F811
+                        block_size=1):
+    return sol.max_batch_in_memory(config, dtype_bytes, free_bytes, prompt_len, output_len, act_bytes_per_token, 1)
+
+
+@mutant(check="max_batch_in_memory", message="ignores the activations")
+def max_batch_in_memory(config, dtype_bytes, free_bytes, prompt_len, output_len, act_bytes_per_token=0.0,  # noqa: F811
+                        block_size=1):
+    return sol.max_batch_in_memory(config, dtype_bytes, free_bytes, prompt_len, output_len, 0.0, block_size)
+
+
+@mutant(check="max_batch_in_memory", message="rounds up")
+def max_batch_in_memory(config, dtype_bytes, free_bytes, prompt_len, output_len, act_bytes_per_token=0.0,  # noqa: F811
+                        block_size=1):
+    tokens = math.ceil((prompt_len + output_len) / block_size) * block_size
+    per_seq = tokens * _kv_per_token(config, dtype_bytes) + prompt_len * act_bytes_per_token
+    return max(0, math.ceil(free_bytes / per_seq))
+
+
+@mutant(check="max_batch_in_memory", message="negative batch size")
+def max_batch_in_memory(config, dtype_bytes, free_bytes, prompt_len, output_len, act_bytes_per_token=0.0,  # noqa: F811
+                        block_size=1):
+    tokens = math.ceil((prompt_len + output_len) / block_size) * block_size
+    return int(free_bytes // (tokens * _kv_per_token(config, dtype_bytes) + prompt_len * act_bytes_per_token))
+
+
+@mutant(check="max_batch_in_memory", message="counts only K, not K and V")
+def max_batch_in_memory(config, dtype_bytes, free_bytes, prompt_len, output_len, act_bytes_per_token=0.0,  # noqa: F811
+                        block_size=1):
+    # F / (kv / 2 + a) == 2F / (kv + 2a): half the KV per token, the activations unchanged
+    return sol.max_batch_in_memory(config, dtype_bytes, 2 * free_bytes, prompt_len, output_len,
+                                   2 * act_bytes_per_token, block_size)
