@@ -1,0 +1,132 @@
+"""Lesson 07: chunked prefill. One token budget per engine step, spent on running decodes first and
+then on slices ("chunks") of prompts, first come first served; and the budget that keeps every step
+under an inter-token-latency SLO while getting a long prompt its first token as soon as possible.
+
+Times are in seconds. A "budget" counts every token a step computes, decode tokens included (vLLM's
+max_num_batched_tokens).
+"""
+from __future__ import annotations
+
+import math
+
+
+# -- 1. scheduling with a token budget ---------------------------------------------------------------
+
+def plan_step(decode_ids: list[str], prefill_queue: list[dict], budget: int) -> list[tuple[str, int]]:
+    """Exercise 1.1: one scheduler step under a per-step token budget (a pure function).
+
+    decode_ids: the running sequences in decode, oldest first; each needs exactly 1 token this step.
+    prefill_queue: prompts still to prefill, each {"id": str, "prompt_len": int, "computed": int,
+      "arrival": float}; "computed" prompt tokens are already in the KV cache (earlier chunks), so
+      prompt_len - computed (>= 1) remain. Not necessarily in arrival order.
+    budget: tokens this step may compute in all, decodes included; budget >= len(decode_ids).
+
+    Returns [(id, num_tokens), ...] in batch order: every decode with 1 token, in the given order;
+    then prefill chunks in arrival order (FCFS; equal arrivals keep queue order), each taking
+    min(remaining prompt tokens, budget left), until the budget is spent. Prompts that get no
+    tokens are left out. The total never exceeds budget.
+
+    >>> q = [{"id": "b", "prompt_len": 30, "computed": 0, "arrival": 2.0},
+    ...      {"id": "a", "prompt_len": 50, "computed": 40, "arrival": 1.0}]
+    >>> plan_step(["d0", "d1"], q, 16)
+    [('d0', 1), ('d1', 1), ('a', 10), ('b', 4)]
+    """
+    ### BEGIN SOLUTION
+    plan = [(d, 1) for d in decode_ids]
+    left = budget - len(decode_ids)
+    for req in sorted(prefill_queue, key=lambda r: r["arrival"]):  # sorted() is stable: ties keep order
+        if left <= 0:
+            break
+        n = min(req["prompt_len"] - req["computed"], left)
+        plan.append((req["id"], n))
+        left -= n
+    return plan
+    ### END SOLUTION
+
+
+class ChunkedPrefillPolicy:
+    """Exercise 1.2: the same rule as a reference_engine SchedulerPolicy, plugged into the engine with
+    LLM(path, scheduler_policy=ChunkedPrefillPolicy()).
+
+    The engine has already given every running decode its token; schedule() spends what is left.
+    """
+
+    def schedule(self, candidates: list, budget) -> list[tuple]:
+        """candidates: Sequences oldest first (partly prefilled prompts, then the waiting queue).
+        budget: reference_engine.scheduler.Budget; budget.tokens is what is left after the decodes,
+        budget.chunked_prefill says whether a prompt may be split, budget.try_take(seq, n) checks the
+        tokens, batch slots and free KV blocks for n tokens of seq and spends them if they fit.
+
+        Returns [(seq, num_tokens), ...]: each candidate in order gets min(seq.num_uncomputed_tokens,
+        budget.tokens) tokens (all of them when chunking is off); stop at the first one that does not
+        fit (FCFS: nobody overtakes a request that waits for room).
+        """
+        ### BEGIN SOLUTION
+        picked = []
+        for seq in candidates:
+            n = seq.num_uncomputed_tokens
+            if budget.chunked_prefill:
+                n = min(n, budget.tokens)
+            if not budget.try_take(seq, n):
+                break
+            picked.append((seq, n))
+        return picked
+        ### END SOLUTION
+
+
+# -- 2. choosing the budget -------------------------------------------------------------------------
+
+def step_time(cost: dict, num_decodes: int, decode_context: int, chunk: int, chunk_start: int) -> float:
+    """Exercise 2.1: predicted wall time (s) of one step with a linear cost model.
+
+    cost: {"overhead_s": fixed per-step cost (launches, scheduling, sampling),
+           "per_token_s": cost of each token computed (weights: GEMMs, MLP),
+           "per_attn_s": cost of each (query token, cached key) pair attended}.
+    The step runs num_decodes decode tokens, each attending decode_context cached tokens, and one
+    prefill chunk of `chunk` prompt tokens at positions chunk_start .. chunk_start + chunk - 1;
+    causal: the token at position p attends p + 1 keys. (chunk may be 0: a decode-only step.)
+
+        time = overhead_s + per_token_s * (num_decodes + chunk)
+               + per_attn_s * (num_decodes * decode_context + sum over the chunk of (p + 1))
+
+    >>> step_time({"overhead_s": 0.01, "per_token_s": 1e-4, "per_attn_s": 0.0}, 8, 100, 56, 0)
+    0.0164
+    """
+    ### BEGIN SOLUTION
+    tokens = num_decodes + chunk
+    chunk_pairs = chunk * chunk_start + chunk * (chunk + 1) // 2
+    pairs = num_decodes * decode_context + chunk_pairs
+    return cost["overhead_s"] + cost["per_token_s"] * tokens + cost["per_attn_s"] * pairs
+    ### END SOLUTION
+
+
+def choose_budget(cost: dict, itl_slo_s: float, prompt_len: int, num_decodes: int,
+                  decode_context: int) -> dict:
+    """Exercise 2.2: the largest token budget whose every step meets the ITL SLO, and the TTFT it gives.
+
+    A prompt of prompt_len tokens arrives while num_decodes streams decode (each with decode_context
+    cached tokens, taken as constant during the prefill). With budget B (decode tokens included) each
+    step prefills a chunk of B - num_decodes prompt tokens (the last chunk what remains), so the prompt
+    needs ceil(prompt_len / (B - num_decodes)) steps. Every one of those steps must take at most
+    itl_slo_s (use step_time): the decode streams wait for the slowest step, not the average one.
+    B ranges over num_decodes + 1 .. num_decodes + prompt_len; the TTFT (prompt arriving at a step
+    boundary) is the sum of its steps' times; it never grows with B, so the largest feasible B is
+    also the one with the lowest TTFT. Raise ValueError when no budget meets the SLO.
+
+    Returns {"budget": B, "num_steps": int, "ttft_s": float, "max_step_s": float}.
+
+    >>> c = {"overhead_s": 0.01, "per_token_s": 1e-4, "per_attn_s": 0.0}
+    >>> r = choose_budget(c, 0.03, 1000, 8, 100)
+    >>> r["budget"], r["num_steps"], round(r["ttft_s"], 4)
+    (200, 6, 0.1648)
+    """
+    ### BEGIN SOLUTION
+    for budget in range(num_decodes + prompt_len, num_decodes, -1):
+        share = budget - num_decodes
+        times = [step_time(cost, num_decodes, decode_context, min(share, prompt_len - start), start)
+                 for start in range(0, prompt_len, share)]  # ceil(prompt_len / share) chunks
+        if max(times) <= itl_slo_s:
+            return {"budget": budget, "num_steps": len(times), "ttft_s": sum(times), "max_step_s": max(times)}
+    raise ValueError(f"no budget meets an ITL SLO of {itl_slo_s} s: even a 1-token chunk is slower")
+    ### END SOLUTION
+
