@@ -179,3 +179,28 @@ class Trial:
     def expect_true(self, cond: bool, message: str):
         if not cond:
             self.fail(message)
+
+    def expect_raises(self, exc_type: type, fn: str | Callable, *args, why: str, what: str = ""):
+        """Pass only if the learner's function (a name or a callable) raises `exc_type` on `args`."""
+        what = what or (fn if isinstance(fn, str) else getattr(fn, "__qualname__", "your code"))
+        try:
+            got = self.call(fn, *args) if isinstance(fn, str) else self.call_fn(fn, *args, what=what)
+        except LearnerRaised as e:
+            if not isinstance(e.exc, exc_type):
+                self.fail(f"{what}() raised {type(e.exc).__name__}, expected {exc_type.__name__}: {why}")
+            return
+        self.fail(f"{what}() returned {cmp.fmt(got)[:60]} instead of raising {exc_type.__name__}: {why}")
+
+    @contextlib.contextmanager
+    def learner_code(self, what: str):
+        """Around code that calls learner code indirectly (the engine running a plugged-in component):
+        a stub's NotImplementedError makes the check "not started", any other exception fails the
+        case with the learner's traceback."""
+        try:
+            yield
+        except (CaseFailed, NotStarted, LearnerRaised):
+            raise
+        except NotImplementedError as e:
+            raise NotStarted(str(e)) from None
+        except Exception as e:  # noqa: BLE001 - learner code may raise anything
+            self.fail(f"{what} raised:\n{learner_traceback(e, self._skip)}")

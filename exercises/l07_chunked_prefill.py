@@ -10,7 +10,6 @@ max_num_batched_tokens).
 """
 from __future__ import annotations
 
-import math
 
 
 # -- 1. scheduling with a token budget ---------------------------------------------------------------

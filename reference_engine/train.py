@@ -18,7 +18,6 @@ import argparse
 import hashlib
 import json
 import math
-import os
 import platform
 import sysconfig
 import time

@@ -12,7 +12,6 @@ of a sequence lives in block block_table[p // block_size] at offset p % block_si
 """
 from __future__ import annotations
 
-import math
 from collections import deque
 from dataclasses import dataclass
 

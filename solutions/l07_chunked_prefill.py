@@ -7,7 +7,6 @@ max_num_batched_tokens).
 """
 from __future__ import annotations
 
-import math
 
 
 # -- 1. scheduling with a token budget ---------------------------------------------------------------

@@ -1,7 +1,6 @@
 """Lesson 01: the reference agrees with its own definitions, the checks' mistake formulas are built
 on the right answer, the docstring examples hold, and the measuring helpers return sane rows."""
 import math
-import os
 import random
 
 import pytest

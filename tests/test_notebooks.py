@@ -1,5 +1,4 @@
 """Every ready lesson's notebook runs headless against the solutions, within its time budget."""
-import os
 
 import nbformat
 import pytest

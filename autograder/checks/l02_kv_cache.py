@@ -12,7 +12,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from autograder.core import LearnerRaised, check
+from autograder.core import check
 
 # -- configs ----------------------------------------------------------------------------------
 
@@ -88,17 +88,6 @@ EXPLICIT_HEAD_DIM = {"model_type": "mistral", "num_hidden_layers": 40, "num_atte
                      "intermediate_size": 14336, "vocab_size": 131072}
 
 
-def expect_raises(t, exc_type, fn, *args, what: str, why: str):
-    """Pass only if the learner's `fn` raises `exc_type` on these arguments."""
-    try:
-        got = t.call_fn(fn, *args, what=what)
-    except LearnerRaised as e:
-        if not isinstance(e.exc, exc_type):
-            t.fail(f"{what}() raised {type(e.exc).__name__}, expected {exc_type.__name__}: {why}")
-        return
-    t.fail(f"{what}() returned {got!r} instead of raising {exc_type.__name__}: {why}")
-
-
 # -- 2.1 bytes per token ----------------------------------------------------------------------
 
 @check(points=1, section="2.1")
@@ -113,7 +102,7 @@ def dtype_bytes(t):
             t.expect(t.call("dtype_bytes", spec), expected, f"bytes per {spec!r} element",
                      mistakes={"uses bits instead of bytes": 8 * expected})
     with t.case("an unknown name raises ValueError"):
-        expect_raises(t, ValueError, t.fn("dtype_bytes"), "int3", what="dtype_bytes",
+        t.expect_raises(ValueError, "dtype_bytes", "int3", what="dtype_bytes",
                       why="a typo in a dtype name must not silently size a cache")
 
 
@@ -359,7 +348,7 @@ def kv_cache(t):
     with t.case("appending past max_tokens raises ValueError"):
         cache, ref = new_cache(t, 1, 6, 2, 4)
         append_both(t, cache, ref, 0, *_kv(t, 4, 2, 4))
-        expect_raises(t, ValueError, cache.append, 0, *_kv(t, 3, 2, 4), what="KVCache.append",
+        t.expect_raises(ValueError, cache.append, 0, *_kv(t, 3, 2, 4), what="KVCache.append",
                       why="4 + 3 tokens do not fit in max_tokens=6; silently dropping or wrapping "
                           "would corrupt attention")
     with t.case("a float16 cache stores float16"):

@@ -15,7 +15,7 @@ import numbers
 import torch
 
 from autograder.compare import compare
-from autograder.core import NotStarted, check, learner_traceback
+from autograder.core import check
 
 # The engine builds its model on the meta device, which makes torch import its compiler stack
 # (seconds). Do it once here, in the grader's parent process, so each forked check starts warm.
@@ -365,12 +365,8 @@ def run_policy(policy, prompts, lens, kw):
 
 def learner_run(t, make, prompts, lens, kw):
     """The engine with the learner's policy; their exceptions fail the case with their traceback."""
-    try:
+    with t.learner_code("the engine, running your policy,"):
         return run_policy(make(), prompts, lens, kw)
-    except NotImplementedError as e:
-        raise NotStarted(str(e)) from None
-    except Exception as e:  # noqa: BLE001 - raised by learner code the engine called
-        t.fail(f"the engine raised while running your policy:\n{learner_traceback(e, ())}")
 
 
 SCHEDULE_HINT = ("Each entry is one engine step: (prompts prefilled, prefill tokens, decodes, preemptions).")

@@ -10,7 +10,6 @@ with a run of the engine's own FCFS policy.
 from __future__ import annotations
 
 import copy
-import math
 from pathlib import Path
 
 from autograder.core import LearnerRaised, NotStarted, check, learner_traceback

@@ -72,18 +72,8 @@ def pack_prompts(t):
             t.expect_true(isinstance(got["max_seqlen"], numbers.Integral),
                           f"max_seqlen should be a Python int, got {type(got['max_seqlen']).__name__}")
     with t.case("an empty prompt is refused with ValueError"):
-        expect_raises(t, ValueError, "pack_prompts", [[1, 2], []],
+        t.expect_raises(ValueError, "pack_prompts", [[1, 2], []],
                       why="an empty prompt has no token to generate from; engines reject it")
-
-
-def expect_raises(t, exc_type, name: str, *args, why: str):
-    try:
-        got = t.call(name, *args)
-    except LearnerRaised as e:
-        if not isinstance(e.exc, exc_type):
-            t.fail(f"{name}() raised {type(e.exc).__name__}, expected {exc_type.__name__}: {why}")
-        return
-    t.fail(f"{name}() returned {type(got).__name__} instead of raising {exc_type.__name__}: {why}")
 
 
 # -- 1.2 the mask -----------------------------------------------------------------------------------
