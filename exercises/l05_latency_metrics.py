@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import bisect
 import math
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence
@@ -244,27 +243,11 @@ def replay(llm, requests, prompts, rate_rps: float) -> Replay:
     decoding with EOS ignored: each request produces exactly its trace output length.
     Timestamps come back relative to the start of the replay."""
     from reference_engine import trace as tr
-    from reference_engine.sampling import SamplingParams
+    from reference_engine.replay import replay as replay_requests
 
-    reqs = tr.with_rate(requests, rate_rps)
     eng = llm.engine
-    done, index, nxt = {}, {}, 0
     first_step = len(eng.step_stats)
-    t0 = eng.clock()
-    while len(done) < len(reqs):
-        now = eng.clock() - t0
-        while nxt < len(reqs) and reqs[nxt].arrival <= now:
-            params = SamplingParams(temperature=0, max_tokens=reqs[nxt].output_tokens, ignore_eos=True)
-            index[eng.add_request(prompts[nxt], params, arrival_time=t0 + reqs[nxt].arrival)] = nxt
-            nxt += 1
-        if eng.has_unfinished():
-            for out in eng.step():
-                if out.output is not None and out.request_id in index:
-                    done[index[out.request_id]] = out.output
-        elif nxt < len(reqs):
-            time.sleep(max(0.0, reqs[nxt].arrival - (eng.clock() - t0)))
-    wall = eng.clock() - t0
+    outputs, t0, wall = replay_requests(eng, tr.with_rate(requests, rate_rps), prompts)
     steps = [(s.start_time - t0, s.wall_time, s.num_prefill_tokens, s.num_decode_tokens)
              for s in eng.step_stats[first_step:]]
-    return Replay(rate_rps, [RequestTimes.from_metrics(done[i].metrics, t0) for i in range(len(reqs))],
-                  wall, steps)
+    return Replay(rate_rps, [RequestTimes.from_metrics(o.metrics, t0) for o in outputs], wall, steps)

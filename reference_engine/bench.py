@@ -163,28 +163,11 @@ def run_engine(llm, reqs: list[tr.Request], prompts: list[list[int]]) -> tuple[l
     """Continuous batching replay through the step API: between steps, every request whose
     arrival time has passed is added (stamped with its scheduled arrival, so time spent
     waiting for the current step to end counts against TTFT); idle gaps are slept through."""
-    from reference_engine import SamplingParams
+    from reference_engine.replay import replay
 
-    eng = llm.engine
-    clock = eng.clock
-    index, done, nxt = {}, {}, 0
-    t0 = clock()
-    while len(done) < len(reqs):
-        now = clock() - t0
-        while nxt < len(reqs) and reqs[nxt].arrival <= now:
-            params = SamplingParams(temperature=0, max_tokens=reqs[nxt].output_tokens, ignore_eos=True)
-            index[eng.add_request(prompts[nxt], params, arrival_time=t0 + reqs[nxt].arrival)] = nxt
-            nxt += 1
-        if eng.has_unfinished():
-            for out in eng.step():
-                if out.output is not None and out.request_id in index:
-                    done[index[out.request_id]] = out.output
-        elif nxt < len(reqs):
-            time.sleep(max(0.0, reqs[nxt].arrival - (clock() - t0)))
-    wall = clock() - t0
+    outputs, t0, wall = replay(llm.engine, reqs, prompts)
     timings = []
-    for i, r in enumerate(reqs):
-        o = done[i]
+    for o, r in zip(outputs, reqs):
         m = o.metrics
         assert len(o.token_ids) == r.output_tokens, "engine stopped early"
         timings.append(Timing(m.arrival_time - t0, m.first_token_time - t0, m.finish_time - t0,

@@ -1,0 +1,31 @@
+"""Replay timed requests through the step API on the engine's clock, as a serving benchmark drives a server."""
+from __future__ import annotations
+
+import time
+
+from .sampling import SamplingParams
+
+
+def replay(engine, requests, prompts) -> tuple[list, float, float]:
+    """Run `requests` (trace.Request: arrival seconds, output_tokens) with `prompts` (token ids).
+
+    Between steps, every request whose arrival time has passed is added, stamped with its
+    scheduled arrival, so time spent waiting for a running step counts against its TTFT; idle
+    gaps are slept through. Greedy with EOS ignored: each request produces exactly its
+    output_tokens. Returns (outputs in request order, clock at the start, wall seconds).
+    """
+    index, done, nxt = {}, {}, 0
+    t0 = engine.clock()
+    while len(done) < len(requests):
+        now = engine.clock() - t0
+        while nxt < len(requests) and requests[nxt].arrival <= now:
+            params = SamplingParams(temperature=0, max_tokens=requests[nxt].output_tokens, ignore_eos=True)
+            index[engine.add_request(prompts[nxt], params, arrival_time=t0 + requests[nxt].arrival)] = nxt
+            nxt += 1
+        if engine.has_unfinished():
+            for out in engine.step():
+                if out.output is not None and out.request_id in index:
+                    done[index[out.request_id]] = out.output
+        elif nxt < len(requests):
+            time.sleep(max(0.0, requests[nxt].arrival - (engine.clock() - t0)))
+    return [done[i] for i in range(len(requests))], t0, engine.clock() - t0
