@@ -1,38 +1,43 @@
 """What a check is, and the Trial object a check uses to exercise learner code.
 
 A check is a function `def name(t: Trial)` registered with `@check(points=...)`
-in `autograder/checks/<lesson stem>.py`. It runs a few visible cases and a few
-hidden ones drawn from `t.rng`; each case is one part of the score:
+in `autograder/checks/<lesson stem>.py`. It runs in the grader's own process,
+which never runs learner code: `t.call(...)` sends the arguments to the
+learner's process and gets plain data back (`autograder.sandbox`). Each case is
+one part of the score:
 
     @check(points=3, section="2.1")
     def kv_bytes_per_token(t):
-        for label, cfg in cases(t):
+        for label, cfg in t.cases(visible=VISIBLE, hidden=random_config, n=4):
             with t.case(label):
-                expected = t.ref.kv_bytes_per_token(cfg, 2)      # trusted reference first
-                got = t.call("kv_bytes_per_token", cfg, 2)       # learner code, isolated
+                expected = t.ref.kv_bytes_per_token(cfg, 2)      # trusted reference, here
+                got = t.call("kv_bytes_per_token", cfg, 2)       # learner code, over there
                 t.expect(got, expected, "bytes per token",
                          mistakes={"counts only K, not K and V": expected // 2})
 
 which reports "... Looks like your code counts only K, not K and V."
 
-A failing expectation ends its case; the message names the mistake when the
-wrong value matches one of `mistakes`.
+A failing expectation ends its case; the message names the mistake only when the
+wrong value matches that mistake's value and no other's.
 """
 from __future__ import annotations
 
 import contextlib
-import copy
 import dataclasses
 import random
-import traceback
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
 import torch
 
 from . import compare as cmp
+from . import wire
+from .sandbox import LearnerGone, LearnerRaised
 
-PASSED, FAILED, ERROR, TIMEOUT, CRASHED, NOT_STARTED, NOT_GRADED = (
-    "passed", "failed", "error", "timeout", "crashed", "not started", "not graded here")
+PASSED, FAILED, ERROR, TIMEOUT, CRASHED, NOT_STARTED, NOT_GRADED, REJECTED = (
+    "passed", "failed", "error", "timeout", "crashed", "not started", "not graded here", "rejected")
+
+__all__ = ["check", "Trial", "CaseFailed", "NotStarted", "LearnerRaised", "LearnerGone", "LearnerFunction",
+           "LearnerObject"]
 
 
 @dataclasses.dataclass
@@ -55,15 +60,20 @@ def check(points: float, section: str = "", timeout: float = 10.0, requires_cuda
     def deco(func):
         lesson = func.__module__.rsplit(".", 1)[-1]
         doc = (func.__doc__ or "").strip().splitlines()
-        _REGISTRY.setdefault(lesson, []).append(CheckSpec(
-            lesson, func.__name__, func, float(points), section, timeout, requires_cuda,
-            doc[0] if doc else ""))
+        specs = _REGISTRY.setdefault(lesson, [])
+        specs[:] = [s for s in specs if s.name != func.__name__]  # a reloaded module replaces, not doubles
+        specs.append(CheckSpec(lesson, func.__name__, func, float(points), section, timeout, requires_cuda,
+                               doc[0] if doc else ""))
         return func
     return deco
 
 
 def registered(lesson: str) -> list[CheckSpec]:
     return list(_REGISTRY.get(lesson, []))
+
+
+# Part.kind: how a case ended.
+OK, WRONG, RAISED, SKIPPED = "ok", "wrong", "raised", "skipped"
 
 
 @dataclasses.dataclass
@@ -73,6 +83,7 @@ class Part:
     passed: bool
     message: str = ""
     graded: bool = True
+    kind: str = OK
 
 
 class CaseFailed(Exception):
@@ -83,124 +94,248 @@ class NotStarted(Exception):
     """The learner's code still raises the stub's NotImplementedError."""
 
 
-class LearnerRaised(Exception):
-    def __init__(self, what: str, exc: BaseException, tb_text: str):
-        super().__init__(what)
-        self.what, self.exc, self.tb_text = what, exc, tb_text
+# -- proxies for what lives in the learner's process -------------------------------------------------
+
+class LearnerFunction:
+    """A top-level function or class of the learner's module. Calling it runs it over there."""
+
+    def __init__(self, trial: "Trial", ref, what: str):
+        self._t, self.ref, self.what = trial, ref, what
+        self.__name__ = self.__qualname__ = what
+
+    def __call__(self, *args, **kwargs):
+        return self._t._remote(self.ref, args, kwargs, self.what, check_args=False)
+
+    def __repr__(self):
+        return f"<your {self.what}>"
 
 
-def learner_traceback(exc: BaseException, skip_files: tuple[str, ...]) -> str:
-    """The traceback with the grader's own frames removed: learners debug their code, not ours."""
-    frames = [f for f in traceback.extract_tb(exc.__traceback__)
-              if not any(f.filename.startswith(s) for s in skip_files)]
-    lines = traceback.format_list(frames[-6:])
-    lines += traceback.format_exception_only(type(exc), exc)
-    return "".join(lines).rstrip()
+class LearnerObject:
+    """An object that lives in the learner's process (a policy, an allocator, a cache).
+
+    `obj.method` is a LearnerFunction; `obj.field` fetches the field's value as data.
+    """
+
+    def __init__(self, trial: "Trial", handle: wire.Handle):
+        object.__setattr__(self, "_t", trial)
+        object.__setattr__(self, "handle", handle)
+
+    def __getattr__(self, name: str):
+        if name.startswith("__"):
+            raise AttributeError(name)
+        return self._t._attr(self, name)
+
+    def __setattr__(self, name, value):
+        raise AttributeError("a learner object is read-only from the grader")
+
+    def __call__(self, *args, **kwargs):
+        return self._t._remote(self.handle, args, kwargs, self.handle.type, check_args=False)
+
+    def __repr__(self):
+        return f"<your {self.handle.type} object>"
+
+
+def _untrusted_seq_types() -> tuple:
+    return (LearnerObject, LearnerFunction)
 
 
 class Trial:
-    """The handle a check gets: the learner's module, the reference, randomness, and scoring."""
+    """The handle a check gets: the learner's process, the reference, randomness, and scoring.
 
-    def __init__(self, impl, ref, seed: int, cuda: bool, skip_files: tuple[str, ...] = ()):
-        self.impl, self.ref, self.seed, self.cuda = impl, ref, seed, cuda
+    - t.ref: the reference solutions (trusted; computed here)
+    - t.rng (random.Random), t.gen (torch.Generator): seeded per run and per check
+    - t.visible_only: True in a student's copy, where only visible cases are graded
+    """
+
+    def __init__(self, learner, ref, seed: int, cuda: bool, visible_only: bool = False):
+        self._learner = learner          # a sandbox.LearnerProcess (started lazily by the runner)
+        self.ref, self.seed, self.cuda = ref, seed, cuda
+        self.visible_only = visible_only
         self.rng = random.Random(seed)
         self.gen = torch.Generator().manual_seed(seed)
         self.parts: list[Part] = []
         self.device = "cuda" if cuda else "cpu"
-        self._skip = skip_files
+        self._case_open = False
 
-    # -- learner code -------------------------------------------------------
-    def fn(self, name: str) -> Callable:
-        obj = getattr(self.impl, name, None)
-        if obj is None:
-            raise LearnerRaised(name, AttributeError(name),
-                                f"your module has no `{name}`: keep the names and signatures of the stubs")
-        return obj
-
-    def call(self, name: str, *args, **kwargs) -> Any:
-        """Call learner function `name` on copies of the arguments, and notice if it mutates them."""
-        fn = self.fn(name)
-        return self.call_fn(fn, *args, what=name, **kwargs)
-
-    def call_fn(self, fn: Callable, *args, what: str = "", **kwargs) -> Any:
-        what = what or getattr(fn, "__name__", "your code")
-        a, kw = copy.deepcopy(args), copy.deepcopy(kwargs)
-        try:
-            out = fn(*a, **kw)
-        except NotImplementedError as e:
-            raise NotStarted(str(e)) from None
-        except Exception as e:  # noqa: BLE001 - learner code may raise anything
-            raise LearnerRaised(what, e, learner_traceback(e, self._skip)) from None
-        for i, (orig, used) in enumerate(zip(args, a)):
-            if cmp.compare(used, orig, rtol=0, atol=0) is not None:
-                self.fail(f"{what}() modified its argument #{i + 1} in place; "
-                          "callers (the engine, the scheduler) still need the original: work on a copy")
-        for k in kwargs:
-            if cmp.compare(kw[k], kwargs[k], rtol=0, atol=0) is not None:
-                self.fail(f"{what}() modified its argument `{k}` in place; work on a copy")
+    # -- cases -------------------------------------------------------------------------------------
+    def cases(self, visible: Iterable = (), hidden: Callable[[random.Random], Any] | Iterable | None = None,
+              n: int = 0, label: str = "hidden") -> list:
+        """Visible cases as given, then `n` hidden ones drawn with `hidden(t.rng)` (or taken from an
+        iterable). Visible items are returned as they are; hidden ones as (label, case) when the visible
+        items are pairs, else bare. In a student's copy (t.visible_only) the hidden ones are left out,
+        but still drawn, so that the visible cases' randomness does not depend on the mode."""
+        out = list(visible)
+        pairs = bool(out) and all(isinstance(v, tuple) and len(v) == 2 and isinstance(v[0], str) for v in out)
+        drawn = []
+        if callable(hidden):
+            drawn = [hidden(self.rng) for _ in range(n)]
+        elif hidden is not None:
+            drawn = list(hidden)
+        if self.visible_only:
+            return out
+        for i, case in enumerate(drawn):
+            out.append((f"{label} {i + 1}", case) if pairs else case)
         return out
 
-    # -- parts ----------------------------------------------------------------
     @contextlib.contextmanager
     def case(self, label: str, weight: float = 1.0, requires_cuda: bool = False):
         """One scored part. Learner exceptions and failed expectations end it, not the check."""
         if requires_cuda and not self.cuda:
-            self.parts.append(Part(label, weight, False, "needs a CUDA GPU", graded=False))
+            self.parts.append(Part(label, weight, False, "needs a CUDA GPU", graded=False, kind=SKIPPED))
             yield False
             return
+        self._case_open = True
         try:
             yield True
         except CaseFailed as e:
-            self.parts.append(Part(label, weight, False, str(e)))
+            self.parts.append(Part(label, weight, False, str(e), kind=WRONG))
         except LearnerRaised as e:
-            self.parts.append(Part(label, weight, False, f"{e.what}() raised:\n{e.tb_text}"))
+            if e.info.get("not_implemented"):
+                raise NotStarted(e.info.get("message") or "the stub still raises NotImplementedError") from None
+            self.parts.append(Part(label, weight, False, f"{e.what}() raised:\n{e.tb_text}", kind=RAISED))
         else:
             self.parts.append(Part(label, weight, True))
+        finally:
+            self._case_open = False
 
     def fail(self, message: str):
         raise CaseFailed(message)
 
-    def expect(self, got, expected, what: str, mistakes: dict[str, Any] | None = None,
-               rtol: float | None = None, atol: float | None = None, check_dtype: bool = True,
-               hint: str = ""):
-        """Fail the case unless `got` matches `expected`; name the mistake if it matches one."""
-        msg = cmp.compare(got, expected, rtol, atol, check_dtype)
-        if msg is None:
-            return
-        for name, wrong in (mistakes or {}).items():
-            try:
-                same = cmp.compare(got, wrong, rtol, atol, check_dtype) is None
-            except Exception:  # noqa: BLE001 - a mistake value of another type simply does not match
-                same = False
-            if same:
-                self.fail(f"{what}: {msg}. Looks like your code {name}.")
-        self.fail(f"{what}: {msg}." + (f" {hint}" if hint else ""))
+    # -- learner code --------------------------------------------------------------------------------
+    def fn(self, name: str) -> LearnerFunction:
+        """The learner's top-level `name` (a function or a class), as a proxy."""
+        info = self._learner.lookup(name)
+        if info is None:
+            raise LearnerRaised(name, {"type": "AttributeError", "mro": ["AttributeError"], "not_implemented": False,
+                                       "message": name,
+                                       "tb": f"your module has no `{name}`: keep the names and signatures of the stubs"})
+        return LearnerFunction(self, wire.LearnerRef(name), name)
 
-    def expect_true(self, cond: bool, message: str):
-        if not cond:
-            self.fail(message)
+    def learner(self, name: str) -> wire.LearnerRef:
+        """A reference to the learner's `name` to pass to a harness function (`t.run`)."""
+        return wire.LearnerRef(name)
 
-    def expect_raises(self, exc_type: type, fn: str | Callable, *args, why: str, what: str = ""):
-        """Pass only if the learner's function (a name or a callable) raises `exc_type` on `args`."""
-        what = what or (fn if isinstance(fn, str) else getattr(fn, "__qualname__", "your code"))
-        try:
-            got = self.call(fn, *args) if isinstance(fn, str) else self.call_fn(fn, *args, what=what)
-        except LearnerRaised as e:
-            if not isinstance(e.exc, exc_type):
-                self.fail(f"{what}() raised {type(e.exc).__name__}, expected {exc_type.__name__}: {why}")
-            return
-        self.fail(f"{what}() returned {cmp.fmt(got)[:60]} instead of raising {exc_type.__name__}: {why}")
+    def call(self, name: str, *args, **kwargs) -> Any:
+        """Call learner function `name` over there, and notice if it mutates its arguments."""
+        return self.call_fn(self.fn(name), *args, what=name, **kwargs)
+
+    def call_fn(self, fn, *args, what: str = "", inplace: bool = False, **kwargs) -> Any:
+        """Call a learner callable (t.fn(...), an object's method). With inplace=True the arguments as
+        the learner left them are returned too, `(value, args_after)`: for APIs that edit a list in
+        place on purpose (a block table); otherwise changing an argument fails the case."""
+        ref = fn.ref if isinstance(fn, LearnerFunction) else getattr(fn, "handle", None)
+        if ref is None:
+            raise TypeError(f"call_fn needs a learner function or object, not {fn!r}")
+        what = what or getattr(fn, "what", "your code")
+        value, args_after, kw_after = self._learner.call(ref, args, kwargs, what=what, return_args=True)
+        if inplace:
+            return value, args_after
+        for i, (orig, used) in enumerate(zip(args, args_after or [])):
+            if cmp.compare(used, orig, rtol=0, atol=0) is not None:
+                self.fail(f"{what}() modified its argument #{i + 1} in place; "
+                          "callers (the engine, the scheduler) still need the original: work on a copy")
+        for k in kwargs:
+            if cmp.compare((kw_after or {}).get(k), kwargs[k], rtol=0, atol=0) is not None:
+                self.fail(f"{what}() modified its argument `{k}` in place; work on a copy")
+        return self._wrap(value)
+
+    def run(self, harness: Callable, *args, what: str = "your code", **kwargs) -> Any:
+        """Run a trusted harness function (a module-level function of an autograder module) in the
+        learner's process, e.g. the engine with the learner's policy plugged in. Pass learner names
+        with t.learner("Name"). It must return plain data: the grader judges that, not the learner."""
+        name = f"{harness.__module__}:{harness.__qualname__}"
+        value = self._learner.harness(name, args, kwargs, what=what)
+        return self._wrap(value)
+
+    def _remote(self, ref, args, kwargs, what: str, check_args: bool):
+        value, _, _ = self._learner.call(ref, args, kwargs, what=what)
+        return self._wrap(value)
+
+    def _attr(self, obj: LearnerObject, name: str):
+        what = f"{obj.handle.type}.{name}"
+        value = self._learner.getattr(obj.handle, name, what=what)
+        if isinstance(value, wire.MethodRef):
+            return LearnerFunction(self, value, what)
+        return self._wrap(value)
+
+    def _wrap(self, value):
+        """Handles become proxies; everything else is already plain data."""
+        if isinstance(value, wire.Handle):
+            return LearnerObject(self, value)
+        if isinstance(value, wire.MethodRef):
+            return LearnerFunction(self, value, value.attr)
+        if type(value) is list:
+            return [self._wrap(v) for v in value]
+        if type(value) is tuple:
+            return tuple(self._wrap(v) for v in value)
+        if type(value) is dict:
+            return {k: self._wrap(v) for k, v in value.items()}
+        return value
 
     @contextlib.contextmanager
     def learner_code(self, what: str):
-        """Around code that calls learner code indirectly (the engine running a plugged-in component):
-        a stub's NotImplementedError makes the check "not started", any other exception fails the
-        case with the learner's traceback."""
+        """Around direct calls of learner objects' methods: a stub makes the check "not started",
+        any other exception fails the case with the learner's traceback, under the name `what`."""
         try:
             yield
-        except (CaseFailed, NotStarted, LearnerRaised):
-            raise
-        except NotImplementedError as e:
-            raise NotStarted(str(e)) from None
-        except Exception as e:  # noqa: BLE001 - learner code may raise anything
-            self.fail(f"{what} raised:\n{learner_traceback(e, self._skip)}")
+        except LearnerRaised as e:
+            if e.info.get("not_implemented"):
+                raise NotStarted(e.info.get("message") or "") from None
+            self.fail(f"{what} raised:\n{e.tb_text}")
+
+    # -- expectations ---------------------------------------------------------------------------------
+    def expect(self, got, expected, what: str, mistakes: dict[str, Any] | None = None,
+               rtol: float | None = None, atol: float | None = None, check_dtype: bool = True,
+               hint: str = ""):
+        """Fail the case unless `got` matches `expected`.
+
+        `mistakes` maps a mistake's name (read after "your code ...") to the value that mistake gives.
+        A mistake whose value equals the expected one is ignored; mistakes with the same value are
+        named together ("X; or your code Y"), since the output cannot tell them apart."""
+        msg = cmp.compare(got, expected, rtol, atol, check_dtype)
+        if msg is None:
+            return
+        matched = []
+        for name, wrong in self._distinct_mistakes(mistakes or {}, expected, rtol, atol, check_dtype).items():
+            if _same(got, wrong, rtol, atol, check_dtype):
+                matched.append(name)
+        if len(matched) == 1:
+            self.fail(f"{what}: {msg}. Looks like your code {matched[0]}.")
+        self.fail(f"{what}: {msg}." + (f" {hint}" if hint else ""))
+
+    @staticmethod
+    def _distinct_mistakes(mistakes: dict, expected, rtol, atol, check_dtype) -> dict:
+        out: dict = {}
+        for name, wrong in mistakes.items():
+            if _same(wrong, expected, rtol, atol, check_dtype):
+                continue  # this mistake makes no difference on this case
+            same = next((k for k, v in out.items() if _same(wrong, v, rtol, atol, check_dtype)), None)
+            if same is None:
+                out[name] = wrong
+            else:
+                out[f"{same}; or your code {name}"] = out.pop(same)
+        return out
+
+    def expect_true(self, cond: bool, message: str):
+        if cond is not True and not (isinstance(cond, bool) and cond):
+            self.fail(message)
+
+    def expect_raises(self, exc_type: type, fn: str | LearnerFunction, *args, why: str, what: str = ""):
+        """Pass only if the learner's function (a name or a proxy) raises `exc_type` on `args`."""
+        what = what or (fn if isinstance(fn, str) else getattr(fn, "what", "your code"))
+        try:
+            got = self.call(fn, *args) if isinstance(fn, str) else self.call_fn(fn, *args, what=what)
+        except LearnerRaised as e:
+            if e.info.get("not_implemented"):
+                raise NotStarted(e.info.get("message") or "") from None
+            if not e.is_a(exc_type):
+                self.fail(f"{what}() raised {e.type_name}, expected {exc_type.__name__}: {why}")
+            return
+        self.fail(f"{what}() returned {cmp.fmt(got)[:60]} instead of raising {exc_type.__name__}: {why}")
+
+
+def _same(a, b, rtol, atol, check_dtype) -> bool:
+    try:
+        return cmp.compare(a, b, rtol, atol, check_dtype) is None
+    except Exception:  # noqa: BLE001 - values of other types simply do not match
+        return False

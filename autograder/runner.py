@@ -1,18 +1,26 @@
-"""Grade one lesson: import its checks, run each in isolation, turn outcomes into rows."""
+"""Grade one lesson: check code and expected values here, learner code in its own process.
+
+For each check the grader starts a learner process (a fork of the zygote, which
+never imported the solutions), loads the learner's module there, and runs the
+check function here: every `t.call` is a request to that process, and what comes
+back is plain data judged here. When the check ends, the learner process and
+everything it started are killed.
+"""
 from __future__ import annotations
 
 import dataclasses
 import importlib
 import os
-import types
+import sys
+import time
 import zlib
 from pathlib import Path
 
-from . import core, runtime, sandbox
-from .core import (CRASHED, ERROR, FAILED, NOT_GRADED, NOT_STARTED, PASSED, TIMEOUT, CheckSpec,
-                   Part)
+from . import core, runtime, scan, zygote
+from .core import (CRASHED, ERROR, FAILED, NOT_GRADED, NOT_STARTED, PASSED, REJECTED, TIMEOUT, CheckSpec, Part)
+from .sandbox import LearnerGone, LearnerProcess, LearnerRaised
 
-_PKG_DIR = str(Path(__file__).resolve().parent)
+ROOT = Path(__file__).resolve().parent.parent
 _STATUS_OF = {"timeout": TIMEOUT, "signal": CRASHED, "exit": ERROR}
 
 
@@ -41,20 +49,23 @@ class CheckResult:
 
 @dataclasses.dataclass
 class Target:
-    """Where the code under test comes from: a module name, or (fork only) a module object."""
-    module_name: str | None = None
-    module: types.ModuleType | None = None
+    """The code under test: a Python file, loaded in the learner's process under `module_name`."""
+    path: str
     label: str = ""
+    module_name: str = "learner_module"
+    sys_path: tuple[str, ...] = ()
 
     @classmethod
     def for_lesson(cls, stem: str, solutions: bool = False) -> "Target":
         pkg = "solutions" if solutions else "exercises"
-        return cls(module_name=f"{pkg}.{stem}", label=f"{pkg}/{stem}.py")
+        return cls(path=str(ROOT / pkg / f"{stem}.py"), label=f"{pkg}/{stem}.py", module_name=f"course_{pkg}_{stem}")
 
-    def load(self):
-        if self.module is not None:
-            return self.module
-        return importlib.import_module(self.module_name)
+    @classmethod
+    def from_source(cls, source: str, directory: str | os.PathLike, name: str, label: str = "") -> "Target":
+        """Write `source` to DIRECTORY/NAME.py and target it (mutants, notebooks' answer cells)."""
+        path = Path(directory) / f"{name}.py"
+        path.write_text(source)
+        return cls(path=str(path), label=label or name, module_name=name)
 
 
 def check_seed(seed: int, name: str) -> int:
@@ -67,37 +78,7 @@ def load_checks(stem: str, checks_module: str | None = None) -> list[CheckSpec]:
     return core.registered(stem)
 
 
-def _run_check(stem: str, name: str, target: Target, seed: int, cuda: bool,
-               checks_module: str | None, ref_module: str) -> dict:
-    """Child side: run one check and return plain data."""
-    spec = next(s for s in load_checks(stem, checks_module) if s.name == name)
-    impl = target.load()
-    ref = importlib.import_module(ref_module)
-    t = core.Trial(impl, ref, seed, cuda, skip_files=(_PKG_DIR,))
-    if spec.requires_cuda and not cuda:
-        return {"status": NOT_GRADED, "message": "needs a CUDA GPU", "parts": []}
-    try:
-        spec.func(t)
-    except core.NotStarted as e:
-        return {"status": NOT_STARTED, "message": str(e) or "the stub still raises NotImplementedError",
-                "parts": []}
-    except core.LearnerRaised as e:
-        return {"status": ERROR, "message": f"{e.what}() raised:\n{e.tb_text}",
-                "parts": [dataclasses.asdict(p) for p in t.parts]}
-    except core.CaseFailed as e:
-        t.parts.append(Part("check", 1.0, False, str(e)))
-    except Exception as e:  # noqa: BLE001 - what the learner returned broke the check itself
-        tb = core.learner_traceback(e, ())
-        return {"status": ERROR, "message": "the check could not use what your code returned "
-                f"({type(e).__name__}: {e}).\n{tb}", "parts": [dataclasses.asdict(p) for p in t.parts]}
-    return {"status": None, "message": "", "parts": [dataclasses.asdict(p) for p in t.parts]}
-
-
-def _summarise(spec: CheckSpec, data: dict) -> tuple[float, str, str]:
-    parts = [Part(**p) for p in data["parts"]]
-    if data["status"] is not None:
-        earned = _earned(spec, parts) if data["status"] == ERROR else 0.0
-        return earned, data["status"], data["message"]
+def _summarise(spec: CheckSpec, parts: list[Part]) -> tuple[float, str, str]:
     graded = [p for p in parts if p.graded]
     if not graded:
         if parts:
@@ -109,7 +90,7 @@ def _summarise(spec: CheckSpec, data: dict) -> tuple[float, str, str]:
         return earned, PASSED, f"{len(graded)} case(s) passed"
     first = bad[0]
     more = f"\n({len(bad) - 1} more of {len(graded)} cases failed)" if len(bad) > 1 else ""
-    raised = all("raised:" in p.message.split("\n")[0] for p in bad)
+    raised = all(p.kind == core.RAISED for p in bad)
     status = ERROR if raised and len(bad) == len(graded) else FAILED
     return earned, status, f"{first.label}: {first.message}{more}"
 
@@ -122,68 +103,124 @@ def _earned(spec: CheckSpec, parts: list[Part]) -> float:
     return round(spec.points * sum(p.weight for p in graded if p.passed) / total, 2)
 
 
-def _import_target(target: Target) -> str:
-    mod = target.load()
-    return getattr(mod, "__file__", "") or ""
+def _gone_message(e: LearnerGone, timeout: float) -> str:
+    if e.kind == "timeout":
+        return f"your code is still running after {timeout:g} s (an infinite loop, or far too slow)"
+    if e.kind == "signal":
+        return f"your code crashed the process: {e.detail}"
+    return e.detail
 
 
-def preflight(target: Target, timeout: float = 60.0) -> sandbox.Outcome:
-    """Import the learner module once, isolated: a broken import fails every check the same way."""
-    if target.module is not None:
-        return sandbox.Outcome("ok")
-    return sandbox.run_isolated(_import_target, (target,), timeout=timeout)
+def _raised_status(e: LearnerRaised) -> tuple[str, str]:
+    if e.info.get("not_implemented"):
+        return NOT_STARTED, e.info.get("message") or "the stub still raises NotImplementedError"
+    if e.type_name == "SystemExit":
+        return ERROR, f"your code called sys.exit() ({e.info.get('message')}); return a value instead"
+    return ERROR, f"{e.what}() raised:\n{e.tb_text}"
 
 
-def _import_failure(outcome: sandbox.Outcome, target: Target) -> tuple[str, str]:
-    what = target.label or target.module_name
-    if outcome.kind == "timeout":
-        return TIMEOUT, f"importing {what} did not finish ({outcome.detail}): is there a loop at module level?"
-    if outcome.kind == "signal":
-        return CRASHED, f"importing {what} crashed the interpreter: {outcome.detail}"
-    return ERROR, f"{what} could not be imported: {outcome.detail}"
+class _Session:
+    """The learner process of one check, started on first use (a check may need none)."""
+
+    def __init__(self, target: Target, deadline: float):
+        self.target, self.deadline, self.proc = target, deadline, None
+
+    def __getattr__(self, name):  # LearnerProcess API, started lazily
+        if self.proc is None:
+            self.proc = LearnerProcess.start(self.deadline)
+            self.proc.load(self.target.path, self.target.module_name, list(self.target.sys_path))
+        return getattr(self.proc, name)
+
+    def close(self) -> str:
+        return self.proc.close() if self.proc is not None else ""
+
+
+def run_check(spec: CheckSpec, target: Target, ref, seed: int, cuda: bool, timeout: float,
+              visible_only: bool = False) -> CheckResult:
+    start = time.monotonic()
+    session = _Session(target, start + timeout)
+    t = core.Trial(session, ref, check_seed(seed, spec.name), cuda, visible_only=visible_only)
+    status = msg = None
+    try:
+        if spec.requires_cuda and not cuda:
+            status, msg = NOT_GRADED, "needs a CUDA GPU"
+        else:
+            spec.func(t)
+    except core.NotStarted as e:
+        status, msg = NOT_STARTED, str(e) or "the stub still raises NotImplementedError"
+    except LearnerGone as e:
+        status, msg = _STATUS_OF[e.kind], _gone_message(e, timeout)
+    except LearnerRaised as e:  # outside any case: importing the module, or a lookup
+        status, msg = _raised_status(e)
+    except core.CaseFailed as e:
+        t.parts.append(Part("check", 1.0, False, str(e), kind=core.WRONG))
+    except Exception as e:  # noqa: BLE001 - what the learner returned broke the check's own code
+        status = ERROR
+        msg = f"the check could not use what your code returned ({type(e).__name__}: {e})"
+    finally:
+        output = session.close()
+    seconds = round(time.monotonic() - start, 3)
+    parts = [dataclasses.asdict(p) for p in t.parts]
+    if status is None:
+        earned, status, msg = _summarise(spec, t.parts)
+    else:
+        earned = _earned(spec, t.parts) if status in (ERROR, TIMEOUT, CRASHED) else 0.0
+    return CheckResult(spec.lesson, spec.name, spec.section, spec.points, earned, status, msg, parts, output, seconds)
+
+
+def _import_failure(e: Exception, target: Target) -> tuple[str, str]:
+    what = target.label or target.path
+    if isinstance(e, LearnerGone):
+        if e.kind == "timeout":
+            return TIMEOUT, f"importing {what} did not finish ({e.detail}): is there a loop at module level?"
+        if e.kind == "signal":
+            return CRASHED, f"importing {what} crashed the interpreter: {e.detail}"
+        return ERROR, f"importing {what} ended the process: {e.detail}"
+    assert isinstance(e, LearnerRaised)
+    if e.info.get("not_implemented"):
+        return NOT_STARTED, f"{what} raises NotImplementedError when imported"
+    return ERROR, f"{what} could not be imported:\n{e.tb_text}"
+
+
+def preflight(target: Target, timeout: float = 60.0) -> tuple[str, str] | None:
+    """Scan the learner's source, then import it once in a learner process: a module that is rejected or
+    does not import fails every check the same way. Returns (status, message) or None when fine."""
+    try:
+        findings = scan.scan_file(target.path)
+    except OSError as e:
+        return ERROR, f"{target.label or target.path} could not be read: {e}"
+    if findings:
+        return REJECTED, scan.report(findings, target.label or target.path)
+    proc = LearnerProcess.start(time.monotonic() + timeout)
+    try:
+        proc.load(target.path, target.module_name, list(target.sys_path))
+    except (LearnerRaised, LearnerGone) as e:
+        return _import_failure(e, target)
+    finally:
+        proc.close()
+    return None
 
 
 def grade_lesson(stem: str, target: Target, seed: int, only: list[str] | None = None,
                  timeout_scale: float | None = None, checks_module: str | None = None,
-                 ref_module: str | None = None) -> list[CheckResult]:
-    """Grade `target` on lesson `stem`'s checks; expected values come from `ref_module`
-    (default solutions.<stem>)."""
+                 ref_module: str | None = None, visible_only: bool = False, ref=None) -> list[CheckResult]:
+    """Grade `target` on lesson `stem`'s checks; expected values come from `ref` (a module-like object)
+    or `ref_module` (default solutions.<stem>), here in the grader's process."""
     runtime.setup()
+    zygote.prepare()  # before the solutions are imported: a fork taken now holds none of them
     specs = load_checks(stem, checks_module)
     if only:
         specs = [s for s in specs if s.name in only]
     scale = timeout_scale or float(os.environ.get("COURSE_TIMEOUT_SCALE", "1"))
     cuda = runtime.cuda_available()
-    ref_module = ref_module or f"solutions.{stem}"
-    importlib.import_module(ref_module)  # children inherit the imported reference
+    if ref is None:
+        ref = importlib.import_module(ref_module or f"solutions.{stem}")
     pre = preflight(target)
     results = []
     for spec in specs:
-        if pre.kind != "ok":
-            status, msg = _import_failure(pre, target)
-            results.append(CheckResult(stem, spec.name, spec.section, spec.points, 0.0, status, msg,
-                                       output=pre.output))
+        if pre is not None:
+            results.append(CheckResult(stem, spec.name, spec.section, spec.points, 0.0, pre[0], pre[1]))
             continue
-        out = sandbox.run_isolated(_run_check, (stem, spec.name, target, check_seed(seed, spec.name),
-                                                cuda, checks_module, ref_module), timeout=spec.timeout * scale)
-        if out.kind == "ok":
-            earned, status, msg = _summarise(spec, out.value)
-            parts = out.value["parts"]
-        else:
-            earned, status, parts = 0.0, _STATUS_OF[out.kind], []
-            msg = {"timeout": f"your code is still running after {spec.timeout * scale:g} s "
-                              "(an infinite loop, or far too slow)",
-                   "signal": f"your code crashed the process: {out.detail}",
-                   "exit": _exit_message(out.detail)}[out.kind]
-        results.append(CheckResult(stem, spec.name, spec.section, spec.points, earned, status, msg,
-                                   parts, out.output, round(out.seconds, 3)))
+        results.append(run_check(spec, target, ref, seed, cuda, spec.timeout * scale, visible_only))
+    sys.stdout.flush()
     return results
-
-
-def _exit_message(detail: str) -> str:
-    if detail.startswith("SystemExit"):
-        return f"your code called sys.exit() ({detail}); return a value instead"
-    if detail.startswith("KeyboardInterrupt"):
-        return "interrupted"
-    return detail
-

@@ -1,11 +1,11 @@
-"""Device setup shared by the grader, the notebooks and the learner's modules.
+"""Device setup for the grader and the notebooks: the engine's, in one place.
 
 Triton reads TRITON_INTERPRET when a kernel is decorated (@triton.jit), so
-without CUDA it must be set before any module defining a kernel is imported.
+without CUDA it must be set before any module defining a kernel is imported;
+`reference_engine.device.ensure_triton_mode` does that (importing
+`reference_engine` calls it too, which is how lesson modules get it).
 """
 from __future__ import annotations
-
-import os
 
 
 def cuda_available() -> bool:
@@ -15,7 +15,6 @@ def cuda_available() -> bool:
 
 def setup() -> str:
     """Choose the device; on CPU switch Triton to its interpreter. Returns 'cuda' or 'cpu'."""
-    if cuda_available():
-        return "cuda"
-    os.environ["TRITON_INTERPRET"] = "1"
-    return "cpu"
+    from reference_engine.device import ensure_triton_mode
+    ensure_triton_mode(strict=False)
+    return "cuda" if cuda_available() else "cpu"

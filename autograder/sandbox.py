@@ -1,103 +1,227 @@
-"""Run one function in a child process, so learner code cannot take the grader down.
+"""The grader's side of the trust boundary: a learner process, driven by requests.
 
-On CPU the child is a fork of the grader: torch, triton and the reference are
-already imported, so a check starts in milliseconds. With CUDA initialised a
-fork is unsafe, so on a GPU machine children come from a forkserver that has
-imported torch but never touched CUDA.
+    proc = LearnerProcess.start(target_path, module_name, deadline)
+    f = proc.lookup("kv_bytes_per_token")          # a proxy; nothing of the learner's runs here
+    value, args_after = proc.call(f.ref, (cfg, 2), {}, return_args=True)
+    proc.close()                                    # kills its process group and any orphans
 
-The child's outcome is one of: a value (pickled back through a pipe), or a
-reason there is none: timeout, a signal (segfault, out-of-memory kill), or an
-exit without a result (os._exit, a C library calling exit()).
+Learner code runs only in that process (a fork of the zygote, `autograder.zygote`,
+in a session of its own, with a memory cap on CPU and its output captured to a
+file). What comes back is decoded by `autograder.wire`: plain data, tensors and
+`Handle`s to objects that stay over there. The outcomes a request can have:
+
+- a value,
+- `LearnerRaised`: the learner's code raised (type names, message, traceback
+  of the learner's frames; `not_implemented` when a stub's error is in it),
+- `LearnerGone`: no reply: "timeout" (past the check's deadline; the process
+  is killed), "signal" (a segfault, the OOM killer) or "exit" (os._exit, a C
+  library calling exit()).
 """
 from __future__ import annotations
 
-import dataclasses
-import faulthandler
-import io
-import multiprocessing as mp
 import os
-import pickle
 import select
 import signal
-import sys
+import socket
+import struct
 import tempfile
 import time
-from typing import Any, Callable
+
+from . import wire, zygote
+from .learner_side import recv_exact  # noqa: F401 - framing shared with the learner side
 
 DEFAULT_MEMORY_GB = 6.0
 _OUTPUT_LIMIT = 4000
 
 
-@dataclasses.dataclass
-class Outcome:
-    kind: str  # "ok" | "timeout" | "signal" | "exit"
-    value: Any = None
-    detail: str = ""
-    output: str = ""
-    seconds: float = 0.0
+class LearnerRaised(Exception):
+    """The learner's code raised. `info`: type, mro (class names), message, tb, not_implemented."""
+
+    def __init__(self, what: str, info: dict):
+        super().__init__(what)
+        self.what, self.info = what, info
+
+    @property
+    def tb_text(self) -> str:
+        return self.info.get("tb", "")
+
+    @property
+    def type_name(self) -> str:
+        return self.info.get("type", "")
+
+    def is_a(self, exc_type: type) -> bool:
+        return exc_type.__name__ in self.info.get("mro", [])
 
 
-def _vm_size() -> int:
-    try:
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith("VmSize:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return 0
+class LearnerGone(Exception):
+    """The learner's process gave no reply: kind is "timeout", "signal" or "exit"."""
+
+    def __init__(self, kind: str, detail: str):
+        super().__init__(f"{kind}: {detail}")
+        self.kind, self.detail = kind, detail
 
 
-def _limit_memory(extra_gb: float):
-    """Cap the address space at what the grader already maps plus `extra_gb`.
-
-    A learner allocating a 100 GiB tensor then gets a MemoryError in the child
-    instead of the machine swapping or the kernel's OOM killer picking a victim.
-    """
-    try:
-        import resource
-        cur = _vm_size()
-        if cur:
-            lim = cur + int(extra_gb * 2**30)
-            resource.setrlimit(resource.RLIMIT_AS, (lim, lim))
-    except (ImportError, ValueError, OSError):
-        pass
+_SIGNALS = {signal.SIGSEGV: "a segmentation fault (an out-of-bounds pointer or load)",
+            signal.SIGKILL: "SIGKILL, most likely the out-of-memory killer",
+            signal.SIGABRT: "an abort (a failed assertion inside a C/C++ library)",
+            signal.SIGBUS: "a bus error (a bad memory access)"}
 
 
-def _child_run(func: Callable, args: tuple, write_fd: int, memory_gb: float, capture_path: str):
-    faulthandler.disable()  # a learner's segfault is reported by the parent, not dumped to its tty
-    # Learner prints go to a file, not the parent's terminal or a notebook's zmq socket.
-    out = open(capture_path, "w+b", buffering=0)
-    os.dup2(out.fileno(), 1)
-    os.dup2(out.fileno(), 2)
-    sys.stdout = sys.stderr = io.TextIOWrapper(open(1, "wb", buffering=0, closefd=False),
-                                               write_through=True)
-    try:
-        import torch
-        torch.set_num_threads(1)  # a forked child must not reuse the parent's thread pool
-    except Exception:  # noqa: BLE001
-        pass
-    _limit_memory(memory_gb)
-    try:
-        payload = ("ok", func(*args))
-    except BaseException as e:  # noqa: BLE001 - the child reports everything
-        payload = ("raised", f"{type(e).__name__}: {e}")
-    try:
-        data = pickle.dumps(payload)
-    except Exception as e:  # noqa: BLE001
-        data = pickle.dumps(("raised", f"result could not be sent back: {e}"))
-    view = memoryview(data)
-    while view:
-        n = os.write(write_fd, view)
-        view = view[n:]
-    os.close(write_fd)
-
-
-def _signal_name(sig: int) -> str:
+def _signal_text(sig: int) -> str:
+    if sig in _SIGNALS:
+        return _SIGNALS[sig]
     try:
         return signal.Signals(sig).name
     except ValueError:
         return f"signal {sig}"
+
+
+def _device_map(device: str) -> str:
+    import torch
+    return "cuda" if device == "cuda" and torch.cuda.is_available() else "cpu"
+
+
+def _use_memory_cap() -> bool:
+    import sys
+    torch = sys.modules.get("torch")
+    # CUDA reserves huge virtual ranges: an address-space cap would break it.
+    return not (torch is not None and torch.cuda.is_available())
+
+
+class LearnerProcess:
+    """One learner process, serving one check."""
+
+    def __init__(self, pid: int, sock: socket.socket, capture: str, zyg: zygote.Zygote, deadline: float):
+        self.pid, self.sock, self.capture, self.zygote = pid, sock, capture, zyg
+        self.deadline = deadline
+        self.closed = False
+        self.output = ""
+
+    @classmethod
+    def start(cls, deadline: float, memory_gb: float = DEFAULT_MEMORY_GB) -> "LearnerProcess":
+        zyg = zygote.get()
+        fd, capture = tempfile.mkstemp(prefix="course-check-", suffix=".out")
+        os.close(fd)
+        mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        spec = {"capture": capture, "memory_gb": memory_gb if _use_memory_cap() else 0}
+        try:
+            pid = zyg.spawn(theirs.fileno(), spec)
+        finally:
+            theirs.close()
+        return cls(pid, mine, capture, zyg, deadline)
+
+    # -- requests ------------------------------------------------------------------------------
+    def request(self, req: dict, what: str = "your code"):
+        """Send a request; return the decoded `ok` value, or raise LearnerRaised / LearnerGone."""
+        if self.closed:
+            raise LearnerGone("exit", "the learner process has already ended")
+        data = wire.encode(req)
+        try:
+            self.sock.sendall(struct.pack("<Q", len(data)) + data)
+        except OSError:
+            raise self._gone() from None
+        reply = self._read()
+        try:
+            msg = wire.decode(reply, device_map=_device_map)
+        except wire.WireError as e:
+            raise LearnerRaised(what, {"type": "WireError", "mro": ["WireError"], "not_implemented": False,
+                                       "message": str(e), "tb": f"the reply could not be read: {e}"}) from None
+        if type(msg) is not dict:
+            raise LearnerRaised(what, {"type": "WireError", "mro": [], "not_implemented": False,
+                                       "message": "malformed reply", "tb": "malformed reply"})
+        if "raised" in msg and type(msg["raised"]) is dict:
+            info = {k: msg["raised"].get(k) for k in ("type", "mro", "message", "tb", "not_implemented")}
+            info["mro"] = [str(x) for x in (info["mro"] or []) if type(x) is str]
+            info["tb"] = str(info["tb"] or "")
+            info["type"] = str(info["type"] or "")
+            info["not_implemented"] = info["not_implemented"] is True
+            raise LearnerRaised(what, info)
+        if "error" in msg:
+            raise RuntimeError(f"the grader sent a bad request: {msg['error']}")
+        return msg.get("ok")
+
+    def _read(self) -> bytes:
+        head = self._read_exact(8)
+        (n,) = struct.unpack("<Q", head)
+        if n > wire.MAX_MESSAGE + (1 << 20):
+            self.kill()
+            raise LearnerGone("exit", "the reply was larger than the grader accepts")
+        return self._read_exact(n)
+
+    def _read_exact(self, n: int) -> bytes:
+        buf = bytearray()
+        while len(buf) < n:
+            left = self.deadline - time.monotonic()
+            if left <= 0:
+                self.kill()
+                raise LearnerGone("timeout", "still running at the check's time limit")
+            ready, _, _ = select.select([self.sock], [], [], left)
+            if not ready:
+                continue
+            try:
+                chunk = self.sock.recv(min(n - len(buf), 1 << 20))
+            except OSError:
+                chunk = b""
+            if not chunk:
+                raise self._gone()
+            buf += chunk
+        return bytes(buf)
+
+    def _gone(self) -> LearnerGone:
+        status = self.zygote.wait(self.pid, timeout=2.0)
+        if status.get("kind") == "signal":
+            return LearnerGone("signal", _signal_text(int(status["signal"])))
+        if status.get("kind") == "exit":
+            return LearnerGone("exit", f"the process exited with code {status['code']} before returning "
+                                       "(os._exit, or a library calling exit())")
+        self.kill()
+        return LearnerGone("exit", "the learner process closed its connection")
+
+    # -- operations -------------------------------------------------------------------------------
+    def load(self, path: str, name: str, sys_path: list[str] | None = None):
+        return self.request({"op": "load", "path": path, "name": name, "sys_path": sys_path or []},
+                            what=f"importing {os.path.basename(path)}")
+
+    def lookup(self, name: str) -> dict | None:
+        return self.request({"op": "lookup", "name": name}, what=name)
+
+    def call(self, fn, args: tuple, kwargs: dict, what: str, return_args: bool = False):
+        """Call `fn` (a LearnerRef, Handle or MethodRef) over there. Returns (value, args, kwargs)."""
+        out = self.request({"op": "call", "fn": fn, "args": list(args), "kwargs": dict(kwargs),
+                            "return_args": return_args}, what=what)
+        return out["value"], out.get("args"), out.get("kwargs")
+
+    def getattr(self, handle: wire.Handle, attr: str, what: str):
+        return self.request({"op": "getattr", "obj": handle, "attr": attr}, what=what)["value"]
+
+    def harness(self, fn: str, args: tuple, kwargs: dict, what: str):
+        return self.request({"op": "harness", "fn": fn, "args": list(args), "kwargs": dict(kwargs)},
+                            what=what)["value"]
+
+    # -- the end -----------------------------------------------------------------------------------
+    def kill(self):
+        for kill in (os.killpg, os.kill):
+            try:
+                kill(self.pid, signal.SIGKILL)
+            except OSError:
+                pass
+
+    def close(self) -> str:
+        """End the process and everything it started; return its captured output."""
+        if self.closed:
+            return self.output
+        self.closed = True
+        try:
+            self.sock.close()
+        except OSError:
+            pass
+        self.kill()
+        try:
+            self.zygote.cleanup()
+        except (OSError, RuntimeError):
+            pass
+        self.output = _read_capture(self.capture)
+        return self.output
 
 
 def _read_capture(path: str) -> str:
@@ -115,118 +239,21 @@ def _read_capture(path: str) -> str:
 
 
 def use_fork() -> bool:
-    """Fork unless CUDA has been initialised in this process (or the platform has no fork).
+    """Whether the zygote can be a fork of this process (else it is a fresh interpreter)."""
+    return zygote.can_fork_clean()
 
-    COURSE_ISOLATION=forkserver forces the GPU path, so it can be tested without a GPU.
+
+def run_harness(fn: str, args: tuple = (), timeout: float = 60.0):
+    """Run trusted function `fn` ("module:qualname") in a learner process; for self-tests.
+
+    Returns (kind, value or detail, output) with kind "ok", "raised", "timeout", "signal" or "exit".
     """
-    if not hasattr(os, "fork") or os.environ.get("COURSE_ISOLATION") == "forkserver":
-        return False
-    torch = sys.modules.get("torch")
-    return not (torch is not None and torch.cuda.is_initialized())
-
-
-def run_isolated(func: Callable, args: tuple = (), timeout: float = 10.0,
-                 memory_gb: float = DEFAULT_MEMORY_GB) -> Outcome:
-    """Run func(*args) in a child process and report what happened."""
-    if not use_fork():
-        return _run_forkserver(func, args, timeout, memory_gb)
-    fd, capture = tempfile.mkstemp(prefix="course-check-", suffix=".out")
-    os.close(fd)
-    read_fd, write_fd = os.pipe()
-    start = time.perf_counter()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    pid = os.fork()
-    if pid == 0:  # child
-        os.close(read_fd)
-        try:
-            _child_run(func, args, write_fd, memory_gb, capture)
-        finally:
-            os._exit(0)
-    os.close(write_fd)
-    chunks, deadline, timed_out = [], start + timeout, False
-    while True:
-        left = deadline - time.perf_counter()
-        if left <= 0:
-            timed_out = True
-            break
-        ready, _, _ = select.select([read_fd], [], [], left)
-        if not ready:
-            continue
-        chunk = os.read(read_fd, 1 << 16)
-        if not chunk:
-            break
-        chunks.append(chunk)
-    os.close(read_fd)
-    if timed_out:
-        os.kill(pid, signal.SIGKILL)
-    _, status = os.waitpid(pid, 0)
-    seconds = time.perf_counter() - start
-    output = _read_capture(capture)
-    if timed_out:
-        return Outcome("timeout", detail=f"still running after {timeout:g} s", output=output,
-                       seconds=seconds)
-    if os.WIFSIGNALED(status):
-        sig = os.WTERMSIG(status)
-        why = {signal.SIGSEGV: "a segmentation fault (an out-of-bounds pointer or load)",
-               signal.SIGKILL: "SIGKILL, most likely the out-of-memory killer",
-               signal.SIGABRT: "an abort (a failed assertion inside a C/C++ library)"}
-        return Outcome("signal", detail=why.get(sig, _signal_name(sig)), output=output,
-                       seconds=seconds)
-    data = b"".join(chunks)
-    if not data:
-        code = os.WEXITSTATUS(status)
-        return Outcome("exit", detail=f"the process exited with code {code} before returning "
-                       "(os._exit or a library calling exit())", output=output, seconds=seconds)
-    kind, value = pickle.loads(data)
-    if kind == "raised":
-        return Outcome("exit", detail=value, output=output, seconds=seconds)
-    return Outcome("ok", value=value, output=output, seconds=seconds)
-
-
-def _run_forkserver(func, args, timeout, memory_gb) -> Outcome:
-    """GPU path: a forkserver (clean of CUDA) forks a child that may initialise CUDA itself.
-
-    No address-space cap here: CUDA reserves huge virtual ranges and would fail under one.
-    """
-    ctx = mp.get_context("forkserver")
-    ctx.set_forkserver_preload(["torch", "autograder.runner"])
-    fd, capture = tempfile.mkstemp(prefix="course-check-", suffix=".out")
-    os.close(fd)
-    parent, child = ctx.Pipe(duplex=False)
-    start = time.perf_counter()
-    proc = ctx.Process(target=_child_entry_spawned, args=(func, args, child, memory_gb, capture))
-    proc.start()
-    child.close()
-    got = parent.poll(timeout)
-    seconds = time.perf_counter() - start
-    if not got:
-        proc.kill()
-        proc.join()
-        return Outcome("timeout", detail=f"still running after {timeout:g} s",
-                       output=_read_capture(capture), seconds=seconds)
+    proc = LearnerProcess.start(time.monotonic() + timeout)
     try:
-        kind, value = parent.recv()
-    except EOFError:
-        proc.join()
-        code = proc.exitcode or 0
-        detail = (f"killed by {_signal_name(-code)}" if code < 0 else
-                  f"the process exited with code {code} before returning")
-        return Outcome("signal" if code < 0 else "exit", detail=detail,
-                       output=_read_capture(capture), seconds=seconds)
-    proc.join()
-    if kind == "raised":
-        return Outcome("exit", detail=value, output=_read_capture(capture), seconds=seconds)
-    return Outcome("ok", value=value, output=_read_capture(capture), seconds=seconds)
-
-
-def _child_entry_spawned(func, args, conn, memory_gb, capture):
-    out = open(capture, "w+b", buffering=0)
-    os.dup2(out.fileno(), 1)
-    os.dup2(out.fileno(), 2)
-    try:
-        payload = ("ok", func(*args))
-    except BaseException as e:  # noqa: BLE001
-        payload = ("raised", f"{type(e).__name__}: {e}")
-    conn.send(payload)
-    conn.close()
+        return "ok", proc.harness(fn, args, {}, what=fn), proc.close()
+    except LearnerRaised as e:
+        return "raised", e.tb_text, proc.close()
+    except LearnerGone as e:
+        return e.kind, e.detail, proc.close()
+    finally:
+        proc.close()

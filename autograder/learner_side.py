@@ -1,0 +1,253 @@
+"""The learner's side of the trust boundary: the process that runs learner code for one check.
+
+It is forked from the zygote (`autograder.zygote`), a process that never imported
+`solutions/` and holds no expected value, and it serves requests from the grader
+over a socket: load the learner's module, call a function or a method, read an
+attribute, or run a trusted harness function (the engine with a learner's policy
+plugged in). Every reply is plain data (`autograder.wire`); objects that are not
+data stay here and the grader gets a `Handle` to them.
+
+Nothing here is trusted by the grader: learner code can patch this module, and the
+grader judges only the data it receives.
+"""
+from __future__ import annotations
+
+import faulthandler
+import importlib
+import importlib.abc
+import importlib.util
+import io
+import os
+import socket
+import struct
+import sys
+import traceback
+
+from . import wire
+
+_PKG_DIR = os.path.dirname(os.path.abspath(__file__))
+_BLOCKED = ("solutions",)
+
+
+class _SolutionsBlocker(importlib.abc.MetaPathFinder):
+    """Refuse to import the reference solutions in a learner process."""
+
+    def find_spec(self, fullname, path=None, target=None):
+        if fullname.split(".")[0] in _BLOCKED:
+            raise ImportError(f"`{fullname}` cannot be imported while your code is graded: the solutions "
+                              "are not part of your course copy")
+        return None
+
+
+# -- framing -------------------------------------------------------------------------------------
+
+def send_msg(sock: socket.socket, data: bytes):
+    sock.sendall(struct.pack("<Q", len(data)) + data)
+
+
+def recv_exact(sock: socket.socket, n: int) -> bytes | None:
+    buf = bytearray()
+    while len(buf) < n:
+        chunk = sock.recv(min(n - len(buf), 1 << 20))
+        if not chunk:
+            return None
+        buf += chunk
+    return bytes(buf)
+
+
+def recv_msg(sock: socket.socket) -> bytes | None:
+    head = recv_exact(sock, 8)
+    if head is None:
+        return None
+    (n,) = struct.unpack("<Q", head)
+    return recv_exact(sock, n)
+
+
+# -- errors ----------------------------------------------------------------------------------------
+
+def learner_traceback(exc: BaseException) -> str:
+    """The traceback without the grader's own frames: learners debug their code, not ours."""
+    frames = [f for f in traceback.extract_tb(exc.__traceback__) if not f.filename.startswith(_PKG_DIR)]
+    lines = traceback.format_list(frames[-6:])
+    lines += traceback.format_exception_only(type(exc), exc)
+    return "".join(lines).rstrip()
+
+
+def _chain(exc: BaseException):
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        yield exc
+        exc = exc.__cause__ or exc.__context__
+
+
+def describe_exception(exc: BaseException) -> dict:
+    try:
+        message = str(exc)[:4000]
+    except Exception:  # noqa: BLE001 - a learner's exception whose __str__ raises
+        message = "(its message could not be printed)"
+    try:
+        tb = learner_traceback(exc)
+    except Exception:  # noqa: BLE001
+        tb = f"{type(exc).__name__}: {message}"
+    return {"type": type(exc).__name__, "mro": [c.__name__ for c in type(exc).__mro__],
+            "message": message, "tb": tb[-6000:],
+            "not_implemented": any(isinstance(e, NotImplementedError) for e in _chain(exc))}
+
+
+# -- the server --------------------------------------------------------------------------------------
+
+class Server:
+    def __init__(self, sock: socket.socket):
+        self.sock = sock
+        self.module = None
+        self.objects: dict[int, object] = {}
+        self.ids: dict[int, int] = {}   # id(obj) -> handle id, so one object keeps one handle
+
+    # handles
+    def to_handle(self, obj) -> wire.Handle:
+        hid = self.ids.get(id(obj))
+        if hid is None:
+            hid = len(self.objects) + 1
+            self.objects[hid] = obj
+            self.ids[id(obj)] = hid
+        return wire.Handle(hid, type(obj).__name__, callable(obj))
+
+    def resolve(self, ref):
+        if isinstance(ref, wire.Handle):
+            return self.objects[ref.id]
+        if isinstance(ref, wire.MethodRef):
+            return getattr(self.objects[ref.handle], ref.attr)
+        if isinstance(ref, wire.LearnerRef):
+            return getattr(self.module, ref.name)
+        raise wire.WireError(f"cannot resolve {ref!r}")
+
+    def rebuild(self, kind: str, cls_name: str, values):
+        """A NamedTuple or dataclass sent by the grader becomes the learner module's class of that name."""
+        cls = getattr(self.module, cls_name, None)
+        if isinstance(cls, type):
+            try:
+                return cls(*values) if kind == "namedtuple" else cls(**values)
+            except Exception:  # noqa: BLE001 - a changed class: send the plain values
+                pass
+        return values if kind == "namedtuple" else wire.Record(cls_name, values)
+
+    def encode(self, value) -> bytes:
+        return wire.encode(value, on_object=self.to_handle)
+
+    # ops
+    def op_load(self, req):
+        name, path = req["name"], req["path"]
+        for p in req.get("sys_path", []):
+            if p not in sys.path:
+                sys.path.insert(0, p)
+        spec = importlib.util.spec_from_file_location(name, path)
+        mod = importlib.util.module_from_spec(spec)
+        sys.modules[name] = mod
+        spec.loader.exec_module(mod)
+        self.module = mod
+        return {"file": path}
+
+    def op_lookup(self, req):
+        if not hasattr(self.module, req["name"]):
+            return None
+        obj = getattr(self.module, req["name"])
+        return {"type": type(obj).__name__, "callable": callable(obj), "class": isinstance(obj, type)}
+
+    def op_call(self, req):
+        fn = req["fn"]
+        args, kwargs = req.get("args", []), req.get("kwargs", {})
+        out = fn(*args, **kwargs)
+        reply = {"value": out}
+        if req.get("return_args"):
+            reply["args"] = list(args)
+            reply["kwargs"] = dict(kwargs)
+        return reply
+
+    def op_getattr(self, req):
+        obj = req["obj"]
+        value = getattr(obj, req["attr"])
+        if callable(value) and not isinstance(value, type) and hasattr(value, "__self__"):
+            return {"value": wire.MethodRef(self.to_handle(obj).id, req["attr"])}
+        return {"value": value}
+
+    def op_harness(self, req):
+        modname, _, qual = req["fn"].partition(":")
+        if not modname.startswith(("autograder.", "reference_engine.")):
+            raise ValueError(f"not a harness function: {req['fn']}")
+        fn = importlib.import_module(modname)
+        for part in qual.split("."):
+            fn = getattr(fn, part)
+        return {"value": fn(*req.get("args", []), **req.get("kwargs", {}))}
+
+    def serve(self):
+        while True:
+            data = recv_msg(self.sock)
+            if data is None:
+                return
+            try:
+                req = wire.decode(data, device_map=_device_map, resolve=self.resolve, rebuild=self.rebuild)
+                op = getattr(self, "op_" + req["op"])
+            except BaseException as e:  # noqa: BLE001
+                send_msg(self.sock, wire.encode({"error": f"bad request: {type(e).__name__}: {e}"}))
+                continue
+            try:
+                reply = {"ok": op(req)}
+            except BaseException as e:  # noqa: BLE001 - the learner's code may raise anything, SystemExit too
+                reply = {"raised": describe_exception(e)}
+            try:
+                out = self.encode(reply)
+            except BaseException as e:  # noqa: BLE001
+                out = wire.encode({"raised": {
+                    "type": "WireError", "mro": ["WireError"], "not_implemented": False,
+                    "message": f"what your code returned cannot be sent to the grader: {e}",
+                    "tb": f"what your code returned cannot be sent to the grader: {e}"}})
+            send_msg(self.sock, out)
+
+
+def _device_map(device: str) -> str:
+    if device == "cuda":
+        import torch
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return "cpu"
+
+
+def _limit_memory(extra_gb: float):
+    """Cap the address space at what is mapped now plus `extra_gb`: a 100 GiB allocation becomes a
+    MemoryError in this process instead of the machine swapping or the OOM killer picking a victim."""
+    try:
+        import resource
+        with open("/proc/self/status") as f:
+            cur = next((int(line.split()[1]) * 1024 for line in f if line.startswith("VmSize:")), 0)
+        if cur:
+            lim = cur + int(extra_gb * 2**30)
+            resource.setrlimit(resource.RLIMIT_AS, (lim, lim))
+    except (ImportError, ValueError, OSError, StopIteration):
+        pass
+
+
+def child_main(sock: socket.socket, spec: dict):
+    """Entry of a learner process (forked from the zygote, in a session of its own)."""
+    try:
+        os.setsid()  # its own process group: the grader kills the whole group when the check ends
+    except OSError:
+        pass
+    faulthandler.disable()  # a segfault is reported by the grader, not dumped to a terminal
+    out = os.open(spec["capture"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    os.dup2(out, 1)
+    os.dup2(out, 2)
+    os.close(out)
+    sys.stdout = sys.stderr = io.TextIOWrapper(open(1, "wb", buffering=0, closefd=False), write_through=True)
+    sys.stdin = open(os.devnull)
+    os.environ["COURSE_LEARNER_PROCESS"] = "1"
+    sys.meta_path.insert(0, _SolutionsBlocker())
+    for name in [m for m in sys.modules if m.split(".")[0] in _BLOCKED]:
+        del sys.modules[name]
+    try:
+        import torch
+        torch.set_num_threads(1)  # a forked child must not reuse the parent's thread pool
+    except Exception:  # noqa: BLE001
+        pass
+    if spec.get("memory_gb"):
+        _limit_memory(spec["memory_gb"])
+    Server(sock).serve()

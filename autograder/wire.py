@@ -1,0 +1,294 @@
+"""Plain data across the trust boundary, without pickle.
+
+Whatever learner code returns travels from its process to the grader as JSON
+plus raw tensor bytes, and is rebuilt on the grader's side from exact builtin
+types only: an `int` subclass whose `__eq__` lies arrives as a plain `int`, a
+tensor subclass as a plain `torch.Tensor`, and nothing in a message can run
+code when it is decoded (which a pickle can).
+
+A message is: 8-byte header length, a JSON header, then the tensors' bytes.
+
+    encode(value) -> bytes          decode(bytes) -> value
+
+Supported: None, bool, int, float (NaN and infinities too), str, bytes, list,
+tuple, dict (any supported hashable keys), torch.Tensor (any dtype, bf16 and
+fp8 included, device recorded), numpy arrays and scalars, NamedTuples (sent as
+tuples), dataclass instances (sent as `Record`s), and references to objects
+that stay on the other side (`Handle`, `LearnerRef`, see `autograder.sandbox`).
+Anything else is refused with `WireError` unless `on_object` maps it to a handle.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import struct
+from typing import Any, Callable
+
+import torch
+
+MAX_MESSAGE = 1 << 30  # a learner returning 10 GB of data gets an error, not a swapping grader
+_MAX_DEPTH = 64
+
+
+class WireError(ValueError):
+    """A value that cannot cross the boundary, or a message that is not well-formed."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Record:
+    """A dataclass instance that crossed the boundary: its class name and its fields, as data.
+
+    Attribute access reads the fields (`r.time_s`); two records are equal when their class
+    names and fields are. Built from exact types only, so it cannot lie.
+    """
+    cls: str
+    fields: dict
+
+    def __getattr__(self, name):
+        fields = object.__getattribute__(self, "fields")
+        if name in fields:
+            return fields[name]
+        raise AttributeError(f"{object.__getattribute__(self, 'cls')} has no field {name!r}")
+
+    def __hash__(self):
+        return hash((self.cls, tuple(self.fields)))
+
+
+@dataclasses.dataclass(frozen=True)
+class Handle:
+    """An object that lives in the learner's process (a policy, an allocator): an id and a type name."""
+    id: int
+    type: str
+    callable: bool = False
+
+
+@dataclasses.dataclass(frozen=True)
+class MethodRef:
+    """A bound method of a handle's object: `handle.attr`."""
+    handle: int
+    attr: str
+
+
+@dataclasses.dataclass(frozen=True)
+class LearnerRef:
+    """A top-level name of the learner's module (a function or a class), resolved on the learner side."""
+    name: str
+
+
+_DTYPES = {str(d): d for d in (torch.float64, torch.float32, torch.float16, torch.bfloat16, torch.int64,
+                               torch.int32, torch.int16, torch.int8, torch.uint8, torch.bool,
+                               torch.complex64, torch.complex128)}
+for _name in ("float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz"):
+    if hasattr(torch, _name):
+        _DTYPES[str(getattr(torch, _name))] = getattr(torch, _name)
+
+
+def _float(x: float):
+    if math.isfinite(x):
+        return x
+    return {"$t": "float", "v": "nan" if math.isnan(x) else ("inf" if x > 0 else "-inf")}
+
+
+class _Encoder:
+    def __init__(self, on_object: Callable[[Any], Any] | None):
+        self.blobs: list[bytes] = []
+        self.size = 0
+        self.on_object = on_object
+
+    def blob(self, data: bytes) -> dict:
+        self.size += len(data)
+        if self.size > MAX_MESSAGE:
+            raise WireError(f"more than {MAX_MESSAGE >> 20} MiB of data")
+        self.blobs.append(data)
+        return {"i": len(self.blobs) - 1, "n": len(data)}
+
+    def enc(self, x, depth: int = 0):
+        if depth > _MAX_DEPTH:
+            raise WireError("nested too deeply (a cycle?)")
+        d = depth + 1
+        # bool before int (bool is an int); exact-type tests first: subclasses are rebuilt below.
+        if x is None or type(x) in (bool, str):
+            return x
+        if isinstance(x, bool):
+            return bool(x)
+        if isinstance(x, int):
+            return int.__index__(x) if type(x) is not int else x
+        if isinstance(x, float):
+            return _float(float.__float__(x))
+        if isinstance(x, str):
+            return str.__str__(x)
+        if isinstance(x, (bytes, bytearray)):
+            return {"$t": "bytes", **self.blob(bytes(x))}
+        if isinstance(x, complex):
+            return {"$t": "complex", "re": _float(x.real), "im": _float(x.imag)}
+        if isinstance(x, torch.Tensor):
+            return self.tensor(x)
+        if isinstance(x, (Handle, MethodRef, LearnerRef)):
+            return {"$t": type(x).__name__, **dataclasses.asdict(x)}
+        if isinstance(x, Record):
+            return {"$t": "record", "cls": x.cls, "fields": self.enc(dict(x.fields), d)}
+        np = _numpy()
+        if np is not None and isinstance(x, np.generic):
+            return self.enc(x.item(), d)
+        if np is not None and isinstance(x, np.ndarray):
+            if x.dtype == object:
+                return self.enc(x.tolist(), d)
+            return {"$t": "ndarray", "dtype": x.dtype.str, "shape": list(x.shape),
+                    **self.blob(np.ascontiguousarray(x).tobytes())}
+        if isinstance(x, tuple) and hasattr(type(x), "_fields"):  # a NamedTuple: its values
+            return {"$t": "namedtuple", "cls": type(x).__name__,
+                    "v": [self.enc(v, d) for v in tuple.__iter__(x)]}
+        if isinstance(x, tuple):
+            return {"$t": "tuple", "v": [self.enc(v, d) for v in tuple.__iter__(x)]}
+        if isinstance(x, list):
+            return [self.enc(v, d) for v in list.__iter__(x)]
+        if isinstance(x, dict):
+            return {"$t": "dict", "v": [[self.enc(k, d), self.enc(v, d)] for k, v in dict.items(x)]}
+        if isinstance(x, (set, frozenset)):
+            return {"$t": "set", "v": [self.enc(v, d) for v in x]}
+        if dataclasses.is_dataclass(x) and not isinstance(x, type):
+            fields = {f.name: getattr(x, f.name) for f in dataclasses.fields(x)}
+            return {"$t": "record", "cls": type(x).__name__, "fields": self.enc(fields, d)}
+        if self.on_object is not None:
+            return self.enc(self.on_object(x), d)
+        raise WireError(f"a {type(x).__name__} cannot be sent as data")
+
+    def tensor(self, x: torch.Tensor) -> dict:
+        t = torch.Tensor.detach(x)
+        dtype = str(t.dtype)
+        if dtype not in _DTYPES:
+            raise WireError(f"tensors of dtype {dtype} are not supported")
+        device = t.device.type
+        t = t.to("cpu").contiguous()
+        raw = t.reshape(-1).view(torch.uint8) if t.numel() and t.dtype != torch.bool else t.reshape(-1)
+        data = raw.numpy().tobytes() if t.numel() else b""
+        return {"$t": "tensor", "dtype": dtype, "shape": list(t.shape), "device": device, **self.blob(data)}
+
+
+def _numpy():
+    try:
+        import numpy
+        return numpy
+    except ImportError:  # pragma: no cover - numpy is a dependency
+        return None
+
+
+def encode(value, on_object: Callable[[Any], Any] | None = None) -> bytes:
+    """Serialise `value` as a message. `on_object(x)` may turn an unsupported object into a Handle."""
+    e = _Encoder(on_object)
+    header = json.dumps(e.enc(value), allow_nan=False, separators=(",", ":")).encode()
+    return struct.pack("<Q", len(header)) + header + b"".join(e.blobs)
+
+
+class _Decoder:
+    def __init__(self, blobs: list[bytes], device_map: Callable[[str], str] | None,
+                 resolve: Callable[[Any], Any] | None, rebuild: Callable[[str, str, Any], Any] | None):
+        self.blobs, self.device_map, self.resolve, self.rebuild = blobs, device_map, resolve, rebuild
+
+    def dec(self, x):
+        if x is None or type(x) in (bool, int, float, str):
+            return x
+        if type(x) is list:
+            return [self.dec(v) for v in x]
+        if type(x) is not dict or "$t" not in x:
+            raise WireError("malformed message")
+        tag = x["$t"]
+        if tag == "float":
+            return {"nan": math.nan, "inf": math.inf, "-inf": -math.inf}[x["v"]]
+        if tag == "complex":
+            return complex(self.dec(x["re"]), self.dec(x["im"]))
+        if tag == "namedtuple":
+            values = tuple(self.dec(v) for v in x["v"])
+            return self.rebuild("namedtuple", str(x["cls"]), values) if self.rebuild else values
+        if tag == "tuple":
+            return tuple(self.dec(v) for v in x["v"])
+        if tag == "set":
+            return {self.dec(v) for v in x["v"]}
+        if tag == "dict":
+            return {self.dec(k): self.dec(v) for k, v in x["v"]}
+        if tag == "bytes":
+            return self.blobs[x["i"]]
+        if tag == "tensor":
+            return self.tensor(x)
+        if tag == "ndarray":
+            np = _numpy()
+            arr = np.frombuffer(self.blobs[x["i"]], dtype=np.dtype(str(x["dtype"]))).copy()
+            return arr.reshape([int(s) for s in x["shape"]])
+        if tag == "record":
+            fields = self.dec(x["fields"])
+            if type(fields) is not dict:
+                raise WireError("malformed record")
+            if self.rebuild:
+                return self.rebuild("record", str(x["cls"]), fields)
+            return Record(str(x["cls"]), fields)
+        if tag in ("Handle", "MethodRef", "LearnerRef"):
+            cls = {"Handle": Handle, "MethodRef": MethodRef, "LearnerRef": LearnerRef}[tag]
+            obj = cls(**{f.name: x[f.name] for f in dataclasses.fields(cls)})
+            return self.resolve(obj) if self.resolve else obj
+        raise WireError(f"unknown tag {tag!r}")
+
+    def tensor(self, x: dict) -> torch.Tensor:
+        dtype = _DTYPES.get(x["dtype"])
+        if dtype is None:
+            raise WireError(f"unknown dtype {x['dtype']!r}")
+        shape = [int(s) for s in x["shape"]]
+        if any(s < 0 for s in shape):
+            raise WireError("negative tensor dimension")
+        data = self.blobs[x["i"]]
+        n = math.prod(shape)
+        size = torch.empty((), dtype=dtype).element_size()
+        if len(data) != n * size:
+            raise WireError(f"tensor of shape {shape} and dtype {dtype} with {len(data)} bytes")
+        if n == 0:
+            t = torch.empty(shape, dtype=dtype)
+        elif dtype == torch.bool:
+            t = torch.frombuffer(bytearray(data), dtype=torch.uint8).to(torch.bool).reshape(shape)
+        else:
+            t = torch.frombuffer(bytearray(data), dtype=torch.uint8).view(dtype).reshape(shape)
+        device = self.device_map(x.get("device", "cpu")) if self.device_map else "cpu"
+        return t if device == "cpu" else t.to(device)
+
+
+def decode(message: bytes, device_map: Callable[[str], str] | None = None,
+           resolve: Callable[[Any], Any] | None = None, rebuild: Callable[[str, str, Any], Any] | None = None):
+    """Rebuild a value from `encode`'s bytes using exact builtin types, torch tensors and Records.
+
+    `device_map(device)` says where a tensor goes (default: CPU); `resolve(ref)` turns Handles,
+    MethodRefs and LearnerRefs into objects, and `rebuild(kind, class_name, values)` NamedTuples and
+    Records into the learner module's own classes (the learner's side uses both).
+    """
+    if len(message) < 8:
+        raise WireError("truncated message")
+    (n,) = struct.unpack("<Q", message[:8])
+    if n > len(message) - 8:
+        raise WireError("truncated message")
+    try:
+        header = json.loads(message[8:8 + n])
+    except (ValueError, UnicodeDecodeError) as e:
+        raise WireError(f"malformed message: {e}") from None
+    blobs, pos = [], 8 + n
+    _collect(header, blobs_spec := [])
+    for i, size in sorted(blobs_spec):
+        if i != len(blobs):
+            raise WireError("malformed blob table")
+        blobs.append(message[pos:pos + size])
+        pos += size
+    if pos != len(message):
+        raise WireError("message length does not match its blobs")
+    return _Decoder(blobs, device_map, resolve, rebuild).dec(header)
+
+
+def _collect(x, out: list):
+    """The (index, size) of every blob a header refers to."""
+    if type(x) is list:
+        for v in x:
+            _collect(v, out)
+    elif type(x) is dict:
+        if x.get("$t") in ("tensor", "ndarray", "bytes"):
+            if type(x.get("i")) is not int or type(x.get("n")) is not int or x["n"] < 0:
+                raise WireError("malformed blob reference")
+            out.append((x["i"], x["n"]))
+        for v in x.values():
+            if type(v) in (list, dict):
+                _collect(v, out)

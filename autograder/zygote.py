@@ -1,0 +1,302 @@
+"""The zygote: a process that never imported the solutions, forked once per check to run learner code.
+
+A learner process forked straight from the grader would inherit everything the
+grader holds: the imported `solutions` modules, expected values in memory. So
+learner processes come from a zygote instead, a process with torch, triton and
+the engine imported (so a check starts in milliseconds) but no solutions:
+
+- on CPU, when nothing under `solutions` has been imported yet (`course check`,
+  a notebook), the zygote is a fork of the grader taken before it imports them;
+- otherwise (a test session that imported them, or CUDA already initialised in
+  the grader, where forking is unsafe) it is a fresh interpreter,
+  `python -m autograder.zygote FD`, that imports torch but never touches CUDA.
+
+The grader talks to it over a Unix socket: `spawn` (with the socket the learner
+process will serve on, passed as a file descriptor), `wait` (its exit status),
+and `cleanup` (kill it and every process it left behind). The zygote is a child
+subreaper (Linux), so processes the learner starts and orphans end up as its
+children and cannot outlive the check.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import time
+
+_PR_SET_CHILD_SUBREAPER = 36
+
+
+def _become_subreaper():
+    try:
+        import ctypes
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+    except Exception:  # noqa: BLE001 - not Linux: the process group kill still applies
+        pass
+
+
+def _children_of(pid: int) -> list[int]:
+    out = []
+    try:
+        names = os.listdir("/proc")
+    except OSError:
+        return out
+    for name in names:
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        fields = stat[stat.rfind(")") + 2:].split()
+        if len(fields) > 1 and int(fields[1]) == pid:
+            out.append(int(name))
+    return out
+
+
+def _kill_all_children():
+    """SIGKILL every child (check processes and the orphans reparented to us), until none is left."""
+    me = os.getpid()
+    for _ in range(50):
+        kids = _children_of(me)
+        if not kids:
+            break
+        for pid in kids:
+            for kill in (lambda p: os.killpg(p, signal.SIGKILL), lambda p: os.kill(p, signal.SIGKILL)):
+                try:
+                    kill(pid)
+                except OSError:
+                    pass
+        _reap(block_for=0.2)
+    _reap(block_for=0)
+
+
+def _reap(block_for: float):
+    end = time.monotonic() + block_for
+    while True:
+        try:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            if time.monotonic() >= end:
+                return
+            time.sleep(0.005)
+
+
+def _status(pid: int, timeout: float) -> dict:
+    end = time.monotonic() + timeout
+    while True:
+        try:
+            got, status = os.waitpid(pid, os.WNOHANG)
+        except ChildProcessError:
+            return {"kind": "gone"}
+        if got:
+            if os.WIFSIGNALED(status):
+                return {"kind": "signal", "signal": os.WTERMSIG(status)}
+            return {"kind": "exit", "code": os.WEXITSTATUS(status)}
+        if time.monotonic() >= end:
+            return {"kind": "running"}
+        time.sleep(0.002)
+
+
+def _send(sock, obj):
+    data = json.dumps(obj).encode()
+    sock.sendall(struct.pack("<I", len(data)) + data)
+
+
+def _recv(sock) -> tuple[dict | None, list[int]]:
+    msg, fds, _, _ = socket.recv_fds(sock, 4 + (1 << 16), 4)
+    if not msg:
+        return None, fds
+    (n,) = struct.unpack("<I", msg[:4])
+    body = msg[4:]
+    while len(body) < n:
+        chunk = sock.recv(n - len(body))
+        if not chunk:
+            return None, fds
+        body += chunk
+    return json.loads(body), fds
+
+
+def serve(ctrl: socket.socket):
+    """The zygote's loop; returns when the grader closes the control socket."""
+    _become_subreaper()
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C in a notebook interrupts the grader, not us
+    from .learner_side import child_main
+    while True:
+        try:
+            req, fds = _recv(ctrl)
+        except OSError:
+            req, fds = None, []
+        if req is None:
+            _kill_all_children()
+            return
+        op = req.get("op")
+        if op == "spawn":
+            sys.stdout.flush()
+            sys.stderr.flush()
+            pid = os.fork()
+            if pid == 0:
+                code = 0
+                try:
+                    ctrl.close()
+                    child_main(socket.socket(fileno=fds[0]), req["spec"])
+                except BaseException:  # noqa: BLE001
+                    code = 70
+                finally:
+                    os._exit(code)
+            for fd in fds:
+                os.close(fd)
+            _send(ctrl, {"pid": pid})
+        elif op == "wait":
+            _send(ctrl, _status(int(req["pid"]), float(req.get("timeout", 1.0))))
+        elif op == "cleanup":
+            _kill_all_children()
+            _send(ctrl, {"ok": True})
+        else:
+            _send(ctrl, {"error": f"unknown op {op!r}"})
+
+
+class Zygote:
+    """The grader's handle on its zygote process."""
+
+    def __init__(self, pid: int, ctrl: socket.socket, popen: subprocess.Popen | None, mode: str):
+        self.pid, self.ctrl, self.popen, self.mode = pid, ctrl, popen, mode
+        self.owner = os.getpid()
+
+    def _ask(self, obj, fds=()) -> dict:
+        data = json.dumps(obj).encode()
+        socket.send_fds(self.ctrl, [struct.pack("<I", len(data)) + data], list(fds))
+        reply, _ = _recv(self.ctrl)
+        if reply is None:
+            raise RuntimeError("the grader's zygote process died")
+        return reply
+
+    def spawn(self, sock_fd: int, spec: dict) -> int:
+        return int(self._ask({"op": "spawn", "spec": spec}, [sock_fd])["pid"])
+
+    def wait(self, pid: int, timeout: float = 1.0) -> dict:
+        return self._ask({"op": "wait", "pid": pid, "timeout": timeout})
+
+    def cleanup(self):
+        self._ask({"op": "cleanup"})
+
+    def alive(self) -> bool:
+        if self.owner != os.getpid():
+            return False
+        if self.popen is not None:
+            return self.popen.poll() is None
+        try:
+            got, _ = os.waitpid(self.pid, os.WNOHANG)
+        except ChildProcessError:
+            return False
+        return got == 0
+
+    def close(self):
+        try:
+            self.ctrl.close()
+        except OSError:
+            pass
+        if self.popen is not None:
+            try:
+                self.popen.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                self.popen.kill()
+        else:
+            try:
+                os.waitpid(self.pid, 0)
+            except ChildProcessError:
+                pass
+
+
+_ZYGOTE: Zygote | None = None
+
+
+def holds_solutions() -> bool:
+    """Whether this process has imported anything from `solutions` (a fork of it would hold them)."""
+    return any(m == "solutions" or m.startswith("solutions.") or m.startswith("tests.mutants")
+               for m in list(sys.modules))
+
+
+def can_fork_clean() -> bool:
+    if not hasattr(os, "fork") or os.environ.get("COURSE_ISOLATION") in ("spawn", "forkserver"):
+        return False
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_initialized():
+        return False
+    return not holds_solutions()
+
+
+def _start_forked() -> Zygote:
+    parent_sock, zyg_sock = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    pid = os.fork()
+    if pid == 0:
+        code = 0
+        try:
+            parent_sock.close()
+            os.setpgid(0, 0)  # out of the terminal's group: a Ctrl-C meant for the grader does not reach it
+            serve(zyg_sock)
+        except BaseException:  # noqa: BLE001
+            code = 70
+        finally:
+            os._exit(code)
+    zyg_sock.close()
+    return Zygote(pid, parent_sock, None, "fork")
+
+
+def _start_spawned() -> Zygote:
+    parent_sock, zyg_sock = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    fd = zyg_sock.fileno()
+    env = dict(os.environ)
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env["PYTHONPATH"] = os.pathsep.join([root] + [p for p in sys.path if p and os.path.isdir(p)])
+    popen = subprocess.Popen([sys.executable, "-m", "autograder.zygote", str(fd)], pass_fds=[fd], env=env,
+                             stdin=subprocess.DEVNULL, start_new_session=True)
+    zyg_sock.close()
+    return Zygote(popen.pid, parent_sock, popen, "spawn")
+
+
+def get() -> Zygote:
+    """This process's zygote, started on first use (forked when that is clean, else a fresh interpreter)."""
+    global _ZYGOTE
+    if _ZYGOTE is not None and _ZYGOTE.alive():
+        return _ZYGOTE
+    _ZYGOTE = _start_forked() if can_fork_clean() else _start_spawned()
+    return _ZYGOTE
+
+
+def prepare():
+    """Start the zygote now, while it can still be a clean fork (call before importing solutions)."""
+    get()
+
+
+def shutdown():
+    global _ZYGOTE
+    if _ZYGOTE is not None and _ZYGOTE.owner == os.getpid():
+        _ZYGOTE.close()
+    _ZYGOTE = None
+
+
+def _warm_imports():
+    """What every check's learner process needs, imported once here instead of once per check."""
+    from . import runtime
+    runtime.setup()
+    import torch  # noqa: F401
+    try:
+        import triton  # noqa: F401
+        import reference_engine  # noqa: F401
+    except Exception:  # noqa: BLE001 - a broken optional import shows up in the check that needs it
+        pass
+
+
+if __name__ == "__main__":
+    _warm_imports()
+    serve(socket.socket(fileno=int(sys.argv[1])))
