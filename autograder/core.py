@@ -283,6 +283,17 @@ class Trial:
                 raise NotStarted(e.info.get("message") or "") from None
             self.fail(f"{what} raised:\n{e.tb_text}")
 
+    # -- the reference -------------------------------------------------------------------------------
+    def reference(self, fn: Callable, *args, **kwargs):
+        """A reference computation made of more than one `t.ref` call, e.g. the engine run with the
+        reference policy: returns fn(t.ref, *args, **kwargs). `fn` must be a module-level function and
+        its arguments and result plain data (numbers, strings, lists, dicts, tensors): in a student's
+        copy, which has no solutions, the result is replayed from values stored at release time."""
+        hook = getattr(self.ref, "_course_reference", None)
+        if hook is not None:
+            return hook(fn, args, kwargs)
+        return fn(self.ref, *args, **kwargs)
+
     # -- expectations ---------------------------------------------------------------------------------
     def expect(self, got, expected, what: str, mistakes: dict[str, Any] | None = None,
                rtol: float | None = None, atol: float | None = None, check_dtype: bool = True,

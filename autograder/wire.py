@@ -12,7 +12,7 @@ A message is: 8-byte header length, a JSON header, then the tensors' bytes.
 
 Supported: None, bool, int, float (NaN and infinities too), str, bytes, list,
 tuple, dict (any supported hashable keys), torch.Tensor (any dtype, bf16 and
-fp8 included, device recorded), numpy arrays and scalars, NamedTuples (sent as
+fp8 included, device recorded), torch dtypes and devices, numpy arrays and scalars, NamedTuples (sent as
 tuples), dataclass instances (sent as `Record`s), and references to objects
 that stay on the other side (`Handle`, `LearnerRef`, see `autograder.sandbox`).
 Anything else is refused with `WireError` unless `on_object` maps it to a handle.
@@ -124,6 +124,10 @@ class _Encoder:
             return {"$t": "complex", "re": _float(x.real), "im": _float(x.imag)}
         if isinstance(x, torch.Tensor):
             return self.tensor(x)
+        if isinstance(x, torch.dtype):
+            return {"$t": "dtype", "v": str(x)}
+        if isinstance(x, torch.device):
+            return {"$t": "device", "v": str(x)}
         if isinstance(x, (Handle, MethodRef, LearnerRef)):
             return {"$t": type(x).__name__, **dataclasses.asdict(x)}
         if isinstance(x, Record):
@@ -211,6 +215,12 @@ class _Decoder:
             return self.blobs[x["i"]]
         if tag == "tensor":
             return self.tensor(x)
+        if tag == "dtype":
+            if x["v"] not in _DTYPES:
+                raise WireError(f"unknown dtype {x['v']!r}")
+            return _DTYPES[x["v"]]
+        if tag == "device":
+            return torch.device(str(x["v"]))
         if tag == "ndarray":
             np = _numpy()
             arr = np.frombuffer(self.blobs[x["i"]], dtype=np.dtype(str(x["dtype"]))).copy()
