@@ -35,15 +35,24 @@ def cmd_check(args) -> int:
     if not lesson.available:
         print(f"lesson {lesson.number:02d} ({lesson.title}) has no checks yet", file=sys.stderr)
         return 2
-    seed = _seed(args)
+    from . import reference
+    student_copy = not reference.solutions_available()
+    if student_copy and args.solutions:
+        print("this copy of the course has no solutions", file=sys.stderr)
+        return 2
+    seed = reference.RELEASE_SEED if student_copy else _seed(args)
     start = time.perf_counter()
     results = _grade(lesson.stem, args.solutions, seed, only=args.only or None)
     what = "solutions" if args.solutions else "exercises"
     print(f"lesson {lesson.number:02d}: {lesson.title}  ({what}/{lesson.stem}.py, seed {seed})\n")
+    if student_copy:
+        print("Visible cases only: this copy stores their answers; the hidden cases are graded by your "
+              "instructor.\n")
     print(report.check_table(results, verbose=args.verbose))
     print("\n" + report.summary_line(results) + f"  in {time.perf_counter() - start:.1f} s")
-    print(f"reproduce with: course check {lesson.number:02d} --seed {seed}"
-          + (" --solutions" if args.solutions else ""))
+    if not student_copy:
+        print(f"reproduce with: course check {lesson.number:02d} --seed {seed}"
+              + (" --solutions" if args.solutions else ""))
     if args.json:
         _write_json(args.json, seed, {lesson.stem: results})
     return 0 if all(r.status in ("passed", "not graded here") for r in results) else 1
@@ -102,6 +111,17 @@ def cmd_sync(args) -> int:
     return 0
 
 
+def cmd_release(args) -> int:
+    try:
+        from .release import build
+    except ImportError:
+        print("`course release` is an instructor's command; this copy has no solutions", file=sys.stderr)
+        return 2
+    dest = build(args.dir, [lessons.find(x).stem for x in args.lessons] or None)
+    print(f"wrote a student copy to {dest} (no solutions; visible cases stored in autograder/visible/)")
+    return 0
+
+
 def cmd_nbgrader(args) -> int:
     from .nbgrader_build import build
     for path in build(args.dir, [lessons.find(x).stem for x in args.lessons] or None):
@@ -131,6 +151,10 @@ def parser() -> argparse.ArgumentParser:
                                     "overwrites exercises/")
     s.add_argument("--check", action="store_true", help="only report files that are out of date")
     s.set_defaults(func=cmd_sync)
+    r = sub.add_parser("release", help="(instructors) write the copy a student receives: no solutions")
+    r.add_argument("dir")
+    r.add_argument("lessons", nargs="*", help="default: every ready lesson")
+    r.set_defaults(func=cmd_release)
     n = sub.add_parser("nbgrader", help="(instructors) nbgrader course directory")
     nsub = n.add_subparsers(dest="nbcmd", required=True)
     b = nsub.add_parser("build", help="write nbgrader_config.py and source/<lesson>/<lesson>.ipynb")

@@ -16,7 +16,7 @@ import time
 import zlib
 from pathlib import Path
 
-from . import core, runtime, scan, zygote
+from . import core, reference, runtime, scan, zygote
 from .core import (CRASHED, ERROR, FAILED, NOT_GRADED, NOT_STARTED, PASSED, REJECTED, TIMEOUT, CheckSpec, Part)
 from .sandbox import LearnerGone, LearnerProcess, LearnerRaised
 
@@ -163,8 +163,11 @@ def run_check(spec: CheckSpec, target: Target, ref, seed: int, cuda: bool, timeo
     parts = [dataclasses.asdict(p) for p in t.parts]
     if status is None:
         earned, status, msg = _summarise(spec, t.parts)
+    elif status in (ERROR, TIMEOUT, CRASHED):
+        # The cases it passed before it stopped count; the ones it never reached weigh as one failed part.
+        earned = _earned(spec, t.parts + [Part("the rest of the check", 1.0, False, msg, kind=core.RAISED)])
     else:
-        earned = _earned(spec, t.parts) if status in (ERROR, TIMEOUT, CRASHED) else 0.0
+        earned = 0.0
     return CheckResult(spec.lesson, spec.name, spec.section, spec.points, earned, status, msg, parts, output, seconds)
 
 
@@ -204,8 +207,9 @@ def preflight(target: Target, timeout: float = 60.0) -> tuple[str, str] | None:
 def grade_lesson(stem: str, target: Target, seed: int, only: list[str] | None = None,
                  timeout_scale: float | None = None, checks_module: str | None = None,
                  ref_module: str | None = None, visible_only: bool = False, ref=None) -> list[CheckResult]:
-    """Grade `target` on lesson `stem`'s checks; expected values come from `ref` (a module-like object)
-    or `ref_module` (default solutions.<stem>), here in the grader's process."""
+    """Grade `target` on lesson `stem`'s checks; expected values come from `ref` (a module-like object),
+    `ref_module`, or by default solutions.<stem> (in a student's copy: the visible cases stored at release,
+    see autograder/reference.py), here in the grader's process."""
     runtime.setup()
     zygote.prepare()  # before the solutions are imported: a fork taken now holds none of them
     specs = load_checks(stem, checks_module)
@@ -213,8 +217,12 @@ def grade_lesson(stem: str, target: Target, seed: int, only: list[str] | None = 
         specs = [s for s in specs if s.name in only]
     scale = timeout_scale or float(os.environ.get("COURSE_TIMEOUT_SCALE", "1"))
     cuda = runtime.cuda_available()
-    if ref is None:
-        ref = importlib.import_module(ref_module or f"solutions.{stem}")
+    if ref is None and ref_module is not None:
+        ref = importlib.import_module(ref_module)
+    elif ref is None:
+        ref, stored, forced_seed = reference.for_lesson(stem)
+        if stored:  # a student's copy: the visible cases, with the seed they were recorded at
+            visible_only, seed = True, forced_seed
     pre = preflight(target)
     results = []
     for spec in specs:

@@ -12,8 +12,8 @@ A message is: 8-byte header length, a JSON header, then the tensors' bytes.
 
 Supported: None, bool, int, float (NaN and infinities too), str, bytes, list,
 tuple, dict (any supported hashable keys), torch.Tensor (any dtype, bf16 and
-fp8 included, device recorded), torch dtypes and devices, numpy arrays and scalars, NamedTuples (sent as
-tuples), dataclass instances (sent as `Record`s), and references to objects
+fp8 included, device recorded), torch dtypes and devices, numpy arrays and scalars, NamedTuples (rebuilt
+as namedtuples of the same name and fields), dataclass instances (sent as `Record`s), and references to objects
 that stay on the other side (`Handle`, `LearnerRef`, see `autograder.sandbox`).
 Anything else is refused with `WireError` unless `on_object` maps it to a handle.
 """
@@ -141,7 +141,7 @@ class _Encoder:
             return {"$t": "ndarray", "dtype": x.dtype.str, "shape": list(x.shape),
                     **self.blob(np.ascontiguousarray(x).tobytes())}
         if isinstance(x, tuple) and hasattr(type(x), "_fields"):  # a NamedTuple: its values
-            return {"$t": "namedtuple", "cls": type(x).__name__,
+            return {"$t": "namedtuple", "cls": type(x).__name__, "fields": [str(f) for f in type(x)._fields],
                     "v": [self.enc(v, d) for v in tuple.__iter__(x)]}
         if isinstance(x, tuple):
             return {"$t": "tuple", "v": [self.enc(v, d) for v in tuple.__iter__(x)]}
@@ -204,7 +204,9 @@ class _Decoder:
             return complex(self.dec(x["re"]), self.dec(x["im"]))
         if tag == "namedtuple":
             values = tuple(self.dec(v) for v in x["v"])
-            return self.rebuild("namedtuple", str(x["cls"]), values) if self.rebuild else values
+            if self.rebuild:
+                return self.rebuild("namedtuple", str(x["cls"]), values)
+            return _namedtuple(str(x["cls"]), tuple(str(f) for f in x.get("fields", ())), values)
         if tag == "tuple":
             return tuple(self.dec(v) for v in x["v"])
         if tag == "set":
@@ -258,6 +260,23 @@ class _Decoder:
             t = torch.frombuffer(bytearray(data), dtype=torch.uint8).view(dtype).reshape(shape)
         device = self.device_map(x.get("device", "cpu")) if self.device_map else "cpu"
         return t if device == "cpu" else t.to(device)
+
+
+_NAMEDTUPLES: dict = {}
+
+
+def _namedtuple(cls: str, fields: tuple, values: tuple):
+    """A NamedTuple rebuilt as a class of our own with the same name and fields (no learner methods)."""
+    import collections
+    if len(fields) != len(values):
+        return values
+    key = (cls, fields)
+    if key not in _NAMEDTUPLES:
+        try:
+            _NAMEDTUPLES[key] = collections.namedtuple(cls if cls.isidentifier() else "Tuple", fields)
+        except (ValueError, TypeError):
+            return values
+    return _NAMEDTUPLES[key](*values)
 
 
 def decode(message: bytes, device_map: Callable[[str], str] | None = None,

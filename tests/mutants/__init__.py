@@ -27,10 +27,27 @@ from pathlib import Path
 from typing import Callable
 
 ROOT = Path(__file__).resolve().parents[2]
-SNAPSHOT = ("\n\n# -- the mutant: `sol` is the right answer's namespace, the definitions below replace it --\n"
-            "import types as _types\n"
-            "sol = _types.SimpleNamespace(**{_k: _v for _k, _v in list(globals().items()) "
-            "if not _k.startswith('__')})\n")
+
+
+def _top_level_names(tree: ast.Module) -> list[str]:
+    names = []
+    for node in tree.body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.append(node.name)
+        elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            names += [n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name)]
+        elif isinstance(node, (ast.Import, ast.ImportFrom)) and getattr(node, "module", "") != "__future__":
+            names += [(a.asname or a.name).split(".")[0] for a in node.names]
+    return list(dict.fromkeys(n for n in names if not n.startswith("__")))
+
+
+def snapshot(solution: str) -> str:
+    """`sol`: the solution's top-level names, bound before the mutant's definitions replace them."""
+    names = _top_level_names(ast.parse(solution))
+    return ("\n\n# -- the mutant: `sol` is the right answer's namespace, the definitions below replace it --\n"
+            "import types as _types\n\n"
+            "sol = _types.SimpleNamespace(" + ", ".join(f"{n}={n}" for n in names) + ")\n")
 
 
 @dataclasses.dataclass
@@ -58,8 +75,10 @@ class Mutant:
             if isinstance(node, (ast.Import, ast.ImportFrom)):
                 mod = getattr(node, "module", None) or ""
                 names = [a.name for a in node.names]
-                if mod.startswith(("solutions", "tests", "__future__")) or any(
-                        n.startswith(("solutions", "tests")) for n in names):
+                if mod.startswith("solutions") or any(n.startswith("solutions") for n in names):
+                    helpers.append(_solution_aliases(node))
+                    continue
+                if mod.startswith(("tests", "__future__")) or any(n.startswith("tests") for n in names):
                     continue
                 helpers.append(seg)
             elif isinstance(node, ast.Expr) and node is tree.body[0]:
@@ -69,7 +88,7 @@ class Mutant:
                     defs.append(seg)
             else:
                 helpers.append(seg)
-        return solution + SNAPSHOT + "\n\n".join(helpers) + "\n\n" + "\n\n".join(defs) + "\n"
+        return solution + snapshot(solution) + "\n\n".join(helpers) + "\n\n" + "\n\n".join(defs) + "\n"
 
 
 MUTANTS: list[Mutant] = []
@@ -84,6 +103,19 @@ def mutant(check: str, message: str, also: dict[str, Callable] | None = None):
         MUTANTS.append(Mutant(lesson, check, message, replaces, f"{lesson}.{fn.__name__}#{n}"))
         return fn
     return deco
+
+
+def _solution_aliases(node: ast.AST) -> str:
+    """`from solutions import lNN as S` -> `S = sol`; `from solutions.lNN import f` -> `f = sol.f`."""
+    out = []
+    for a in node.names:
+        if isinstance(node, ast.ImportFrom) and node.module == "solutions":
+            out.append(f"{a.asname or a.name} = sol")
+        elif isinstance(node, ast.ImportFrom):
+            out.append(f"{a.asname or a.name} = sol.{a.name}")
+        else:  # import solutions.lNN as S
+            out.append(f"{a.asname or a.name.split('.')[0]} = sol")
+    return "\n".join(out) + "\n"
 
 
 def _is_mutant_decorator(d: ast.AST) -> bool:
