@@ -5,9 +5,10 @@ Each lesson notebook becomes source/<stem>/<stem>.ipynb in which
 - each exercise cell becomes an nbgrader solution cell holding the solution
   source (with its ### BEGIN/END SOLUTION markers, which nbgrader strips on release),
 - each check cell becomes an autograded test cell worth the check's points,
-  calling the same check the `course` command runs, against the notebook's own
-  functions; it prints the check's row and returns the points earned, which
-  nbgrader reads as partial credit.
+  calling the same check the `course` command runs on the notebook's own
+  functions (in a student's copy: the visible cases). Under `nbgrader autograde`
+  the points come from `autograder.nbgrader_grade.TrustedGrades`, which grades
+  the submission's answer cells outside the kernel and overwrites those outputs.
 """
 from __future__ import annotations
 
@@ -27,6 +28,18 @@ c.CourseDirectory.root = "."
 # Lessons run small measurements and many isolated checks: give a cell time.
 c.ExecutePreprocessor.timeout = 600
 c.ClearSolutions.code_stub = {"python": "# YOUR CODE HERE\\nraise NotImplementedError()"}
+
+# Grades come from the course's grader, run outside the student's kernel (a kernel the submission
+# patched must not change its score): TrustedGrades overwrites each test cell's output before
+# nbgrader reads the points from it. The seed comes from the assignment and the student id.
+from nbconvert.preprocessors import ClearMetadataPreprocessor  # noqa: E402
+from nbgrader.preprocessors import (AssignLatePenalties, CheckCellMetadata, Execute, IgnorePattern,  # noqa: E402
+                                    LimitOutput, SaveAutoGrades)
+
+from autograder.nbgrader_grade import TrustedGrades  # noqa: E402
+
+c.Autograde.autograde_preprocessors = [Execute, IgnorePattern, ClearMetadataPreprocessor, LimitOutput,
+                                       TrustedGrades, SaveAutoGrades, AssignLatePenalties, CheckCellMetadata]
 '''
 
 

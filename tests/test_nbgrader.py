@@ -31,8 +31,8 @@ def _submit(root, student, nb):
 def graded(tmp_path_factory):
     root = tmp_path_factory.mktemp("course")
     build(root, [STEM])
-    _nbgrader(root, "db", "student", "add", "solved")
-    _nbgrader(root, "db", "student", "add", "untouched")
+    for student in STUDENTS:
+        _nbgrader(root, "db", "student", "add", student)
     _nbgrader(root, "generate_assignment", STEM, "--force")
     source = nbformat.read(root / "source" / STEM / f"{STEM}.ipynb", as_version=4)
     release = nbformat.read(root / "release" / STEM / f"{STEM}.ipynb", as_version=4)
@@ -45,17 +45,41 @@ def graded(tmp_path_factory):
         if meta.get("solution"):
             cell.source = by_id[meta["grade_id"]].source
     _submit(root, "solved", solved)
+    # Cheats: each in an answer cell of an otherwise untouched release.
+    for student, code in CHEATS.items():
+        nb = nbformat.from_dict(release)
+        first = next(c for c in nb.cells if c.metadata.get("nbgrader", {}).get("solution"))
+        first.source = code
+        _submit(root, student, nb)
     _nbgrader(root, "autograde", STEM, "--force")
-    from nbgrader.api import Gradebook
-    with Gradebook(f"sqlite:///{root / 'gradebook.db'}") as gb:
-        scores = {s: (gb.find_submission(STEM, s).score, gb.find_submission(STEM, s).max_score)
-                  for s in ("solved", "untouched")}
-    yield root, release, scores
+    first_scores = _scores(root)
+    _nbgrader(root, "autograde", STEM, "--force")  # the same submissions again: the same scores
+    yield root, release, first_scores, _scores(root)
     shutil.rmtree(root, ignore_errors=True)
 
 
+def _scores(root):
+    from nbgrader.api import Gradebook
+    with Gradebook(f"sqlite:///{root / 'gradebook.db'}") as gb:
+        out = {}
+        for s in STUDENTS:
+            sub = gb.find_submission(STEM, s)
+            out[s] = (sub.score, sub.max_score)
+            out[s + "/cells"] = sorted((g.name, g.score) for nb in sub.notebooks for g in nb.grades)
+        return out
+
+
+CHEATS = {
+    "imports_solutions": "from solutions.l01_roofline import *\n",
+    "redefines_grade_cell": "def grade_cell(*args, **kwargs):\n    return 99.0\n",
+    "patches_the_grader": ("import autograder.core\n"
+                           "autograder.core.Trial.expect = lambda *a, **k: None\n"),
+}
+STUDENTS = ["solved", "untouched", *CHEATS]
+
+
 def test_release_strips_solutions_and_keeps_test_cells(graded):
-    _, release, _ = graded
+    _, release, _, _ = graded
     text = "\n".join(c.source for c in release.cells)
     assert "### BEGIN SOLUTION" not in text and "raise NotImplementedError()" in text
     tests = [c for c in release.cells if c.metadata.get("nbgrader", {}).get("grade")]
@@ -64,11 +88,23 @@ def test_release_strips_solutions_and_keeps_test_cells(graded):
 
 
 def test_solved_submission_gets_full_marks(graded):
-    _, _, scores = graded
+    _, _, scores, _ = graded
     score, max_score = scores["solved"]
     assert max_score == sum(s.points for s in load_checks(STEM)) and score == max_score, scores
 
 
 def test_untouched_release_gets_zero(graded):
-    _, _, scores = graded
+    _, _, scores, _ = graded
     assert scores["untouched"][0] == 0 and scores["untouched"][1] > 0, scores
+
+
+@pytest.mark.parametrize("student", list(CHEATS))
+def test_cheating_submission_earns_nothing(graded, student):
+    """Importing the solutions, redefining grade_cell, patching the grader in the kernel: 0 points."""
+    _, _, scores, _ = graded
+    assert scores[student][0] == 0, (student, scores[student + "/cells"])
+
+
+def test_autograding_twice_gives_the_same_scores(graded):
+    _, _, first, second = graded
+    assert first == second
