@@ -226,6 +226,15 @@ def _limit_memory(extra_gb: float):
         pass
 
 
+def _max_fd() -> int:
+    try:
+        import resource
+        soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+        return soft if 0 < soft < 1 << 20 else 4096
+    except (ImportError, ValueError, OSError):
+        return 4096
+
+
 def child_main(sock: socket.socket, spec: dict):
     """Entry of a learner process (forked from the zygote, in a session of its own)."""
     try:
@@ -233,6 +242,11 @@ def child_main(sock: socket.socket, spec: dict):
     except OSError:
         pass
     faulthandler.disable()  # a segfault is reported by the grader, not dumped to a terminal
+    # Nothing the grader (or a test runner, or a notebook kernel) has open is the learner's to write to:
+    # keep the request socket only.
+    keep = sock.fileno()
+    os.closerange(3, keep)
+    os.closerange(keep + 1, _max_fd())
     out = os.open(spec["capture"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     os.dup2(out, 1)
     os.dup2(out, 2)

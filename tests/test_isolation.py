@@ -90,10 +90,11 @@ def test_spawned_zygote_used_with_cuda_grades_the_same(tmp_path, monkeypatch):
     """With CUDA initialised (or solutions imported) the zygote is a fresh interpreter: it must grade alike."""
     from autograder import zygote
     monkeypatch.setenv("COURSE_ISOLATION", "spawn")
-    zygote.shutdown()
+    monkeypatch.setattr(zygote, "_ZYGOTE", None)  # restored (to the forked one) after the test
     good = grade(Target.from_source("def double(x):\n    return 2 * x\n" + GOOD_COUNT, tmp_path, "good"))
     assert zygote.get().mode == "spawn"
     assert {r.status for r in good.values()} == {"passed"}, [(r.status, r.message) for r in good.values()]
     hangs = grade(Target.from_source("def double(x):\n    while True:\n        pass\n" + GOOD_COUNT, tmp_path,
                                      "hangs"))
     assert hangs["double"].status == "timeout" and hangs["count"].status == "passed"
+    zygote.shutdown()  # the fresh-interpreter one; monkeypatch then restores the forked one
