@@ -157,6 +157,7 @@ class Trial:
         self.parts: list[Part] = []
         self.device = "cuda" if cuda else "cpu"
         self._case_open = False
+        self.offered: set[str] = set()  # mistakes that made a difference on some case (see expect)
 
     # -- cases -------------------------------------------------------------------------------------
     def cases(self, visible: Iterable = (), hidden: Callable[[random.Random], Any] | Iterable | None = None,
@@ -307,11 +308,14 @@ class Trial:
         `mistakes` maps a mistake's name (read after "your code ...") to the value that mistake gives.
         A mistake whose value equals the expected one is ignored; mistakes with the same value are
         named together ("X; or your code Y"), since the output cannot tell them apart."""
+        distinct = self._distinct_mistakes(mistakes or {}, expected, rtol, atol, check_dtype)
+        for name in distinct:
+            self.offered.update(name.split("; or your code "))
         msg = cmp.compare(got, expected, rtol, atol, check_dtype)
         if msg is None:
             return
         matched = []
-        for name, wrong in self._distinct_mistakes(mistakes or {}, expected, rtol, atol, check_dtype).items():
+        for name, wrong in distinct.items():
             if _same(got, wrong, rtol, atol, check_dtype):
                 matched.append(name)
         if len(matched) == 1:

@@ -36,6 +36,7 @@ class CheckResult:
     parts: list = dataclasses.field(default_factory=list)
     output: str = ""
     seconds: float = 0.0
+    mistakes_tested: list = dataclasses.field(default_factory=list)  # names whose value differed on a case
 
     @property
     def graded(self) -> bool:
@@ -168,7 +169,8 @@ def run_check(spec: CheckSpec, target: Target, ref, seed: int, cuda: bool, timeo
         earned = _earned(spec, t.parts + [Part("the rest of the check", 1.0, False, msg, kind=core.RAISED)])
     else:
         earned = 0.0
-    return CheckResult(spec.lesson, spec.name, spec.section, spec.points, earned, status, msg, parts, output, seconds)
+    return CheckResult(spec.lesson, spec.name, spec.section, spec.points, earned, status, msg, parts, output, seconds,
+                       sorted(t.offered))
 
 
 def _import_failure(e: Exception, target: Target) -> tuple[str, str]:
