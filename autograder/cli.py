@@ -6,6 +6,7 @@ import json
 import random
 import sys
 import time
+from pathlib import Path
 
 from . import lessons, report
 
@@ -21,9 +22,10 @@ def cmd_list(args) -> int:
     return 0
 
 
-def _grade(stem: str, solutions: bool, seed: int, only=None):
+def _grade(stem: str, solutions: bool, seed: int, only=None, file: str | None = None):
     from .runner import Target, grade_lesson
-    return grade_lesson(stem, Target.for_lesson(stem, solutions), seed, only=only)
+    target = Target(path=str(Path(file).resolve()), label=file) if file else Target.for_lesson(stem, solutions)
+    return grade_lesson(stem, target, seed, only=only)
 
 
 def cmd_check(args) -> int:
@@ -42,9 +44,12 @@ def cmd_check(args) -> int:
         return 2
     seed = reference.RELEASE_SEED if student_copy else _seed(args)
     start = time.perf_counter()
-    results = _grade(lesson.stem, args.solutions, seed, only=args.only or None)
-    what = "solutions" if args.solutions else "exercises"
-    print(f"lesson {lesson.number:02d}: {lesson.title}  ({what}/{lesson.stem}.py, seed {seed})\n")
+    if args.file and not Path(args.file).is_file():
+        print(f"no file {args.file}", file=sys.stderr)
+        return 2
+    results = _grade(lesson.stem, args.solutions, seed, only=args.only or None, file=args.file)
+    what = args.file or f"{'solutions' if args.solutions else 'exercises'}/{lesson.stem}.py"
+    print(f"lesson {lesson.number:02d}: {lesson.title}  ({what}, seed {seed})\n")
     if student_copy:
         print("Visible cases only: this copy stores their answers; the hidden cases are graded by your "
               "instructor.\n")
@@ -52,7 +57,7 @@ def cmd_check(args) -> int:
     print("\n" + report.summary_line(results) + f"  in {time.perf_counter() - start:.1f} s")
     if not student_copy:
         print(f"reproduce with: course check {lesson.number:02d} --seed {seed}"
-              + (" --solutions" if args.solutions else ""))
+              + (" --solutions" if args.solutions else "") + (f" --file {args.file}" if args.file else ""))
     if args.json:
         _write_json(args.json, seed, {lesson.stem: results})
     return 0 if all(r.status in ("passed", "not graded here") for r in results) else 1
@@ -136,6 +141,7 @@ def parser() -> argparse.ArgumentParser:
     c = sub.add_parser("check", help="grade one lesson (your exercises/ by default)")
     c.add_argument("lesson", help="lesson number or stem, e.g. 01 or l01_roofline")
     c.add_argument("--solutions", action="store_true", help="grade solutions/ instead")
+    c.add_argument("--file", help="grade this file instead (a student's submission, say)")
     c.add_argument("--seed", type=int, help="reproduce a run's hidden cases")
     c.add_argument("--only", nargs="*", help="run only these checks")
     c.add_argument("-v", "--verbose", action="store_true", help="show every case")

@@ -203,6 +203,21 @@ class Trial:
         finally:
             self._case_open = False
 
+    def on_cuda(self, label: str, weight: float = 1.0):
+        """A case whose body runs only with a CUDA GPU (timings, bf16/fp8 kernels); on CPU it is recorded
+        as "not graded here" and the body never runs:
+
+            @t.on_cuda("bandwidth of your kernel, timed")
+            def _():
+                ...
+        """
+        def run(body):
+            with self.case(label, weight, requires_cuda=True) as ok:
+                if ok:
+                    body()
+            return body
+        return run
+
     def fail(self, message: str):
         raise CaseFailed(message)
 
