@@ -124,6 +124,22 @@ def _recv(sock) -> tuple[dict | None, list[int]]:
     return json.loads(body), fds
 
 
+def _fork(body) -> int:
+    """Fork; the child runs body() and exits without returning (no atexit, no finally of the parent's)."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    pid = os.fork()
+    if pid == 0:
+        code = 0
+        try:
+            body()
+        except BaseException:  # noqa: BLE001 - whatever happens, this process must not return
+            code = 70
+        finally:
+            os._exit(code)
+    return pid
+
+
 def serve(ctrl: socket.socket):
     """The zygote's loop; returns when the grader closes the control socket."""
     _become_subreaper()
@@ -139,18 +155,10 @@ def serve(ctrl: socket.socket):
             return
         op = req.get("op")
         if op == "spawn":
-            sys.stdout.flush()
-            sys.stderr.flush()
-            pid = os.fork()
-            if pid == 0:
-                code = 0
-                try:
-                    ctrl.close()
-                    child_main(socket.socket(fileno=fds[0]), req["spec"])
-                except BaseException:  # noqa: BLE001
-                    code = 70
-                finally:
-                    os._exit(code)
+            def learner(fds=fds, spec=req["spec"]):
+                ctrl.close()
+                child_main(socket.socket(fileno=fds[0]), spec)
+            pid = _fork(learner)
             for fd in fds:
                 os.close(fd)
             _send(ctrl, {"pid": pid})
@@ -235,19 +243,11 @@ def can_fork_clean() -> bool:
 
 def _start_forked() -> Zygote:
     parent_sock, zyg_sock = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-    sys.stdout.flush()
-    sys.stderr.flush()
-    pid = os.fork()
-    if pid == 0:
-        code = 0
-        try:
-            parent_sock.close()
-            os.setpgid(0, 0)  # out of the terminal's group: a Ctrl-C meant for the grader does not reach it
-            serve(zyg_sock)
-        except BaseException:  # noqa: BLE001
-            code = 70
-        finally:
-            os._exit(code)
+    def zygote_main():
+        parent_sock.close()
+        os.setpgid(0, 0)  # out of the terminal's group: a Ctrl-C meant for the grader does not reach it
+        serve(zyg_sock)
+    pid = _fork(zygote_main)
     zyg_sock.close()
     return Zygote(pid, parent_sock, None, "fork")
 
