@@ -81,3 +81,16 @@ def test_wrong_answer_fails_in_the_copy_with_the_mistake_named(copy, tmp_path):
     (work / "exercises" / "l02_kv_cache.py").write_text(src)
     r = course_in(work, "check", "02", "--only", "kv_bytes_per_token")
     assert "counts only K, not K and V" in r.stdout, r.stdout + r.stderr
+
+
+def test_notebook_grade_cell_works_in_the_copy(copy):
+    """An nbgrader release notebook's test cell, in a student's copy: it grades the functions the notebook's
+    executed cells define (here: the solution's source as one cell), on the visible cases."""
+    solution = (ROOT / "solutions" / "l01_roofline.py").read_text()
+    code = RUN_IN_COPY.format(root=str(ROOT), copy=str(copy)).replace(
+        "from autograder.cli import main\nsys.exit(main(sys.argv[1:]))",
+        "from autograder.notebook import grade_cell\n"
+        f"print('EARNED', grade_cell('l01_roofline', 'matmul_cost', {{'In': ['', {solution!r}]}}))")
+    r = subprocess.run([sys.executable, "-c", code], cwd=copy, capture_output=True, text=True, timeout=300,
+                       env={**os.environ, "PYTHONPATH": str(copy)})
+    assert "EARNED 2.0" in r.stdout, r.stdout[-2000:] + r.stderr[-2000:]
