@@ -62,7 +62,7 @@ class LearnerGone(Exception):
 
 
 _SIGNALS = {signal.SIGSEGV: "a segmentation fault (an out-of-bounds pointer or load)",
-            signal.SIGKILL: "SIGKILL, most likely the out-of-memory killer",
+            signal.SIGKILL: "SIGKILL: the out-of-memory killer, or your code killing its own process",
             signal.SIGABRT: "an abort (a failed assertion inside a C/C++ library)",
             signal.SIGBUS: "a bus error (a bad memory access)"}
 
