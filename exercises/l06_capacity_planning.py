@@ -139,7 +139,9 @@ def max_users(config: dict, gpu_mem_bytes: float, n_gpus: int, context_len: int,
                                     negative when the weights do not fit)
       "users":                      floor(free / (KV bytes per token per GPU * context_len)), an
                                     int, 0 when nothing fits
-      "reason":                     None when users > 0, else a sentence saying why not
+      "reason":                     None when users > 0, else a sentence saying which of the two
+                                    causes it is: the weights (with the reserve) do not fit, or they
+                                    do but one sequence of context_len tokens needs more KV than is free
 
     Example: max_users(LLAMA_3_70B, 80e9, 8, 8192)["users"] == 155
     """

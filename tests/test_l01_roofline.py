@@ -95,9 +95,13 @@ def test_check_mistake_formulas_are_built_on_the_right_answer(seed):
         assert checks._roof(flops, nbytes, peak, bw) == S.roofline(flops, nbytes, chip)
 
 
-def test_equal_mistakes_are_named_together():
-    merged = checks._merge({"a": 1.0, "b": 2.0, "c": 1.0, "d": None, "e": None})
-    assert merged == {"a, or c": 1.0, "b": 2.0, "d, or e": None}
+def test_the_ridge_cases_sit_exactly_on_the_ridge():
+    # The boundary cases rely on exact floating point: intensity == ridge, crossover == 250.
+    chip = checks.RIDGE_250
+    assert S.ridge_point(chip) == 250.0 == checks._ridge(chip)
+    assert S.roofline(2.5e12, 1e10, chip)["bound"] == "compute"
+    assert S.roofline(2.5e12, 1e10, chip)["intensity"] == S.ridge_point(chip)
+    assert S.decode_crossover_batch(S.LLAMA_3_8B, chip, 0, "bf16", "bf16", include_kv=False) == 250
 
 
 def test_time_call_is_positive_and_counts_calls():

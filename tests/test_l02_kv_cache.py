@@ -152,3 +152,27 @@ def test_notebook_executes_on_the_solutions(monkeypatch):
     text = "".join(o.get("text", "") for c in nb.cells if c.cell_type == "code" for o in c.outputs)
     assert "Finish exercise" not in text and "not started" not in text
     assert "327,680 bytes (320 KiB) in bf16" in text
+
+
+def test_the_bf16_case_tells_attention_in_bf16_apart_on_every_seed():
+    from autograder.compare import compare
+    q, k, v = checks.bf16_qkv()  # fixed: the same tensors on every seed
+    exact = checks.sdpa_reference(q.float(), k.float(), v.float()).bfloat16()
+    assert compare(sol.decode_attention(q, k, v), exact) is None
+    assert compare(checks.attention_variant(q, k, v), exact) is not None
+
+
+def test_shared_config_defaults_treat_null_as_absent():
+    from autograder.checks import _configs
+    s = _configs.shape(_configs.NULL_FIELDS_7B)
+    assert (s.kv_heads, s.head_dim) == (32, 128) and _configs.null_fields(_configs.NULL_FIELDS_7B) == \
+        ["num_key_value_heads", "head_dim"]
+    assert sol.kv_bytes_per_token(_configs.NULL_FIELDS_7B, 2) == 2 * 32 * 32 * 128 * 2
+    rng = random.Random(0)
+    drawn = [_configs.random_config(rng) for _ in range(200)]
+    for key in _configs.OPTIONAL:  # the random configs draw every form of each optional field
+        assert {"absent", "null", "set"} == {"absent" if key not in c else "null" if c[key] is None else "set"
+                                             for c in drawn}
+    for c in drawn:
+        s = _configs.shape(c)
+        assert sol.kv_bytes_per_token(c, 1) == 2 * s.layers * s.kv_heads * s.head_dim

@@ -10,6 +10,10 @@ from autograder.checks import l05_latency_metrics as checks
 from solutions import l05_latency_metrics as S
 
 
+def _own(records):
+    """The checks' requests (Records, as they cross to the learner) as the reference's RequestTimes."""
+    return [S.RequestTimes(**r.fields) for r in records]
+
 # -- percentiles ----------------------------------------------------------------------------------
 
 def test_percentile_matches_numpys_default_on_random_samples():
@@ -48,7 +52,7 @@ def _vllm_style(requests, ttft_slo, tpot_slo):
 @pytest.mark.parametrize("seed", range(20))
 def test_goodput_agrees_with_vllms_rule_on_random_traces(seed):
     rng = random.Random(seed)
-    reqs = checks.random_trace(S, rng, rng.randint(1, 30), one_token_share=0.3)
+    reqs = _own(checks.random_trace(rng, rng.randint(1, 30), one_token_share=0.3))
     ttfts = sorted(S.ttft(r) for r in reqs)
     tpots = sorted(x for x in (S.tpot(r) for r in reqs) if x is not None) or [0.02]
     ttft_slo, tpot_slo = rng.choice(ttfts), rng.choice(tpots)   # ties on purpose
@@ -66,17 +70,18 @@ def test_tpot_is_the_mean_itl_and_ties_are_exact_on_the_check_grid():
     """The checks put every timestamp on a 2**-10 s grid so that SLO ties survive any formula order."""
     rng = random.Random(1)
     for _ in range(300):
-        r = checks.random_request(S, rng, checks._on_grid(rng.uniform(1, 900)))
+        (r,) = _own([checks.random_request(rng, checks._on_grid(rng.uniform(1, 900)))])
         gaps = S.itl(r)
         assert len(gaps) == r.output_tokens - 1
-        assert S.tpot(r) == (r.token_times[-1] - r.token_times[0]) / (r.output_tokens - 1)  # exact
-        assert S.tpot(r) == float(np.mean(gaps))                                             # exact too
+        assert S.tpot(r) == (r.finish - r.token_times[0]) / (r.output_tokens - 1)           # exact
+        if r.finish == r.token_times[-1]:
+            assert S.tpot(r) == float(np.mean(gaps))                                         # exact too
         assert S.ttft(r) == r.token_times[0] - r.arrival
 
 
 def test_latency_summary_matches_numpy():
     rng = random.Random(2)
-    reqs = checks.random_trace(S, rng, 25, one_token_share=0.3)
+    reqs = _own(checks.random_trace(rng, 25, one_token_share=0.3))
     s = S.latency_summary(reqs, (50, 90, 99))
     pooled = [b - a for r in reqs for a, b in zip(r.token_times, r.token_times[1:])]
     tpots = [(r.finish - r.token_times[0]) / (r.output_tokens - 1) for r in reqs if r.output_tokens > 1]
@@ -89,13 +94,15 @@ def test_latency_summary_matches_numpy():
 
 
 def test_the_visible_goodput_trace_tells_every_mistake_apart():
-    """The designed 11-request trace gives a different count for each wrong SLO rule."""
-    reqs = checks.goodput_trace(S)
-    per = [checks._slo_variants(S, r, checks.SLO_TTFT, checks.SLO_TPOT) for r in reqs]
+    """The designed 13-request trace gives a different count for each wrong SLO rule, and its last
+    request to finish does so after its last token."""
+    reqs = checks.goodput_trace()
+    per = [checks._slo_variants(r, checks.SLO_TTFT, checks.SLO_TPOT) for r in reqs]
     counts = {name: sum(v[name] for v in per) for name in per[0]}
-    right = sum(S.meets_slo(r, checks.SLO_TTFT, checks.SLO_TPOT) for r in reqs)
+    right = sum(S.meets_slo(r, checks.SLO_TTFT, checks.SLO_TPOT) for r in _own(reqs))
     assert right == 6
     assert len(set(counts.values()) | {right}) == len(counts) + 1
+    assert max(r.finish for r in reqs) > max(r.token_times[-1] for r in reqs)
 
 
 # -- the replay harness on the real engine ----------------------------------------------------------

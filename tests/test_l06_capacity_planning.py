@@ -5,8 +5,7 @@ import random
 
 import pytest
 
-from autograder.checks.l06_capacity_planning import (LLAMA_1_7B, LLAMA_3_2_1B, MISTRAL_NEMO_12B,
-                                                     random_config, valid_tps)
+from autograder.checks.l06_capacity_planning import LLAMA_1_7B, LLAMA_3_2_1B, MISTRAL_NEMO_12B, random_config, valid_tps
 from solutions import l06_capacity_planning as S
 
 H100, H200 = S.GPU_MEMORY_BYTES["H100 SXM"], S.GPU_MEMORY_BYTES["H200 SXM"]
@@ -116,3 +115,11 @@ def test_the_notebooks_claims():
     assert 2 * users(H100, 4)["users"] < users(H100, 8)["users"]
     r8 = S.max_users(S.LLAMA_3_8B, H100, 1, 8192)["users"]
     assert abs(r8 / users(H100, 8)["users"] - 1 / 3) < 0.05 and abs(r8 - users(H100, 4)["users"]) <= 2
+
+
+def test_the_two_ways_no_user_fits_each_have_their_own_reason():
+    # The check's visible cases hold both causes; each reason must name its own.
+    w = S.max_users(S.LLAMA_3_70B, H200, 1, 8192)
+    assert w["users"] == 0 and w["free_kv_bytes_per_gpu"] <= 0 and "weight" in w["reason"]
+    c = S.max_users(S.LLAMA_3_70B, H100, 2, 1_048_576, "fp8", "bf16", 0.95, 1.0)
+    assert c["users"] == 0 and c["free_kv_bytes_per_gpu"] > 0 and "sequence" in c["reason"]

@@ -232,3 +232,13 @@ def test_named_mistakes_differ_from_the_right_answers():
         for name, wrong in checks.memory_mistakes(*args).items():
             seen[name] = seen.get(name, False) or wrong != right
     assert all(seen.values()), [n for n, s in seen.items() if not s]
+
+
+def test_the_bf16_case_tells_attention_in_bf16_apart_on_every_seed():
+    from autograder.compare import compare
+    q, k, v = checks.bf16_qkv()  # fixed: the same tensors on every seed
+    cu = checks.cu_of([10, 6])
+    exact = checks.per_sequence_sdpa(q.double(), k.double(), v.double(), cu).bfloat16()
+    assert compare(sol.packed_attention(q, k, v, cu), exact) is None
+    in_bf16 = checks.masked_attention(q, k, v, checks.varlen_mask(cu), 32 ** -0.5, acc=torch.bfloat16)
+    assert compare(in_bf16, exact) is not None

@@ -9,31 +9,10 @@ from __future__ import annotations
 
 import math
 
-from autograder import compare as cmp
+from autograder.checks._configs import non_default
 from autograder.core import check
 
 GiB = 2**30
-
-
-def _merge(mistakes: dict) -> dict:
-    """Join mistakes that give the same value here ("..., or ..."): the message then names both."""
-    groups: list[list] = []
-    for name, value in mistakes.items():
-        for g in groups:
-            try:
-                same = cmp.compare(value, g[1], rtol=1e-9) is None
-            except Exception:  # noqa: BLE001 - values of different kinds never match
-                same = False
-            if same:
-                g[0] += f", or {name}"
-                break
-        else:
-            groups.append([name, value])
-    return {name: value for name, value in groups}
-
-
-def _expect(t, got, expected, what: str, mistakes: dict | None = None, **kw):
-    t.expect(got, expected, what, mistakes=_merge(mistakes or {}), **kw)
 
 
 # ---------------------------------------------------------------- case generators
@@ -80,18 +59,16 @@ def _kv_per_token(t, model: dict, kv_dtype: str, heads_key: str = "kv_heads", kv
 @check(points=2, section="1.1", timeout=10)
 def matmul_cost(t):
     """FLOPs and bytes of one matmul."""
-    cases = [("[1, 4096] @ [4096, 4096] in bf16 (one token)", (1, 4096, 4096, "bf16")),
-             ("[2000, 4096] @ [4096, 4096] in bf16 (2000 tokens)", (2000, 4096, 4096, "bf16"))]
-    for _ in range(3):
-        m, n, k = (t.rng.randint(1, 8192) for _ in range(3))
-        dtype = t.rng.choice(["fp32", "fp16", "bf16", "fp8"])
-        cases.append((f"hidden: [{m}, {k}] @ [{k}, {n}] in {dtype}", (m, n, k, dtype)))
-    for label, (m, n, k, dtype) in cases:
+    def hidden(rng):
+        return tuple(rng.randint(1, 8192) for _ in range(3)) + (rng.choice(["fp32", "fp16", "bf16", "fp8"]),)
+    visible = [("one token", (1, 4096, 4096, "bf16")), ("2000 tokens", (2000, 4096, 4096, "bf16"))]
+    for label, (m, n, k, dtype) in t.cases(visible, hidden, n=3):
+        label = f"{label}: [{m}, {k}] @ [{k}, {n}] in {dtype}"
         with t.case(label):
             expected = t.ref.matmul_cost(m, n, k, dtype)
             got = t.call("matmul_cost", m, n, k, dtype)
             f, b, elems = expected["flops"], _nbytes(t, dtype), m * k + k * n + m * n
-            _expect(t, got, expected, f"matmul_cost({m}, {n}, {k}, {dtype!r})", rtol=1e-9, mistakes={
+            t.expect(got, expected, f"matmul_cost({m}, {n}, {k}, {dtype!r})", rtol=1e-9, mistakes={
                 "counts a multiply-add as one FLOP (it is two: a multiply and an add)":
                     {"flops": m * n * k, "bytes": expected["bytes"]},
                 "leaves out writing the output C": {"flops": f, "bytes": (m * k + k * n) * b},
@@ -101,30 +78,35 @@ def matmul_cost(t):
             })
 
 
-def _pass_cases(t, n_hidden: int) -> list:
-    """(label, model, new_tokens, cached) for one sequence's forward pass."""
+def _random_pass(rng, kind: str) -> tuple:
+    """(model, new_tokens, cached) of a made-up model: a "decode" (1 new token), a "prefill" (nothing
+    cached) or a "chunk" (some new tokens after some cached ones)."""
+    model = _random_model(rng)
+    new = 1 if kind == "decode" else rng.randint(2, 4096)
+    return model, new, 0 if kind == "prefill" else rng.randint(0, 32768)
+
+
+def _pass_cases(t, hidden_kinds: list[str]) -> list:
+    """(label, model, new_tokens, cached) for one sequence's forward pass: the lesson's three passes,
+    then one hidden pass of each kind in `hidden_kinds`."""
     m8, m70 = t.ref.LLAMA_3_8B, t.ref.LLAMA_3_70B
-    cases = [("Llama-3-8B decode: 1 new token, 2000 cached", m8, 1, 2000),
-             ("Llama-3-8B prefill: 2000 new tokens, none cached", m8, 2000, 0),
-             ("Llama-3-70B: a 512-token chunk after 1536 cached", m70, 512, 1536)]
-    for i in range(n_hidden):
-        model = _random_model(t.rng)
-        new = 1 if i == 0 else t.rng.randint(2, 4096)
-        cached = t.rng.randint(0, 32768) if i != 2 else 0
-        cases.append((f"hidden: {_fmt_model(model)}, {new} new, {cached} cached", model, new, cached))
-    return cases
+    visible = [("Llama-3-8B decode", (m8, 1, 2000)), ("Llama-3-8B prefill", (m8, 2000, 0)),
+               ("Llama-3-70B chunk", (m70, 512, 1536))]
+    hidden = [_random_pass(t.rng, kind) for kind in hidden_kinds]
+    return [(f"{label}: {_fmt_model(m)}, {new} new, {cached} cached", m, new, cached)
+            for label, (m, new, cached) in t.cases(visible, hidden)]
 
 
 @check(points=3, section="1.2", timeout=10)
 def attention_flops(t):
     """Attention score/value FLOPs under the causal mask, with a KV cache."""
-    for label, model, new, cached in _pass_cases(t, 3):
+    for label, model, new, cached in _pass_cases(t, ["decode", "chunk", "prefill"]):
         with t.case(label):
             expected = t.ref.attention_flops(model, new, cached)
             got = t.call("attention_flops", model, new, cached)
             L, h, kvh, d = model["layers"], model["heads"], model["kv_heads"], model["head_dim"]
             causal = new * cached + new * (new + 1) // 2
-            _expect(t, got, expected, f"attention_flops({model['name']}, {new}, {cached})", rtol=1e-9, mistakes={
+            t.expect(got, expected, f"attention_flops({model['name']}, {new}, {cached})", rtol=1e-9, mistakes={
                 "uses the KV heads: Q K^T and P V run once per query head (GQA shares K and V, not the work)":
                     4 * L * kvh * d * causal,
                 "ignores the causal mask: new token i sees only cached + i + 1 keys":
@@ -142,12 +124,12 @@ def attention_flops(t):
 @check(points=2, section="1.3", timeout=10)
 def forward_flops(t):
     """Total FLOPs of one forward pass: weight matmuls plus attention."""
-    for label, model, new, cached in _pass_cases(t, 2):
+    for label, model, new, cached in _pass_cases(t, ["decode", "chunk"]):
         with t.case(label):
             expected = t.ref.forward_flops(model, new, cached)
             got = t.call("forward_flops", model, new, cached)
             P, attn = model["params"], t.ref.attention_flops(model, new, cached)
-            _expect(t, got, expected, f"forward_flops({model['name']}, {new}, {cached})", rtol=1e-9, mistakes={
+            t.expect(got, expected, f"forward_flops({model['name']}, {new}, {cached})", rtol=1e-9, mistakes={
                 "counts a multiply-add as one FLOP in the weight matmuls (2 * params * tokens)": P * new + attn,
                 "leaves out the attention term": 2 * P * new,
                 "does not scale the weight FLOPs with the number of new tokens": 2 * P + attn,
@@ -158,19 +140,22 @@ def forward_flops(t):
 @check(points=2, section="1.4", timeout=10)
 def forward_bytes(t):
     """HBM bytes of one forward pass: weights once, KV read and written."""
-    cases = [(label, model, new, cached, "bf16", "bf16") for label, model, new, cached in _pass_cases(t, 0)[:2]]
-    cases.append(("Llama-3-70B decode: 1 new, 8000 cached, fp8 weights, bf16 KV", t.ref.LLAMA_3_70B, 1, 8000,
-                  "fp8", "bf16"))
-    for label, model, new, cached in _pass_cases(t, 3)[3:]:
-        wd = t.rng.choice(["fp32", "bf16", "fp8", "int4"])
-        kd = t.rng.choice([d for d in ("fp32", "bf16", "fp8") if d != wd])
-        cases.append((f"{label}, {wd} weights, {kd} KV", model, new, cached, wd, kd))
+    def hidden(rng):
+        wd = rng.choice(["fp32", "bf16", "fp8", "int4"])
+        return _random_pass(rng, rng.choice(["decode", "chunk", "prefill"])) + (
+            wd, rng.choice([d for d in ("fp32", "bf16", "fp8") if d != wd]))
+    m8, m70 = t.ref.LLAMA_3_8B, t.ref.LLAMA_3_70B
+    visible = [("Llama-3-8B decode", (m8, 1, 2000, "bf16", "bf16")),
+               ("Llama-3-8B prefill", (m8, 2000, 0, "bf16", "bf16")),
+               ("Llama-3-70B decode", (m70, 1, 8000, "fp8", "bf16"))]
+    cases = [(f"{label}: {_fmt_model(m)}, {new} new, {cached} cached, {wd} weights, {kd} KV", m, new, cached, wd, kd)
+             for label, (m, new, cached, wd, kd) in t.cases(visible, hidden, n=3)]
     for label, model, new, cached, wd, kd in cases:
         with t.case(label):
             expected = t.ref.forward_bytes(model, new, cached, wd, kd)
             got = t.call("forward_bytes", model, new, cached, wd, kd)
             W, K = model["params"] * _nbytes(t, wd), _kv_per_token(t, model, kd)
-            _expect(t, got, expected, f"forward_bytes({model['name']}, {new}, {cached}, {wd!r}, {kd!r})",
+            t.expect(got, expected, f"forward_bytes({model['name']}, {new}, {cached}, {wd!r}, {kd!r})",
                      rtol=1e-9, mistakes={
                          "counts the weights once per token instead of once per pass": new * W + (cached + new) * K,
                          "ignores the KV cache read of the cached tokens": W + new * K,
@@ -186,16 +171,25 @@ def forward_bytes(t):
 # ---------------------------------------------------------------- 2. the roofline
 
 
+def _ridge(chip: dict) -> float:
+    """The ridge point by its definition, for drawing cases near it (the expected value is t.ref's)."""
+    return chip["dense_tflops"] * 1e12 / (chip["hbm_gb_per_s"] * 1e9)
+
+
+# A made-up chip whose ridge point is exactly 250 FLOP/byte in floating point (1e15 / 4e12), so that
+# a pass can sit exactly on it: the boundary between the two bounds.
+RIDGE_250 = {"name": "made-up chip", "dense_tflops": 1000.0, "sparse_tflops": 2000.0, "hbm_gb_per_s": 4000.0}
+
+
 @check(points=1, section="2.1", timeout=10)
 def ridge_point(t):
     """Ridge point of a chip, from its dense peak and HBM bandwidth."""
-    chips = [_named(t, name) for name in t.ref.CHIPS] + [_random_chip(t.rng) for _ in range(2)]
-    for i, chip in enumerate(chips):
-        with t.case(("hidden: " if i >= len(t.ref.CHIPS) else "") + _fmt_chip(chip)):
+    for label, chip in t.cases([(name, _named(t, name)) for name in t.ref.CHIPS], _random_chip, n=2):
+        with t.case(f"{label}: {_fmt_chip(chip)}"):
             expected = t.ref.ridge_point(chip)
             got = t.call("ridge_point", chip)
             dense, sparse, gbs = chip["dense_tflops"], chip["sparse_tflops"], chip["hbm_gb_per_s"]
-            _expect(t, got, expected, "ridge point (FLOP/byte)", rtol=1e-9, mistakes={
+            t.expect(got, expected, "ridge point (FLOP/byte)", rtol=1e-9, mistakes={
                 "uses the sparse TFLOP/s: that figure assumes 2:4 structured sparsity, dense matmuls "
                 "never reach it": sparse * 1e12 / (gbs * 1e9),
                 "mixes GB and GiB: 1 GB/s is 1e9 bytes/s, not 2**30": dense * 1e12 / (gbs * GiB),
@@ -204,12 +198,19 @@ def ridge_point(t):
             })
 
 
-def _roof(flops, nbytes, peak, bw, *, add_times=False, flip=False, no_cap=False) -> dict:
+def _roof(flops, nbytes, peak, bw, *, add_times=False, flip=False, no_cap=False, strict=False) -> dict:
     ai = flops / nbytes
-    compute = ai >= peak / bw
+    compute = ai > peak / bw if strict else ai >= peak / bw
     return {"intensity": ai, "attainable_flops_per_s": ai * bw if no_cap else min(peak, ai * bw),
             "bound": "compute" if compute != flip else "memory",
             "time_s": flops / peak + nbytes / bw if add_times else max(flops / peak, nbytes / bw)}
+
+
+def _random_pass_on_chip(rng) -> tuple:
+    """(flops, bytes, chip): a made-up chip and a pass within 100x of its ridge point either way."""
+    chip = _random_chip(rng)
+    nbytes = 10 ** rng.uniform(6, 12)
+    return nbytes * _ridge(chip) * 10 ** rng.uniform(-2, 2), nbytes, chip
 
 
 @check(points=3, section="2.2", timeout=10)
@@ -217,23 +218,18 @@ def roofline(t):
     """Intensity, attainable FLOP/s, bound and predicted time of a pass."""
     ref, m8 = t.ref, t.ref.LLAMA_3_8B
     h100, a100 = _named(t, "H100 SXM"), _named(t, "A100 SXM 80GB")
-    cases = [("Llama-3-8B prefill of 2000 tokens on H100 SXM",
-              ref.forward_flops(m8, 2000, 0), ref.forward_bytes(m8, 2000, 0, "bf16", "bf16"), h100),
-             ("Llama-3-8B decode step (batch 1, 2000 cached) on H100 SXM",
-              ref.forward_flops(m8, 1, 2000), ref.forward_bytes(m8, 1, 2000, "bf16", "bf16"), h100),
-             ("2e12 FLOPs over 1e10 bytes on A100 SXM 80GB", 2e12, 1e10, a100),
-             ("2e12 FLOPs over 1e10 bytes on H100 SXM", 2e12, 1e10, h100)]
-    for _ in range(3):
-        chip = _random_chip(t.rng)
-        nbytes = 10 ** t.rng.uniform(6, 12)
-        flops = nbytes * ref.ridge_point(chip) * 10 ** t.rng.uniform(-2, 2)
-        cases.append((f"hidden: {flops:.4g} FLOPs over {nbytes:.4g} bytes on {_fmt_chip(chip)}", flops, nbytes, chip))
-    for label, flops, nbytes, chip in cases:
-        with t.case(label):
+    visible = [("Llama-3-8B prefill of 2000 tokens",
+                (ref.forward_flops(m8, 2000, 0), ref.forward_bytes(m8, 2000, 0, "bf16", "bf16"), h100)),
+               ("Llama-3-8B decode step (batch 1, 2000 cached)",
+                (ref.forward_flops(m8, 1, 2000), ref.forward_bytes(m8, 1, 2000, "bf16", "bf16"), h100)),
+               ("a memory-bound pass", (2e12, 1e10, a100)), ("the same pass on another chip", (2e12, 1e10, h100)),
+               ("intensity exactly at the ridge point (250 FLOP/byte)", (2.5e12, 1e10, RIDGE_250))]
+    for label, (flops, nbytes, chip) in t.cases(visible, _random_pass_on_chip, n=3):
+        with t.case(f"{label}: {flops:.4g} FLOPs over {nbytes:.4g} bytes on {_fmt_chip(chip)}"):
             expected = ref.roofline(flops, nbytes, chip)
             got = t.call("roofline", flops, nbytes, chip)
             peak, bw = chip["dense_tflops"] * 1e12, chip["hbm_gb_per_s"] * 1e9
-            _expect(t, got, expected, "roofline(...)", rtol=1e-9, mistakes={
+            t.expect(got, expected, "roofline(...)", rtol=1e-9, mistakes={
                 "uses the sparse TFLOP/s: dense matmuls never reach it": _roof(flops, nbytes, 2 * peak, bw),
                 "mixes GB and GiB: 1 GB/s is 1e9 bytes/s, not 2**30": _roof(flops, nbytes, peak,
                                                                             chip["hbm_gb_per_s"] * GiB),
@@ -243,6 +239,9 @@ def roofline(t):
                 "so the time is the larger of the two": _roof(flops, nbytes, peak, bw, add_times=True),
                 "gets the bound backwards: an intensity above the ridge point is compute-bound":
                     _roof(flops, nbytes, peak, bw, flip=True),
+                "calls an intensity exactly at the ridge point memory-bound: there the two roofs meet and "
+                "the pass reaches the peak, so intensity >= ridge is compute-bound (>=, not >)":
+                    _roof(flops, nbytes, peak, bw, strict=True),
                 "leaves the compute roof out: attainable FLOP/s is min(peak, intensity * bandwidth)":
                     _roof(flops, nbytes, peak, bw, no_cap=True),
             })
@@ -251,25 +250,25 @@ def roofline(t):
 # ---------------------------------------------------------------- 3. batching decode
 
 
+def _random_step(rng) -> tuple:
+    """(model, batch, context, weight dtype, KV dtype) of a made-up decode step."""
+    return (_random_model(rng), rng.randint(2, 1024), rng.randint(0, 16384), rng.choice(["bf16", "fp8", "int4"]),
+            rng.choice(["bf16", "fp8"]))
+
+
 @check(points=2, section="3.1", timeout=10)
 def decode_step_cost(t):
     """FLOPs and bytes of one decode step of a batch: weights shared, KV per sequence."""
     m8, m70 = t.ref.LLAMA_3_8B, t.ref.LLAMA_3_70B
-    cases = [("Llama-3-8B, batch 1, 2000 cached, bf16", m8, 1, 2000, "bf16", "bf16"),
-             ("Llama-3-8B, batch 64, 2000 cached, bf16", m8, 64, 2000, "bf16", "bf16"),
-             ("Llama-3-70B, batch 32, 1000 cached, fp8 weights, bf16 KV", m70, 32, 1000, "fp8", "bf16")]
-    for _ in range(3):
-        model, batch, ctx = _random_model(t.rng), t.rng.randint(2, 1024), t.rng.randint(0, 16384)
-        wd, kd = t.rng.choice(["bf16", "fp8", "int4"]), t.rng.choice(["bf16", "fp8"])
-        cases.append((f"hidden: {_fmt_model(model)}, batch {batch}, {ctx} cached, {wd} weights, {kd} KV",
-                      model, batch, ctx, wd, kd))
-    for label, model, batch, ctx, wd, kd in cases:
-        with t.case(label):
+    visible = [("batch 1", (m8, 1, 2000, "bf16", "bf16")), ("batch 64", (m8, 64, 2000, "bf16", "bf16")),
+               ("batch 32, fp8 weights", (m70, 32, 1000, "fp8", "bf16"))]
+    for label, (model, batch, ctx, wd, kd) in t.cases(visible, _random_step, n=3):
+        with t.case(f"{label}: {_fmt_model(model)}, batch {batch}, {ctx} cached, {wd} weights, {kd} KV"):
             expected = t.ref.decode_step_cost(model, batch, ctx, wd, kd)
             got = t.call("decode_step_cost", model, batch, ctx, wd, kd)
             f, b = expected["flops"], expected["bytes"]
             W, K = model["params"] * _nbytes(t, wd), _kv_per_token(t, model, kd)
-            _expect(t, got, expected, "decode_step_cost(...)", rtol=1e-9, mistakes={
+            t.expect(got, expected, "decode_step_cost(...)", rtol=1e-9, mistakes={
                 "counts the weights once per sequence: the whole batch shares one read of the weights":
                     {"flops": f, "bytes": batch * (W + (ctx + 1) * K)},
                 "ignores the KV cache read (each sequence reads its own cached K and V)":
@@ -289,8 +288,8 @@ def _crossover(t, model, chip, ctx, wd, kd, include_kv, *, flop_factor=2.0, peak
     W = model["params"] * _nbytes(t, wd) * byte_scale
     F = flop_factor * model["params"]
     K = 0.0
-    if include_kv:
-        F += flop_factor / 2 * t.ref.attention_flops(model, 1, ctx)
+    if include_kv:  # attention of one new token over ctx + 1 keys: 4 * layers * heads * head_dim per key
+        F += flop_factor / 2 * 4 * model["layers"] * model["heads"] * model["head_dim"] * (ctx + 1)
         K = (ctx + 1) * _kv_per_token(t, model, kd) * byte_scale
     if per_seq_weights:
         K, W = K + W, 0.0  # intensity F / (W + K) does not grow with B
@@ -299,35 +298,40 @@ def _crossover(t, model, chip, ctx, wd, kd, include_kv, *, flop_factor=2.0, peak
     if margin <= 0:
         return None
     x = ridge * W / margin
-    return {"ceil": max(1, math.ceil(x)), "floor": math.floor(x), "real": x}[rounding]
+    return {"ceil": max(1, math.ceil(x)), "floor": math.floor(x), "real": x, "past": math.floor(x) + 1}[rounding]
+
+
+def _random_crossover(t, include_kv: bool) -> tuple:
+    """(model, chip, context, weight dtype, KV dtype, include_kv), drawn again while the real-valued
+    crossover is too close to a whole number to ask for its ceiling exactly."""
+    rng = t.rng
+    while True:
+        model, chip = _random_model(rng), _random_chip(rng)
+        wd, kd = rng.choice(["bf16", "fp8", "int4", "fp32"]), rng.choice(["bf16", "fp8"])
+        # Contexts up to 1.5x the longest one that still has a crossover: mostly finite answers.
+        per_ctx = _ridge(chip) * _kv_per_token(t, model, kd) - 4 * model["layers"] * model["heads"] * model["head_dim"]
+        longest = 2 * model["params"] / per_ctx if per_ctx > 0 else 50000
+        ctx = rng.randint(0, int(min(1.5 * longest, 100000))) if include_kv else 0
+        x = _crossover(t, model, chip, ctx, wd, kd, include_kv, rounding="real")
+        if x is None or (x <= 1e7 and abs(x - round(x)) >= 1e-6 * max(1.0, x)):
+            return model, chip, ctx, wd, kd, include_kv
 
 
 def _crossover_cases(t) -> list:
+    """(label, model, chip, context, weight dtype, KV dtype, include_kv)."""
     m8, m70 = t.ref.LLAMA_3_8B, t.ref.LLAMA_3_70B
     h100, a100 = _named(t, "H100 SXM"), _named(t, "A100 SXM 80GB")
-    cases = [("Llama-3-8B on H100 SXM, bf16 weights, weights only (include_kv=False)",
-              m8, h100, 0, "bf16", "bf16", False),
-             ("Llama-3-8B on H100 SXM, fp8 weights, weights only (include_kv=False)",
-              m8, h100, 0, "fp8", "bf16", False),
-             ("Llama-3-8B on H100 SXM, bf16, 128 cached tokens per sequence", m8, h100, 128, "bf16", "bf16", True),
-             ("Llama-3-70B on A100 SXM 80GB, bf16, 512 cached tokens per sequence",
-              m70, a100, 512, "bf16", "bf16", True),
-             ("Llama-3-8B on H100 SXM, bf16, 2000 cached tokens per sequence", m8, h100, 2000, "bf16", "bf16", True)]
-    while len(cases) < 9:
-        model, chip = _random_model(t.rng), _random_chip(t.rng)
-        wd, kd = t.rng.choice(["bf16", "fp8", "int4", "fp32"]), t.rng.choice(["bf16", "fp8"])
-        include_kv = len(cases) != 5  # one hidden weights-only case, the rest with the KV term
-        # Contexts up to 1.5x the longest one that still has a crossover: mostly finite answers.
-        ridge = t.ref.ridge_point(chip)
-        per_ctx = ridge * _kv_per_token(t, model, kd) - 4 * model["layers"] * model["heads"] * model["head_dim"]
-        longest = 2 * model["params"] / per_ctx if per_ctx > 0 else 50000
-        ctx = t.rng.randint(0, int(min(1.5 * longest, 100000))) if include_kv else 0
-        x = _crossover(t, model, chip, ctx, wd, kd, include_kv, rounding="real")
-        if x is not None and (x > 1e7 or abs(x - round(x)) < 1e-6 * max(1.0, x)):
-            continue  # too close to a whole number to ask for its ceiling exactly; draw again
-        cases.append((f"hidden: {_fmt_model(model)} on {_fmt_chip(chip)}, {wd} weights, {kd} KV, "
-                      + (f"{ctx} cached" if include_kv else "weights only"), model, chip, ctx, wd, kd, include_kv))
-    return cases
+    visible = [("bf16 weights, weights only", (m8, h100, 0, "bf16", "bf16", False)),
+               ("fp8 weights, weights only", (m8, h100, 0, "fp8", "bf16", False)),
+               ("bf16, 128 cached tokens per sequence", (m8, h100, 128, "bf16", "bf16", True)),
+               ("bf16, 512 cached tokens per sequence", (m70, a100, 512, "bf16", "bf16", True)),
+               ("bf16, 2000 cached tokens per sequence", (m8, h100, 2000, "bf16", "bf16", True)),
+               ("ridge point 250, weights only: the crossover is exactly B = 250",
+                (m8, RIDGE_250, 0, "bf16", "bf16", False))]
+    hidden = [_random_crossover(t, include_kv) for include_kv in (False, True, True, True)]
+    return [(f"{label}: {model['name']} on {_fmt_chip(chip)}, {wd} weights, {kd} KV, "
+             + (f"{ctx} cached" if include_kv else "weights only (include_kv=False)"), model, chip, ctx, wd, kd, include_kv)
+            for label, (model, chip, ctx, wd, kd, include_kv) in t.cases(visible, hidden)]
 
 
 @check(points=3, section="3.2", timeout=10)
@@ -336,7 +340,8 @@ def decode_crossover_batch(t):
     for label, model, chip, ctx, wd, kd, include_kv in _crossover_cases(t):
         with t.case(label):
             expected = t.ref.decode_crossover_batch(model, chip, ctx, wd, kd, include_kv)
-            got = t.call("decode_crossover_batch", model, chip, ctx, wd, kd, include_kv)
+            # include_kv=True is the default: leave it out, as a caller would
+            got = t.call("decode_crossover_batch", model, chip, ctx, wd, kd, **non_default(include_kv=(include_kv, True)))
             args = (t, model, chip, ctx, wd, kd, include_kv)
             wrong = {
                 "forgets the factor 2 in the FLOPs (a multiply-add is 2 FLOPs)": _crossover(*args, flop_factor=1.0),
@@ -347,6 +352,9 @@ def decode_crossover_batch(t):
                 "above the crossover (round up)": _crossover(*args, rounding="floor"),
                 "returns the real-valued crossover; return the smallest whole batch size (round up)":
                     _crossover(*args, rounding="real"),
+                "takes the first batch strictly past the crossover (int(x) + 1, or intensity > ridge): a step "
+                "whose intensity equals the ridge point is already compute-bound, so round up with math.ceil":
+                    _crossover(*args, rounding="past"),
             }
             if include_kv:
                 wrong["ignores the KV cache read (only right for very short contexts)"] = \
@@ -356,8 +364,7 @@ def decode_crossover_batch(t):
                       "never raises the intensity"] = _crossover(*args, per_seq_weights=True)
             else:
                 wrong["returns infinity: return None when no batch size gets there"] = math.inf
-            _expect(t, got, expected, "crossover batch size",
-                     mistakes={k: v for k, v in wrong.items() if v != expected},
+            t.expect(got, expected, "crossover batch size", mistakes=wrong,
                      hint="" if expected is not None else
                      "With this much context the KV read grows with the batch as fast as the FLOPs: "
                      "no batch size is compute-bound, return None.")

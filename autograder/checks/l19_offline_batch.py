@@ -14,6 +14,7 @@ import numbers
 import torch
 import torch.nn.functional as F
 
+from autograder.checks._configs import NULL_FIELDS_7B, call, describe, non_default, random_config, shape
 from autograder.core import LearnerRaised, check
 
 # -- 1.1 packing ------------------------------------------------------------------------------------
@@ -51,11 +52,9 @@ def positions_mistakes(prompts) -> dict:
 @check(points=2, section="1.1")
 def pack_prompts(t):
     """Flat input_ids, int32 cu_seqlens with a leading 0, per-sequence positions, max_seqlen."""
-    cases = [("visible: two prompts", [[5, 6, 7], [8, 9]]),
-             ("visible: one prompt", [[11, 12, 13, 14]]),
-             ("visible: one-token prompts at both ends", [[7], [3, 4, 5], [9]])]
-    cases += [(f"hidden: {len(p)} random prompts", p) for p in (random_prompts(t.rng), random_prompts(t.rng))]
-    for label, prompts in cases:
+    visible = [("two prompts", [[5, 6, 7], [8, 9]]), ("one prompt", [[11, 12, 13, 14]]),
+               ("one-token prompts at both ends", [[7], [3, 4, 5], [9]])]
+    for label, prompts in t.cases(visible, random_prompts, n=2):
         with t.case(f"{label}, lengths {[len(p) for p in prompts]}"):
             expected = t.ref.pack_prompts(prompts)
             got = t.call("pack_prompts", prompts)
@@ -73,7 +72,10 @@ def pack_prompts(t):
                           f"max_seqlen should be a Python int, got {type(got['max_seqlen']).__name__}")
     with t.case("an empty prompt is refused with ValueError"):
         t.expect_raises(ValueError, "pack_prompts", [[1, 2], []],
-                      why="an empty prompt has no token to generate from; engines reject it")
+                        why="an empty prompt has no token to generate from; engines reject it")
+    with t.case("no prompts at all is refused with ValueError"):
+        t.expect_raises(ValueError, "pack_prompts", [],
+                        why="a batch needs at least one prompt (and max() of nothing is undefined)")
 
 
 # -- 1.2 the mask -----------------------------------------------------------------------------------
@@ -108,10 +110,9 @@ def random_lengths(rng, n_max=6, len_max=10) -> list[int]:
 @check(points=2, section="1.2")
 def varlen_causal_mask(t):
     """Block-diagonal causal bool mask from cu_seqlens."""
-    cases = [("visible", [2, 1]), ("visible", [3, 2]), ("visible: one sequence", [4]),
-             ("visible: one-token sequences", [1, 3, 1]),
-             ("hidden", random_lengths(t.rng)), ("hidden", random_lengths(t.rng))]
-    for label, lengths in cases:
+    visible = [("two sequences", [2, 1]), ("two sequences", [3, 2]), ("one sequence", [4]),
+               ("one-token sequences", [1, 3, 1])]
+    for label, lengths in t.cases(visible, random_lengths, n=2):
         with t.case(f"{label}: lengths {lengths}"):
             cu = cu_of(lengths)
             expected = t.ref.varlen_causal_mask(cu)
@@ -134,17 +135,18 @@ def per_sequence_sdpa(q, k, v, cu, scale=None) -> torch.Tensor:
     return torch.cat(out).to(q.dtype)
 
 
-def masked_attention(q, k, v, mask, scale, heads="interleave") -> torch.Tensor:
+def masked_attention(q, k, v, mask, scale, heads="interleave", acc=torch.float64) -> torch.Tensor:
+    """Attention under `mask`, computed in `acc`: float64 for the references, bf16 for the no-upcast mistake."""
     T, H, D = q.shape
     group = H // k.shape[1]
     if heads == "interleave":
         k, v = k.repeat_interleave(group, 1), v.repeat_interleave(group, 1)
     else:
         k, v = k.repeat(1, group, 1), v.repeat(1, group, 1)
-    scores = torch.einsum("thd,shd->hts", q.double(), k.double()) * scale
+    scores = torch.einsum("thd,shd->hts", q.to(acc), k.to(acc)) * scale
     if mask is not None:
         scores = scores.masked_fill(~mask, float("-inf"))
-    return torch.einsum("hts,shd->thd", scores.softmax(-1), v.double()).to(q.dtype)
+    return torch.einsum("hts,shd->thd", scores.softmax(-1), v.to(acc)).to(q.dtype)
 
 
 def attention_mistakes(q, k, v, cu, scale) -> dict:
@@ -171,13 +173,14 @@ def attention_mistakes(q, k, v, cu, scale) -> dict:
 @check(points=3, section="1.3")
 def packed_attention(t):
     """Attention over the packed batch equals causal attention on each sequence alone."""
-    cases = [("visible", [3, 2], 4, 2, 8, None), ("visible: one sequence", [5], 2, 2, 8, None),
-             ("visible: GQA, a one-token sequence", [1, 4, 2], 8, 2, 16, None),
-             ("visible: explicit scale", [2, 3], 2, 1, 8, 0.3)]
-    for _ in range(2):
-        H_kv, group = t.rng.choice([1, 2, 4]), t.rng.choice([1, 2, 4])
-        cases.append(("hidden", random_lengths(t.rng, 5, 10), H_kv * group, H_kv, t.rng.choice([8, 16, 32]), None))
-    for label, lengths, H, H_kv, D, scale in cases:
+    visible = [("two sequences", ([3, 2], 4, 2, 8, None)), ("one sequence", ([5], 2, 2, 8, None)),
+               ("GQA, a one-token sequence", ([1, 4, 2], 8, 2, 16, None)),
+               ("explicit scale", ([2, 3], 2, 1, 8, 0.3))]
+
+    def hidden(rng):
+        H_kv, group = rng.choice([1, 2, 4]), rng.choice([1, 2, 4])
+        return random_lengths(rng, 5, 10), H_kv * group, H_kv, rng.choice([8, 16, 32]), None
+    for label, (lengths, H, H_kv, D, scale) in t.cases(visible, hidden, n=2):
         with t.case(f"{label}: lengths {lengths}, heads {H}, kv heads {H_kv}, head_dim {D}"
                     + (f", scale {scale}" if scale else "")):
             T = sum(lengths)
@@ -189,6 +192,30 @@ def packed_attention(t):
             got = t.call("packed_attention", *args)
             t.expect(got, expected, "packed attention vs each sequence alone",
                      mistakes=attention_mistakes(q, k, v, cu, scale))
+    with t.case("bf16 q, k, v: lengths [10, 6], heads 4, kv heads 1, head_dim 32, keys with a large common part"):
+        q, k, v = bf16_qkv()
+        cu = cu_of([10, 6])
+        exact = per_sequence_sdpa(q.double(), k.double(), v.double(), cu)
+        t.expect(t.call("packed_attention", q, k, v, cu), exact.bfloat16(), "packed attention vs each sequence alone",
+                 mistakes={"computes the scores and the softmax in bf16: upcast q, k and v to float32 first (bf16 "
+                           "keeps 2-3 significant digits: a score near 100 is off by up to 0.25), and cast the "
+                           "output back": masked_attention(q, k, v, varlen_mask(cu), 32 ** -0.5, acc=torch.bfloat16),
+                           "returns float32: cast the output back to q's dtype": exact.float()})
+
+
+def bf16_qkv():
+    """A fixed bf16 case (the same on every seed) whose keys share a large common component, as real
+    keys often do: the exact softmax cancels it, but scores of that size keep only 2-3 significant
+    digits in bf16, so attention computed in bf16 is visibly off."""
+    g = torch.Generator().manual_seed(7)
+    q, k, v = torch.randn(16, 4, 32, generator=g), torch.randn(16, 1, 32, generator=g), torch.randn(16, 1, 32, generator=g)
+    u = q.mean(dim=(0, 1))
+    return q.bfloat16(), (k + 64 * u / u.norm()).bfloat16(), v.bfloat16()
+
+
+def varlen_mask(cu: torch.Tensor) -> torch.Tensor:
+    T = int(cu[-1])
+    return block_diagonal(cu) & torch.ones(T, T, dtype=torch.bool).tril()
 
 
 # -- 2.1 batches under a token budget ---------------------------------------------------------------
@@ -247,21 +274,20 @@ def random_costs(rng, budget: int, n: int, oversize: bool) -> list[int]:
 @check(points=3, section="2.1")
 def form_batches(t):
     """Every request once, each batch within the budget, no more batches than first-fit decreasing."""
-    cases = [("visible: packed", [4, 4, 4, 6, 6, 6], 10, False),
-             ("visible: padded", [4, 4, 4, 6, 6, 6], 12, True),
-             ("visible: exact fits", [5, 5, 5, 5, 2, 8], 10, False),
-             ("visible: a request larger than the budget", [3, 15, 5, 2, 7], 10, False)]
+    visible = [("packed", ([4, 4, 4, 6, 6, 6], 10, False)), ("padded", ([4, 4, 4, 6, 6, 6], 12, True)),
+               ("exact fits", ([5, 5, 5, 5, 2, 8], 10, False)),
+               ("a request larger than the budget", ([3, 15, 5, 2, 7], 10, False))]
+    hidden = []
     for padded, oversize in [(False, False), (False, True), (True, False)]:
         budget = t.rng.choice([256, 512, 1000, 2048])
-        cases.append((f"hidden: {'padded' if padded else 'packed'}", random_costs(t.rng, budget, t.rng.randint(12, 30), oversize),
-                      budget, padded))
-    for label, costs, budget, padded in cases:
+        hidden.append((random_costs(t.rng, budget, t.rng.randint(12, 30), oversize), budget, padded))
+    for label, (costs, budget, padded) in t.cases(visible, hidden):
         shown = costs if len(costs) <= 8 else f"{len(costs)} requests"
-        with t.case(f"{label}: costs {shown}, budget {budget}"):
-            try:
-                got = t.call("form_batches", costs, budget, padded)
+        with t.case(f"{label}: costs {shown}, budget {budget}" + (", padded" if padded else "")):
+            try:  # padded=False is the default: leave it out, as a caller would
+                got = t.call("form_batches", costs, budget, **non_default(padded=(padded, False)))
             except LearnerRaised as e:
-                if any(c > budget for c in costs) and isinstance(e.exc, ValueError):
+                if any(c > budget for c in costs) and e.is_a(ValueError) and not e.info.get("not_implemented"):
                     t.fail("form_batches() raised ValueError for a request larger than the budget; "
                            "it should get a batch of its own")
                 raise
@@ -274,6 +300,10 @@ def form_batches(t):
                         t.fail(f"{len(got)} batches where first-fit decreasing needs {len(ref)}. "
                                f"Looks like your code {name}.")
                 t.fail(f"{len(got)} batches where first-fit decreasing needs {len(ref)}: {ref}")
+    for label, costs, budget in [("a budget of 0", [3, 2], 0), ("a cost of 0", [3, 0, 2], 10)]:
+        with t.case(f"{label} is refused with ValueError"):
+            t.expect_raises(ValueError, "form_batches", costs, budget,
+                            why="a budget below 1 or a cost below 1 is a caller's bug, not a batch to form")
 
 
 def check_batches(t, got, costs, budget, padded) -> None:
@@ -361,22 +391,24 @@ def poisson_arrivals(rng, n: int, rate: float, grid: float | None = None) -> lis
 def batch_window_delays(t):
     """Per-request added wait of a batching window (with an optional max batch size); mean and max."""
     grid = [0.125, 0.375, 0.625, 0.875, 1.625, 1.875, 3.125]  # exact in binary: ties at a0 + window are real
-    cases = [("visible: window 0.5 s", grid, 0.5, None),
-             ("visible: window 0.5 s, max_batch_size 2", grid, 0.5, 2),
-             ("visible: window 0, simultaneous arrivals", [1.0, 1.0, 1.0, 2.0], 0.0, None),
-             ("visible: no requests", [], 1.0, None),
-             ("hidden: Poisson arrivals", poisson_arrivals(t.rng, t.rng.randint(15, 40), t.rng.uniform(2, 20)),
-              t.rng.uniform(0.05, 1.0), None),
-             ("hidden: Poisson arrivals on a 0.125 s grid, max_batch_size",
-              poisson_arrivals(t.rng, t.rng.randint(15, 40), t.rng.uniform(4, 12), grid=0.125),
-              t.rng.choice([0.25, 0.5, 0.75]), t.rng.randint(2, 6))]
-    for label, arrivals, window, max_batch in cases:
-        shown = arrivals if len(arrivals) <= 8 else f"{len(arrivals)} arrivals"
+    visible = [("window 0.5 s", (grid, 0.5, None)), ("window 0.5 s, max_batch_size 2", (grid, 0.5, 2)),
+               ("window 0, simultaneous arrivals", ([1.0, 1.0, 1.0, 2.0], 0.0, None)),
+               ("no requests", ([], 1.0, None))]
+    hidden = [(poisson_arrivals(t.rng, t.rng.randint(15, 40), t.rng.uniform(2, 20)), t.rng.uniform(0.05, 1.0), None),
+              (poisson_arrivals(t.rng, t.rng.randint(15, 40), t.rng.uniform(4, 12), grid=0.125),
+               t.rng.choice([0.25, 0.5, 0.75]), t.rng.randint(2, 6))]
+    for label, (arrivals, window, max_batch) in t.cases(visible, hidden):
+        shown = arrivals if len(arrivals) <= 8 else f"{len(arrivals)} Poisson arrivals"
         with t.case(f"{label}: {shown}, window {window:g}" + (f", max_batch_size {max_batch}" if max_batch else "")):
             expected = t.ref.batch_window_delays(arrivals, window, max_batch)
-            got = t.call("batch_window_delays", arrivals, window, max_batch)
+            # max_batch_size=None is the default: leave it out, as a caller would
+            got = t.call("batch_window_delays", arrivals, window, **non_default(max_batch_size=(max_batch, None)))
             t.expect(got, expected, "batch_window_delays()", mistakes=window_mistakes(arrivals, window, max_batch),
                      atol=1e-9)
+    for label, window, max_batch in [("a negative window", -0.5, None), ("max_batch_size 0", 0.5, 0)]:
+        with t.case(f"{label} is refused with ValueError"):
+            t.expect_raises(ValueError, "batch_window_delays", [0.0, 1.0], window, max_batch,
+                            why="a window below 0 or a max_batch_size below 1 is a caller's bug")
 
 
 # -- 4.1 the largest batch that fits ----------------------------------------------------------------
@@ -389,25 +421,9 @@ MHA_7B = {"model_type": "llama", "num_hidden_layers": 32, "num_attention_heads":
           "intermediate_size": 11008}
 
 
-def random_config(rng) -> dict:
-    kv = rng.choice([1, 2, 4, 8])
-    heads = kv * rng.choice([1, 2, 4, 8])
-    head_dim = rng.choice([64, 96, 128])
-    cfg = {"model_type": "llama", "num_hidden_layers": rng.randint(4, 80), "num_attention_heads": heads}
-    if rng.random() < 0.4:
-        cfg["hidden_size"], cfg["head_dim"] = heads * rng.choice([d for d in (64, 96, 128, 160) if d != head_dim]), head_dim
-    else:
-        cfg["hidden_size"] = heads * head_dim
-    if kv != heads or rng.random() < 0.5:
-        cfg["num_key_value_heads"] = kv
-    return cfg
-
-
 def memory_mistakes(cfg, nbytes, free, p, o, act, bs) -> dict:
-    heads = cfg["num_attention_heads"]
-    kv = cfg.get("num_key_value_heads") or heads
-    hd = cfg.get("head_dim") or cfg["hidden_size"] // heads
-    per_tok = 2 * cfg["num_hidden_layers"] * kv * hd * nbytes
+    s = shape(cfg)
+    per_tok = 2 * s.layers * s.kv_heads * s.head_dim * nbytes
 
     def fit(per_token=per_tok, tokens=None, act_tokens=p, rounding=math.floor):
         tokens = math.ceil((p + o) / bs) * bs if tokens is None else tokens
@@ -417,7 +433,7 @@ def memory_mistakes(cfg, nbytes, free, p, o, act, bs) -> dict:
              fit(tokens=math.ceil(p / bs) * bs),
              "counts only K, not K and V": fit(per_token=per_tok // 2),
              "ignores num_key_value_heads (uses num_attention_heads)":
-             fit(per_token=2 * cfg["num_hidden_layers"] * heads * hd * nbytes),
+             fit(per_token=2 * s.layers * s.heads * s.head_dim * nbytes),
              "rounds up; a batch must fit whole, so round down": fit(rounding=math.ceil),
              "rounds to the nearest whole number; a batch must fit whole, so round down": fit(rounding=round)}
     if bs > 1:
@@ -435,23 +451,25 @@ def memory_mistakes(cfg, nbytes, free, p, o, act, bs) -> dict:
 @check(points=2, section="4.1")
 def max_batch_in_memory(t):
     """floor(free / (KV of prompt + output, in whole blocks, + prefill activations)), never negative."""
-    cases = [("visible: Llama-3-8B, bf16, 60 GB free", LLAMA_3_8B, 2, 60e9, 1536, 512, 0.0, 1),
-             ("visible: Llama-3-70B, bf16, blocks of 16, activations", LLAMA_3_70B, 2, 40e9, 1000, 210, 100e3, 16),
-             ("visible: short sequences in blocks of 16", LLAMA_3_8B, 2, 10e9, 20, 5, 0.0, 16),
-             ("visible: MHA without num_key_value_heads, fp8 KV", MHA_7B, 1, 24e9, 3000, 500, 0.0, 16),
-             ("visible: nothing fits", LLAMA_3_70B, 2, 1e8, 2048, 512, 0.0, 16),
-             ("visible: the weights did not fit (negative free memory)", LLAMA_3_8B, 2, -5e9, 512, 128, 0.0, 16)]
-    for _ in range(3):
-        cfg = random_config(t.rng)
-        p, o = t.rng.randint(1, 8000), t.rng.randint(1, 2000)
-        act, bs = t.rng.choice([0.0, t.rng.uniform(1e4, 3e5)]), t.rng.choice([1, 8, 16, 32])
-        free = t.rng.uniform(1, 100) * 1e9
-        cases.append(("hidden: random config", cfg, t.rng.choice([1, 2, 4]), free, p, o, act, bs))
-    for label, cfg, nbytes, free, p, o, act, bs in cases:
-        with t.case(f"{label} (prompt {p}, output {o}, act {act:g} B/token, block_size {bs}, "
-                    f"free {free / 1e9:g} GB)"):
+    visible = [("Llama-3-8B, bf16, 60 GB free", (LLAMA_3_8B, 2, 60e9, 1536, 512, 0.0, 1)),
+               ("Llama-3-70B, bf16, blocks of 16, activations", (LLAMA_3_70B, 2, 40e9, 1000, 210, 100e3, 16)),
+               ("short sequences in blocks of 16", (LLAMA_3_8B, 2, 10e9, 20, 5, 0.0, 16)),
+               ("MHA without num_key_value_heads, fp8 KV", (MHA_7B, 1, 24e9, 3000, 500, 0.0, 16)),
+               ("MHA with num_key_value_heads and head_dim null, fp16 KV", (NULL_FIELDS_7B, 2, 30e9, 700, 300, 5e4, 32)),
+               ("nothing fits", (LLAMA_3_70B, 2, 1e8, 2048, 512, 0.0, 16)),
+               ("the weights did not fit (negative free memory)", (LLAMA_3_8B, 2, -5e9, 512, 128, 0.0, 16))]
+
+    def hidden(rng):
+        cfg, p, o = random_config(rng), rng.randint(1, 8000), rng.randint(1, 2000)
+        act, bs = rng.choice([0.0, rng.uniform(1e4, 3e5)]), rng.choice([1, 8, 16, 32])
+        return cfg, rng.choice([1, 2, 4]), rng.uniform(1, 100) * 1e9, p, o, act, bs
+    for label, (cfg, nbytes, free, p, o, act, bs) in t.cases(visible, hidden, n=3):
+        with t.case(f"{label}: {describe(cfg)}, {nbytes} B/element, prompt {p}, output {o}, act {act:g} B/token, "
+                    f"block_size {bs}, free {free / 1e9:g} GB"):
             expected = t.ref.max_batch_in_memory(cfg, nbytes, free, p, o, act, bs)
-            got = t.call("max_batch_in_memory", cfg, nbytes, free, p, o, act, bs)
+            # act_bytes_per_token=0.0 and block_size=1 are the defaults: leave them out, as a caller would
+            got = call(t, "max_batch_in_memory", cfg, nbytes, free, p, o,
+                       **non_default(act_bytes_per_token=(act, 0.0), block_size=(bs, 1)))
             t.expect(got, expected, "sequences that fit", mistakes=memory_mistakes(cfg, nbytes, free, p, o, act, bs))
             t.expect_true(isinstance(got, numbers.Integral) and not isinstance(got, bool),
                           f"return a whole number of sequences as an int, got {type(got).__name__}")

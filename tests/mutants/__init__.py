@@ -23,6 +23,7 @@ import ast
 import dataclasses
 import importlib
 import inspect
+import sys
 from pathlib import Path
 from typing import Callable
 
@@ -57,6 +58,7 @@ class Mutant:
     message: str
     replaces: dict[str, Callable]
     label: str
+    lines: tuple[int, ...] = ()  # where the replacing definitions start in the mutants file
 
     def source(self) -> str:
         """The solution file with this mutant's definitions swapped in, as one module's source."""
@@ -65,7 +67,7 @@ class Mutant:
         text = path.read_text()
         lines = text.splitlines(keepends=True)
         tree = ast.parse(text)
-        mutant_lines = {inspect.getsourcelines(fn)[1] for fn in self.replaces.values()}
+        mutant_lines = set(self.lines)
         helpers, defs = [], []
         for node in tree.body:
             first = min([node.lineno] + [d.lineno for d in getattr(node, "decorator_list", [])])
@@ -100,7 +102,11 @@ def mutant(check: str, message: str, also: dict[str, Callable] | None = None):
         lesson = fn.__module__.rsplit(".", 1)[-1]
         replaces = {fn.__name__: fn, **(also or {})}
         n = sum(m.lesson == lesson and fn.__name__ in m.replaces for m in MUTANTS)
-        MUTANTS.append(Mutant(lesson, check, message, replaces, f"{lesson}.{fn.__name__}#{n}"))
+        # The module-level line executing now is this definition's (a class has no line of its own to
+        # ask for later, and several mutants may share a name); `also` entries are earlier functions.
+        here = sys._getframe(1).f_lineno
+        lines = (here,) + tuple(_first_line(f) for f in (also or {}).values())
+        MUTANTS.append(Mutant(lesson, check, message, replaces, f"{lesson}.{fn.__name__}#{n}", lines))
         return fn
     return deco
 
@@ -116,6 +122,11 @@ def _solution_aliases(node: ast.AST) -> str:
         else:  # import solutions.lNN as S
             out.append(f"{a.asname or a.name.split('.')[0]} = sol")
     return "\n".join(out) + "\n"
+
+
+def _first_line(obj) -> int:
+    code = getattr(obj, "__code__", None)
+    return code.co_firstlineno if code is not None else inspect.getsourcelines(obj)[1]
 
 
 def _is_mutant_decorator(d: ast.AST) -> bool:

@@ -9,7 +9,7 @@ from solutions.l01_roofline import DTYPE_BITS
 from tests.mutants import mutant
 
 
-def _kv_per_token(model, kv_dtype, heads="kv_heads"):
+def _m_kv_per_token(model, kv_dtype, heads="kv_heads"):
     return 2 * model["layers"] * model[heads] * model["head_dim"] * DTYPE_BITS[kv_dtype] / 8
 
 
@@ -71,12 +71,12 @@ def forward_flops(model, new_tokens, cached):  # noqa: F811
 @mutant(check="forward_bytes", message="counts the weights once per token instead of once per pass")
 def forward_bytes(model, new_tokens, cached, weight_dtype, kv_dtype):
     weights = model["params"] * DTYPE_BITS[weight_dtype] / 8
-    return new_tokens * weights + (cached + new_tokens) * _kv_per_token(model, kv_dtype)
+    return new_tokens * weights + (cached + new_tokens) * _m_kv_per_token(model, kv_dtype)
 
 
 @mutant(check="forward_bytes", message="ignores the KV cache read")
 def forward_bytes(model, new_tokens, cached, weight_dtype, kv_dtype):  # noqa: F811
-    return model["params"] * DTYPE_BITS[weight_dtype] / 8 + new_tokens * _kv_per_token(model, kv_dtype)
+    return model["params"] * DTYPE_BITS[weight_dtype] / 8 + new_tokens * _m_kv_per_token(model, kv_dtype)
 
 
 @mutant(check="forward_bytes", message="uses bits instead of bytes")
@@ -88,7 +88,7 @@ def forward_bytes(model, new_tokens, cached, weight_dtype, kv_dtype):  # noqa: F
 @mutant(check="forward_bytes", message="sizes the KV cache with the query heads")
 def forward_bytes(model, new_tokens, cached, weight_dtype, kv_dtype):  # noqa: F811
     weights = model["params"] * DTYPE_BITS[weight_dtype] / 8
-    return weights + (cached + new_tokens) * _kv_per_token(model, kv_dtype, heads="heads")
+    return weights + (cached + new_tokens) * _m_kv_per_token(model, kv_dtype, heads="heads")
 
 
 # ---------------------------------------------------------------- 2.1 ridge_point
@@ -105,10 +105,10 @@ def ridge_point(chip):  # noqa: F811
 
 # ---------------------------------------------------------------- 2.2 roofline
 
-def _roofline(flops, bytes_moved, chip, peak_key="dense_tflops", add=False, flip=False):
+def _m_roofline(flops, bytes_moved, chip, peak_key="dense_tflops", add=False, flip=False, strict=False):
     peak, bw = chip[peak_key] * 1e12, chip["hbm_gb_per_s"] * 1e9
     ai = flops / bytes_moved
-    compute = (ai >= peak / bw) != flip
+    compute = (ai > peak / bw if strict else ai >= peak / bw) != flip
     return {"intensity": ai, "attainable_flops_per_s": min(peak, ai * bw),
             "bound": "compute" if compute else "memory",
             "time_s": flops / peak + bytes_moved / bw if add else max(flops / peak, bytes_moved / bw)}
@@ -116,22 +116,27 @@ def _roofline(flops, bytes_moved, chip, peak_key="dense_tflops", add=False, flip
 
 @mutant(check="roofline", message="adds the compute time and the memory time")
 def roofline(flops, bytes_moved, chip):
-    return _roofline(flops, bytes_moved, chip, add=True)
+    return _m_roofline(flops, bytes_moved, chip, add=True)
 
 
 @mutant(check="roofline", message="gets the bound backwards")
 def roofline(flops, bytes_moved, chip):  # noqa: F811
-    return _roofline(flops, bytes_moved, chip, flip=True)
+    return _m_roofline(flops, bytes_moved, chip, flip=True)
+
+
+@mutant(check="roofline", message="calls an intensity exactly at the ridge point memory-bound")
+def roofline(flops, bytes_moved, chip):  # noqa: F811 - `>` where the rule is `>=`
+    return _m_roofline(flops, bytes_moved, chip, strict=True)
 
 
 @mutant(check="roofline", message="uses the sparse TFLOP/s")
 def roofline(flops, bytes_moved, chip):  # noqa: F811
-    return _roofline(flops, bytes_moved, chip, peak_key="sparse_tflops")
+    return _m_roofline(flops, bytes_moved, chip, peak_key="sparse_tflops")
 
 
 @mutant(check="roofline", message="leaves the compute roof out")
 def roofline(flops, bytes_moved, chip):  # noqa: F811
-    out = _roofline(flops, bytes_moved, chip)
+    out = _m_roofline(flops, bytes_moved, chip)
     out["attainable_flops_per_s"] = out["intensity"] * chip["hbm_gb_per_s"] * 1e9
     return out
 
@@ -148,19 +153,19 @@ def decode_step_cost(model, batch, context, weight_dtype, kv_dtype):
 def decode_step_cost(model, batch, context, weight_dtype, kv_dtype):  # noqa: F811
     weights = model["params"] * DTYPE_BITS[weight_dtype] / 8
     return {"flops": batch * S.forward_flops(model, 1, context),
-            "bytes": weights + batch * _kv_per_token(model, kv_dtype)}
+            "bytes": weights + batch * _m_kv_per_token(model, kv_dtype)}
 
 
 @mutant(check="decode_step_cost", message="leaves out the attention FLOPs")
 def decode_step_cost(model, batch, context, weight_dtype, kv_dtype):  # noqa: F811
     weights = model["params"] * DTYPE_BITS[weight_dtype] / 8
     return {"flops": batch * 2 * model["params"],
-            "bytes": weights + batch * (context + 1) * _kv_per_token(model, kv_dtype)}
+            "bytes": weights + batch * (context + 1) * _m_kv_per_token(model, kv_dtype)}
 
 
 # ---------------------------------------------------------------- 3.2 decode_crossover_batch
 
-def _solve(model, chip, context, weight_dtype, kv_dtype, include_kv, *, flops_per_param=2,
+def _m_solve(model, chip, context, weight_dtype, kv_dtype, include_kv, *, flops_per_param=2,
            peak_key="dense_tflops", bytes_per_bit=1 / 8, gb=1e9, kv=True, finish=math.ceil):
     ridge = chip[peak_key] * 1e12 / (chip["hbm_gb_per_s"] * gb)
     weights = model["params"] * DTYPE_BITS[weight_dtype] * bytes_per_bit
@@ -175,37 +180,48 @@ def _solve(model, chip, context, weight_dtype, kv_dtype, include_kv, *, flops_pe
 
 @mutant(check="decode_crossover_batch", message="forgets the factor 2 in the FLOPs")
 def decode_crossover_batch(model, chip, context, weight_dtype, kv_dtype, include_kv=True):
-    return _solve(model, chip, context, weight_dtype, kv_dtype, include_kv, flops_per_param=1)
+    return _m_solve(model, chip, context, weight_dtype, kv_dtype, include_kv, flops_per_param=1)
 
 
 @mutant(check="decode_crossover_batch", message="uses the sparse TFLOP/s")
 def decode_crossover_batch(model, chip, context, weight_dtype, kv_dtype, include_kv=True):  # noqa: F811
-    return _solve(model, chip, context, weight_dtype, kv_dtype, include_kv, peak_key="sparse_tflops")
+    return _m_solve(model, chip, context, weight_dtype, kv_dtype, include_kv, peak_key="sparse_tflops")
 
 
 @mutant(check="decode_crossover_batch", message="mixes GB and GiB")
 def decode_crossover_batch(model, chip, context, weight_dtype, kv_dtype, include_kv=True):  # noqa: F811
-    return _solve(model, chip, context, weight_dtype, kv_dtype, include_kv, gb=2**30)
+    return _m_solve(model, chip, context, weight_dtype, kv_dtype, include_kv, gb=2**30)
 
 
 @mutant(check="decode_crossover_batch", message="uses bits instead of bytes")
 def decode_crossover_batch(model, chip, context, weight_dtype, kv_dtype, include_kv=True):  # noqa: F811
-    return _solve(model, chip, context, weight_dtype, kv_dtype, include_kv, bytes_per_bit=1)
+    return _m_solve(model, chip, context, weight_dtype, kv_dtype, include_kv, bytes_per_bit=1)
 
 
 @mutant(check="decode_crossover_batch", message="ignores the KV cache read")
 def decode_crossover_batch(model, chip, context, weight_dtype, kv_dtype, include_kv=True):  # noqa: F811
-    return _solve(model, chip, context, weight_dtype, kv_dtype, include_kv, kv=False)
+    return _m_solve(model, chip, context, weight_dtype, kv_dtype, include_kv, kv=False)
 
 
 @mutant(check="decode_crossover_batch", message="rounds down")
 def decode_crossover_batch(model, chip, context, weight_dtype, kv_dtype, include_kv=True):  # noqa: F811
-    return _solve(model, chip, context, weight_dtype, kv_dtype, include_kv, finish=math.floor)
+    return _m_solve(model, chip, context, weight_dtype, kv_dtype, include_kv, finish=math.floor)
+
+
+@mutant(check="decode_crossover_batch", message="takes the first batch strictly past the crossover")
+def decode_crossover_batch(model, chip, context, weight_dtype, kv_dtype, include_kv=True):  # noqa: F811
+    return _m_solve(model, chip, context, weight_dtype, kv_dtype, include_kv, finish=lambda x: int(x) + 1)
+
+
+@mutant(check="decode_crossover_batch", message="ignores the KV cache read")
+def decode_crossover_batch(model, chip, context, weight_dtype, kv_dtype, include_kv=False):  # noqa: F811
+    # right, but with the wrong default: a caller leaving include_kv out gets the weights-only answer
+    return _m_solve(model, chip, context, weight_dtype, kv_dtype, include_kv)
 
 
 @mutant(check="decode_crossover_batch", message="returns the real-valued crossover")
 def decode_crossover_batch(model, chip, context, weight_dtype, kv_dtype, include_kv=True):  # noqa: F811
-    return _solve(model, chip, context, weight_dtype, kv_dtype, include_kv, finish=lambda x: x)
+    return _m_solve(model, chip, context, weight_dtype, kv_dtype, include_kv, finish=lambda x: x)
 
 
 @mutant(check="decode_crossover_batch", message="counts the weights once per sequence")
@@ -222,5 +238,5 @@ def decode_crossover_batch(model, chip, context, weight_dtype, kv_dtype, include
 
 @mutant(check="decode_crossover_batch", message="returns infinity")
 def decode_crossover_batch(model, chip, context, weight_dtype, kv_dtype, include_kv=True):  # noqa: F811
-    b = _solve(model, chip, context, weight_dtype, kv_dtype, include_kv)
+    b = _m_solve(model, chip, context, weight_dtype, kv_dtype, include_kv)
     return math.inf if b is None else b

@@ -9,7 +9,7 @@ from solutions import l02_kv_cache as sol
 from tests.mutants import mutant
 
 
-def _fields(config):
+def _m_fields(config):
     heads = config["num_attention_heads"]
     kv = config.get("num_key_value_heads") or heads
     return config["num_hidden_layers"], heads, kv, config.get("head_dim") or config["hidden_size"] // heads
@@ -22,21 +22,41 @@ def dtype_bytes(dtype):
     return 8 * sol.dtype_bytes(dtype)
 
 
-@mutant(check="kv_bytes_per_token", message="bits instead of bytes", also={"dtype_bytes": dtype_bytes})
+@mutant(check="dtype_bytes", message="accepts a bool as a byte width")
+def dtype_bytes(dtype):  # noqa: F811 - isinstance(True, int) is True, and True in (1, 2, 4, 8)
+    if isinstance(dtype, int):
+        if dtype not in (1, 2, 4, 8):
+            raise ValueError(f"a byte width must be 1, 2, 4 or 8, got {dtype}")
+        return int(dtype)
+    return sol.dtype_bytes(dtype)
+
+
+@mutant(check="dtype_bytes", message="matches names case-sensitively")
+def dtype_bytes(dtype):  # noqa: F811
+    if isinstance(dtype, str) and dtype != dtype.lower():
+        raise ValueError(f"unknown dtype {dtype!r}")
+    return sol.dtype_bytes(dtype)
+
+
+def _m_bits(dtype):
+    return 8 * sol.dtype_bytes(dtype)
+
+
+@mutant(check="kv_bytes_per_token", message="bits instead of bytes")
 def kv_bytes_per_token(config, dtype):
-    L, _, kv, hd = _fields(config)
-    return 2 * L * kv * hd * dtype_bytes(dtype)  # the bits-counting dtype_bytes above
+    L, _, kv, hd = _m_fields(config)
+    return 2 * L * kv * hd * _m_bits(dtype)
 
 
 @mutant(check="kv_bytes_per_token", message="counts only K, not K and V")
 def kv_bytes_per_token(config, dtype):  # noqa: F811 - each mutant is its own wrong answer
-    L, _, kv, hd = _fields(config)
+    L, _, kv, hd = _m_fields(config)
     return L * kv * hd * sol.dtype_bytes(dtype)
 
 
 @mutant(check="kv_bytes_per_token", message="ignores num_key_value_heads")
 def kv_bytes_per_token(config, dtype):  # noqa: F811
-    L, heads, _, hd = _fields(config)
+    L, heads, _, hd = _m_fields(config)
     return 2 * L * heads * hd * sol.dtype_bytes(dtype)
 
 
@@ -47,14 +67,22 @@ def kv_bytes_per_token(config, dtype):  # noqa: F811
 
 @mutant(check="kv_bytes_per_token", message="ignores an explicit head_dim")
 def kv_bytes_per_token(config, dtype):  # noqa: F811
-    L, heads, kv, _ = _fields(config)
+    L, heads, kv, _ = _m_fields(config)
     return 2 * L * kv * (config["hidden_size"] // heads) * sol.dtype_bytes(dtype)
 
 
 @mutant(check="kv_bytes_per_token", message="forgets the number of layers")
 def kv_bytes_per_token(config, dtype):  # noqa: F811
-    _, _, kv, hd = _fields(config)
+    _, _, kv, hd = _m_fields(config)
     return 2 * kv * hd * sol.dtype_bytes(dtype)
+
+
+@mutant(check="kv_bytes_per_token", message="treats a field that is present but null as set")
+def kv_bytes_per_token(config, dtype):  # noqa: F811 - get(key, default) returns None for "key": null
+    heads = config["num_attention_heads"]
+    kv = config.get("num_key_value_heads", heads)
+    head_dim = config.get("head_dim", config["hidden_size"] // heads)
+    return 2 * config["num_hidden_layers"] * kv * head_dim * sol.dtype_bytes(dtype)
 
 
 @mutant(check="kv_bytes_per_token", message="torch_dtype instead of the dtype argument")
@@ -116,7 +144,7 @@ def users_per_gpu(config, num_params, context_len, gpu_bytes, weight_dtype="bflo
 
 # -- 2.4 -----------------------------------------------------------------------------------------
 
-def _attention(q, k, v, scale=True, heads="interleave", mask="end", softmax_dim=-1):
+def _m_attention(q, k, v, scale=True, heads="interleave", mask="end", softmax_dim=-1):
     """Attention written the way a learner would, with one switchable mistake."""
     T, H, D = q.shape
     S, H_kv, _ = k.shape
@@ -135,40 +163,47 @@ def _attention(q, k, v, scale=True, heads="interleave", mask="end", softmax_dim=
     return torch.einsum("hts,shd->thd", p, v)
 
 
+@mutant(check="decode_attention", message="computes the scores and the softmax in bf16")
+def decode_attention(q, k, v):  # noqa: F811 - right in float32, but no upcast for bf16 inputs
+    return _m_attention(q, k, v)
+
+
 @mutant(check="decode_attention", message="missing the 1/sqrt(head_dim) scale")
 def decode_attention(q, k, v):
-    return _attention(q, k, v, scale=False)
+    return _m_attention(q, k, v, scale=False)
 
 
 @mutant(check="decode_attention", message="repeat instead of repeat_interleave")
 def decode_attention(q, k, v):  # noqa: F811
-    return _attention(q, k, v, heads="repeat")
+    return _m_attention(q, k, v, heads="repeat")
 
 
 @mutant(check="decode_attention", message="no causal mask")
 def decode_attention(q, k, v):  # noqa: F811
-    return _attention(q, k, v, mask="none")
+    return _m_attention(q, k, v, mask="none")
 
 
 @mutant(check="decode_attention", message="aligns the causal mask top-left")
 def decode_attention(q, k, v):  # noqa: F811
-    return _attention(q, k, v, mask="start")
+    return _m_attention(q, k, v, mask="start")
 
 
 @mutant(check="decode_attention", message="softmax over the wrong axis")
 def decode_attention(q, k, v):  # noqa: F811
-    return _attention(q, k, v, softmax_dim=-2)  # scores are [H, T, S]: this normalises over queries
+    return _m_attention(q, k, v, softmax_dim=-2)  # scores are [H, T, S]: this normalises over queries
 
 
 @mutant(check="decode_attention", message="softmax over the wrong axis")
 def decode_attention(q, k, v):  # noqa: F811
-    return _attention(q, k, v, softmax_dim=0)  # over heads
+    return _m_attention(q, k, v, softmax_dim=0)  # over heads
 
 
 # -- 2.5 -----------------------------------------------------------------------------------------
 
-@mutant(check="kv_cache", message="overwrites the cache instead of appending")
-class KVCache(sol.KVCache):
+# Python 3.11's inspect finds a class's source by its name, so every mutant class named KVCache would
+# be read as the first one: each mutant is a factory function named KVCache returning its class.
+
+class _m_Overwrites(sol.KVCache):
     def append(self, layer, k, v):
         n = k.shape[0]
         self.k[layer, :n] = k
@@ -176,14 +211,12 @@ class KVCache(sol.KVCache):
         self.lengths[layer] = n
 
 
-@mutant(check="kv_cache", message="reads past the filled length")
-class KVCache(sol.KVCache):  # noqa: F811
+class _m_ReadsPast(sol.KVCache):
     def read(self, layer):
         return self.k[layer], self.v[layer]
 
 
-@mutant(check="kv_cache_attend", message="attends before appending")
-class KVCache(sol.KVCache):  # noqa: F811
+class _m_AttendsFirst(sol.KVCache):
     def attend(self, layer, q, k, v):
         if self.length(layer) >= q.shape[0]:
             out = sol.decode_attention(q, *self.read(layer))
@@ -193,8 +226,27 @@ class KVCache(sol.KVCache):  # noqa: F811
         return out
 
 
-@mutant(check="kv_cache_attend", message="attends only over this step's new tokens")
-class KVCache(sol.KVCache):  # noqa: F811
+class _m_NewOnly(sol.KVCache):
     def attend(self, layer, q, k, v):
         self.append(layer, k, v)
         return sol.decode_attention(q, k, v)
+
+
+@mutant(check="kv_cache", message="overwrites the cache instead of appending")
+def KVCache(*args, **kwargs):
+    return _m_Overwrites(*args, **kwargs)
+
+
+@mutant(check="kv_cache", message="reads past the filled length")
+def KVCache(*args, **kwargs):  # noqa: F811
+    return _m_ReadsPast(*args, **kwargs)
+
+
+@mutant(check="kv_cache_attend", message="attends before appending")
+def KVCache(*args, **kwargs):  # noqa: F811
+    return _m_AttendsFirst(*args, **kwargs)
+
+
+@mutant(check="kv_cache_attend", message="attends only over this step's new tokens")
+def KVCache(*args, **kwargs):  # noqa: F811
+    return _m_NewOnly(*args, **kwargs)

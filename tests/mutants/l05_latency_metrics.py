@@ -6,7 +6,6 @@ import math
 from solutions import l05_latency_metrics as sol
 from tests.mutants import mutant
 
-
 # -- 1.1-1.3 per-request latencies -----------------------------------------------------------
 
 @mutant(check="ttft", message="first scheduled, not from its arrival")
@@ -31,6 +30,12 @@ def tpot(r):
 def tpot(r):  # noqa: F811
     n = len(r.token_times)
     return (r.finish - r.arrival) / (n - 1) if n > 1 else None
+
+
+@mutant(check="tpot", message="measures up to the last token instead of the finish time")
+def tpot(r):  # noqa: F811 - the mean ITL: right only when a request finishes at its last token
+    n = len(r.token_times)
+    return (r.token_times[-1] - r.token_times[0]) / (n - 1) if n > 1 else None
 
 
 @mutant(check="tpot", message="returns 0 for a one-token request")
@@ -68,6 +73,33 @@ def percentile(values, q):  # noqa: F811 - the "nearest rank" textbook method
     return float(s[max(0, math.ceil(len(s) * q / 100) - 1)])
 
 
+def _m_interpolated(values, q, position):
+    if not values or not 0 <= q <= 100:
+        raise ValueError("bad input")
+    s = sorted(float(v) for v in values)
+    k = min(max(position(len(s), q), 0.0), len(s) - 1)
+    lo = math.floor(k)
+    hi = min(lo + 1, len(s) - 1)
+    return s[lo] + (k - lo) * (s[hi] - s[lo])
+
+
+@mutant(check="percentile", message="interpolates at position n * q / 100")
+def percentile(values, q):  # noqa: F811 - interpolates, but at the wrong position
+    return _m_interpolated(values, q, lambda n, q: n * q / 100)
+
+
+@mutant(check="percentile", message="PERCENTILE.EXC")
+def percentile(values, q):  # noqa: F811
+    return _m_interpolated(values, q, lambda n, q: (n + 1) * q / 100 - 1)
+
+
+@mutant(check="percentile", message="instead of raising ValueError")
+def percentile(values, q):  # noqa: F811 - refuses q > 100 but not q < 0
+    if q > 100:
+        raise ValueError(f"q must be at most 100, got {q}")
+    return sol.percentile(values, max(q, 0))
+
+
 @mutant(check="percentile", message="does not sort the values first")
 def percentile(values, q):  # noqa: F811
     if not values or not 0 <= q <= 100:
@@ -88,7 +120,7 @@ def percentile(values, q):  # noqa: F811 - right on data, but quietly answers 0 
 
 # -- 2.2 the summary -------------------------------------------------------------------------
 
-def _row(xs, percentiles, center=None):
+def _m_row(xs, percentiles, center=None):
     if not xs:
         return None
     row = {"count": len(xs), "mean": sum(xs) / len(xs)}
@@ -106,7 +138,7 @@ def latency_summary(requests, percentiles=sol.PERCENTILES):
               "tpot": [x for x in (sol.tpot(r) for r in requests) if x is not None],
               "itl": [g for r in requests for g in sol.itl(r)],
               "e2el": [r.finish - r.arrival for r in requests]}
-    return {k: _row(v, percentiles, center=mean) for k, v in values.items()}
+    return {k: _m_row(v, percentiles, center=mean) for k, v in values.items()}
 
 
 @mutant(check="latency_summary", message="instead of pooling every gap")
@@ -120,10 +152,22 @@ def latency_summary(requests, percentiles=sol.PERCENTILES):  # noqa: F811
     return out
 
 
+@mutant(check="latency_summary", message="measures the end-to-end latency to the last token")
+def latency_summary(requests, percentiles=sol.PERCENTILES):  # noqa: F811
+    out = sol.latency_summary(requests, percentiles)
+    out["e2el"] = _m_row([r.token_times[-1] - r.arrival for r in requests], percentiles)
+    return out
+
+
+@mutant(check="latency_summary", message="ignores the percentiles argument")
+def latency_summary(requests, percentiles=sol.PERCENTILES):  # noqa: F811
+    return sol.latency_summary(requests)
+
+
 @mutant(check="latency_summary", message="counts one-token requests in TPOT as 0")
 def latency_summary(requests, percentiles=sol.PERCENTILES):  # noqa: F811
     out = sol.latency_summary(requests, percentiles)
-    out["tpot"] = _row([sol.tpot(r) or 0.0 for r in requests], percentiles)
+    out["tpot"] = _m_row([sol.tpot(r) or 0.0 for r in requests], percentiles)
     return out
 
 
@@ -147,7 +191,14 @@ def meets_slo(r, ttft_slo, tpot_slo):  # noqa: F811
     return p is not None and sol.ttft(r) <= ttft_slo and p <= tpot_slo
 
 
-def _goodput(requests, good, duration_of=None, per_request=False):
+@mutant(check="meets_slo", message="judges TPOT up to the last token instead of the finish time")
+def meets_slo(r, ttft_slo, tpot_slo):  # noqa: F811
+    n = len(r.token_times)
+    p = (r.token_times[-1] - r.token_times[0]) / (n - 1) if n > 1 else None
+    return sol.ttft(r) <= ttft_slo and (p is None or p <= tpot_slo)
+
+
+def _m_goodput(requests, good, duration_of=None, per_request=False):
     out = sol.goodput(requests, 1e9, 1e9)  # every key, with everything "met"; then overwrite
     if not requests:
         return out
@@ -165,20 +216,26 @@ def goodput(requests, ttft_slo, tpot_slo):
     def good(r):
         p = sol.tpot(r)
         return sol.ttft(r) <= ttft_slo or p is None or p <= tpot_slo
-    return _goodput(requests, good)
+    return _m_goodput(requests, good)
 
 
 @mutant(check="goodput", message="checks only the TTFT SLO")
 def goodput(requests, ttft_slo, tpot_slo):  # noqa: F811
-    return _goodput(requests, lambda r: sol.ttft(r) <= ttft_slo)
+    return _m_goodput(requests, lambda r: sol.ttft(r) <= ttft_slo)
 
 
 @mutant(check="goodput", message="divides by the number of requests instead of the duration")
 def goodput(requests, ttft_slo, tpot_slo):  # noqa: F811
-    return _goodput(requests, lambda r: sol.meets_slo(r, ttft_slo, tpot_slo), per_request=True)
+    return _m_goodput(requests, lambda r: sol.meets_slo(r, ttft_slo, tpot_slo), per_request=True)
 
 
 @mutant(check="goodput", message="from the first to the last arrival")
 def goodput(requests, ttft_slo, tpot_slo):  # noqa: F811
-    return _goodput(requests, lambda r: sol.meets_slo(r, ttft_slo, tpot_slo),
+    return _m_goodput(requests, lambda r: sol.meets_slo(r, ttft_slo, tpot_slo),
                     duration_of=lambda rs: max(r.arrival for r in rs) - min(r.arrival for r in rs))
+
+
+@mutant(check="goodput", message="measures the run to the last token, not to the last finish")
+def goodput(requests, ttft_slo, tpot_slo):  # noqa: F811
+    return _m_goodput(requests, lambda r: sol.meets_slo(r, ttft_slo, tpot_slo),
+                      duration_of=lambda rs: max(r.token_times[-1] for r in rs) - min(r.arrival for r in rs))

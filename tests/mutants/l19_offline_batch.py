@@ -6,7 +6,6 @@ import torch
 from solutions import l19_offline_batch as sol
 from tests.mutants import mutant
 
-
 # -- 1.1 packing ------------------------------------------------------------------------------------
 
 @mutant(check="pack_prompts", message="instead of restarting at 0 for each sequence")
@@ -14,6 +13,14 @@ def pack_prompts(prompts):
     b = sol.pack_prompts(prompts)
     b["positions"] = torch.arange(len(b["input_ids"]))
     return b
+
+
+@mutant(check="pack_prompts", message="instead of raising ValueError")
+def pack_prompts(prompts):  # noqa: F811 - refuses an empty prompt, but packs no prompts at all into nothing
+    if not prompts:
+        return {"input_ids": torch.zeros(0, dtype=torch.int64), "cu_seqlens": torch.zeros(1, dtype=torch.int32),
+                "positions": torch.zeros(0, dtype=torch.int64), "max_seqlen": 0}
+    return sol.pack_prompts(prompts)
 
 
 @mutant(check="pack_prompts", message="leaves out the leading 0 of cu_seqlens")
@@ -64,7 +71,7 @@ def varlen_causal_mask(cu_seqlens):  # noqa: F811 - an additive mask where a boo
 
 # -- 1.3 packed attention ---------------------------------------------------------------------------
 
-def _attn(q, k, v, mask, scale):
+def _m_attn(q, k, v, mask, scale):
     group = q.shape[1] // k.shape[1]
     k, v = k.repeat_interleave(group, 1), v.repeat_interleave(group, 1)
     s = torch.einsum("thd,shd->hts", q, k) * scale
@@ -73,21 +80,27 @@ def _attn(q, k, v, mask, scale):
     return torch.einsum("hts,shd->thd", s.softmax(-1), v)
 
 
+@mutant(check="packed_attention", message="computes the scores and the softmax in bf16")
+def packed_attention(q, k, v, cu_seqlens, scale=None):  # noqa: F811 - right in float32, no upcast for bf16
+    mask = sol.varlen_causal_mask(cu_seqlens)
+    return _m_attn(q, k, v, mask, q.shape[-1] ** -0.5 if scale is None else scale)
+
+
 @mutant(check="packed_attention", message="attends across sequences")
 def packed_attention(q, k, v, cu_seqlens, scale=None):
     T = q.shape[0]
-    return _attn(q, k, v, torch.ones(T, T, dtype=torch.bool).tril(), scale or q.shape[-1] ** -0.5)
+    return _m_attn(q, k, v, torch.ones(T, T, dtype=torch.bool).tril(), scale or q.shape[-1] ** -0.5)
 
 
 @mutant(check="packed_attention", message="is not causal within a sequence")
 def packed_attention(q, k, v, cu_seqlens, scale=None):  # noqa: F811
     m = sol.varlen_causal_mask(cu_seqlens)
-    return _attn(q, k, v, m | m.T, scale or q.shape[-1] ** -0.5)
+    return _m_attn(q, k, v, m | m.T, scale or q.shape[-1] ** -0.5)
 
 
 @mutant(check="packed_attention", message="missing the 1/sqrt(head_dim) scale")
 def packed_attention(q, k, v, cu_seqlens, scale=None):  # noqa: F811
-    return _attn(q, k, v, sol.varlen_causal_mask(cu_seqlens), scale or 1.0)
+    return _m_attn(q, k, v, sol.varlen_causal_mask(cu_seqlens), scale or 1.0)
 
 
 @mutant(check="packed_attention", message="repeat, not repeat_interleave")
@@ -98,7 +111,7 @@ def packed_attention(q, k, v, cu_seqlens, scale=None):  # noqa: F811
 
 # -- 2.1 batches ------------------------------------------------------------------------------------
 
-def _first_fit(costs, budget, order, padded=False, last_only=False, strict=False):
+def _m_first_fit(costs, budget, order, padded=False, last_only=False, strict=False):
     batches = []
     for i in order:
         for b in (batches[-1:] if last_only else batches):
@@ -111,28 +124,35 @@ def _first_fit(costs, budget, order, padded=False, last_only=False, strict=False
     return batches
 
 
-def _decreasing(costs):
+def _m_decreasing(costs):
     return sorted(range(len(costs)), key=lambda i: (-costs[i], i))
+
+
+@mutant(check="form_batches", message="instead of raising ValueError")
+def form_batches(costs, budget, padded=False):  # noqa: F811 - checks the budget, not the costs
+    if budget < 1:
+        raise ValueError("budget must be positive")
+    return _m_first_fit(costs, budget, _m_decreasing(costs), padded)
 
 
 @mutant(check="form_batches", message="does not sort by cost first")
 def form_batches(costs, budget, padded=False):
-    return _first_fit(costs, budget, range(len(costs)), padded)
+    return _m_first_fit(costs, budget, range(len(costs)), padded)
 
 
 @mutant(check="form_batches", message="(next-fit)")
 def form_batches(costs, budget, padded=False):  # noqa: F811
-    return _first_fit(costs, budget, _decreasing(costs), padded, last_only=True)
+    return _m_first_fit(costs, budget, _m_decreasing(costs), padded, last_only=True)
 
 
 @mutant(check="form_batches", message="treats the budget as exclusive")
 def form_batches(costs, budget, padded=False):  # noqa: F811
-    return _first_fit(costs, budget, _decreasing(costs), padded, strict=True)
+    return _m_first_fit(costs, budget, _m_decreasing(costs), padded, strict=True)
 
 
 @mutant(check="form_batches", message="counts packed tokens in padded mode")
 def form_batches(costs, budget, padded=False):  # noqa: F811
-    return _first_fit(costs, budget, _decreasing(costs), padded=False)
+    return _m_first_fit(costs, budget, _m_decreasing(costs), padded=False)
 
 
 @mutant(check="form_batches", message="it should get a batch of its own")
@@ -155,6 +175,13 @@ def batch_window_delays(arrivals, window, max_batch_size=None):
     r["mean"] = sum(r["delay"]) / len(arrivals) if arrivals else 0.0
     r["max"] = max(r["delay"], default=0.0)
     return r
+
+
+@mutant(check="batch_window_delays", message="instead of raising ValueError")
+def batch_window_delays(arrivals, window, max_batch_size=None):  # noqa: F811 - checks the window only
+    if max_batch_size is not None and max_batch_size < 1:
+        return sol.batch_window_delays(arrivals, window, None)
+    return sol.batch_window_delays(arrivals, window, max_batch_size)
 
 
 @mutant(check="batch_window_delays", message="ignores max_batch_size")
@@ -210,7 +237,7 @@ def batch_window_delays(arrivals, window, max_batch_size=None):  # noqa: F811
 
 # -- 4.1 memory -------------------------------------------------------------------------------------
 
-def _kv_per_token(config, dtype_bytes):
+def _m_kv_per_token(config, dtype_bytes):
     heads = config["num_attention_heads"]
     kv = config.get("num_key_value_heads") or heads
     return 2 * config["num_hidden_layers"] * kv * (config.get("head_dim") or config["hidden_size"] // heads) * dtype_bytes
@@ -239,7 +266,7 @@ def max_batch_in_memory(config, dtype_bytes, free_bytes, prompt_len, output_len,
 def max_batch_in_memory(config, dtype_bytes, free_bytes, prompt_len, output_len, act_bytes_per_token=0.0,  # noqa: F811
                         block_size=1):
     tokens = math.ceil((prompt_len + output_len) / block_size) * block_size
-    per_seq = tokens * _kv_per_token(config, dtype_bytes) + prompt_len * act_bytes_per_token
+    per_seq = tokens * _m_kv_per_token(config, dtype_bytes) + prompt_len * act_bytes_per_token
     return max(0, math.ceil(free_bytes / per_seq))
 
 
@@ -247,7 +274,7 @@ def max_batch_in_memory(config, dtype_bytes, free_bytes, prompt_len, output_len,
 def max_batch_in_memory(config, dtype_bytes, free_bytes, prompt_len, output_len, act_bytes_per_token=0.0,  # noqa: F811
                         block_size=1):
     tokens = math.ceil((prompt_len + output_len) / block_size) * block_size
-    return int(free_bytes // (tokens * _kv_per_token(config, dtype_bytes) + prompt_len * act_bytes_per_token))
+    return int(free_bytes // (tokens * _m_kv_per_token(config, dtype_bytes) + prompt_len * act_bytes_per_token))
 
 
 @mutant(check="max_batch_in_memory", message="counts only K, not K and V")
@@ -256,3 +283,13 @@ def max_batch_in_memory(config, dtype_bytes, free_bytes, prompt_len, output_len,
     # F / (kv / 2 + a) == 2F / (kv + 2a): half the KV per token, the activations unchanged
     return sol.max_batch_in_memory(config, dtype_bytes, 2 * free_bytes, prompt_len, output_len,
                                    2 * act_bytes_per_token, block_size)
+
+
+@mutant(check="max_batch_in_memory", message="treats a field that is present but null as set")
+def max_batch_in_memory(config, dtype_bytes, free_bytes, prompt_len, output_len, act_bytes_per_token=0.0,  # noqa: F811
+                        block_size=1):
+    heads = config["num_attention_heads"]  # config.get(key, default) returns None for "key": null
+    fixed = dict(config, num_key_value_heads=config.get("num_key_value_heads", heads) * 1,
+                 head_dim=config.get("head_dim", config["hidden_size"] // heads) * 1)
+    return sol.max_batch_in_memory(fixed, dtype_bytes, free_bytes, prompt_len, output_len, act_bytes_per_token,
+                                   block_size)
