@@ -14,6 +14,7 @@ import math
 import torch
 
 import reference_engine  # noqa: F401 - on CPU this switches Triton to its interpreter, before the @triton.jit below
+from reference_engine.kernels.launch import launch
 
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
@@ -244,18 +245,11 @@ def launch_gqa_decode(kernel, q: torch.Tensor, k_cache: torch.Tensor, v_cache: t
     q, k_cache, v_cache = q.contiguous(), k_cache.contiguous(), v_cache.contiguous()
     out = torch.empty_like(q)
     lens = seq_lens.to(device=q.device, dtype=torch.int32).contiguous()
-    try:
-        kernel[(B, H_kv)](q, k_cache, v_cache, lens, out, 1.0 / math.sqrt(D),
-                          q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1),
-                          k_cache.stride(2), out.stride(0), out.stride(1),
-                          GROUP=group, GROUP_PAD=max(16, triton.next_power_of_2(group)),
-                          HEAD_DIM=D, BLOCK_N=block_n)
-    except Exception as e:  # noqa: BLE001 - an unwritten kernel is a stub, not a crash
-        # The interpreter wraps the stub's NotImplementedError; the GPU compiler rejects its `raise`.
-        if "NotImplementedError" in str(e):
-            raise NotImplementedError("Exercise 2.2 (gqa_decode_kernel): see section 2.2 of "
-                                      "lessons/l15_attention_layouts.ipynb") from None
-        raise
+    launch(kernel, (B, H_kv), q, k_cache, v_cache, lens, out, 1.0 / math.sqrt(D),
+           q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+           out.stride(0), out.stride(1),
+           GROUP=group, GROUP_PAD=max(16, triton.next_power_of_2(group)), HEAD_DIM=D, BLOCK_N=block_n,
+           stub="Exercise 2.2 (gqa_decode_kernel): see section 2.2 of lessons/l15_attention_layouts.ipynb")
     return out
 
 

@@ -2,6 +2,7 @@
 import pytest
 import torch
 
+from autograder.checks import l15_attention_layouts as C
 from solutions import l15_attention_layouts as L
 
 
@@ -85,3 +86,19 @@ def test_triton_kernel_handles_block_edges_and_other_block_sizes():
     for block_n in (16, 32):
         torch.testing.assert_close(L.gqa_decode_triton(q, k, v, lens, block_n=block_n), ref,
                                    rtol=1e-4, atol=1e-5)
+
+
+def test_shape_watch_tells_absorbed_from_naive():
+    cfg = {"hidden_size": 56, "num_attention_heads": 3, "q_lora_rank": None, "kv_lora_rank": 28,
+           "qk_nope_head_dim": 12, "qk_rope_head_dim": 4, "v_head_dim": 20, "rope_theta": 10000.0}
+    g = torch.Generator().manual_seed(0)
+    w = L.random_mla_weights(cfg, g)
+    x = torch.randn(41, 56, generator=g)
+    pos = torch.arange(41)
+    c_kv, k_pe = L.mla_cache_entry(w, cfg, x, pos)
+    widths = {12, 20, 32, 16, 36, 60, 96}
+    args = (w, cfg, x[-1:], pos[-1:], c_kv, k_pe)
+    naive = C.watch_shapes(L.mla_attention_naive, 41, widths, *args)
+    absorbed = C.watch_shapes(L.mla_attention_absorbed, 41, widths, *args)
+    assert naive["seen"] and not absorbed["seen"]
+    torch.testing.assert_close(absorbed["out"], naive["out"], rtol=1e-4, atol=1e-5)

@@ -1,4 +1,10 @@
-"""Checks of lesson 15: cache bytes per layout, a GQA decode kernel, MLA with absorbed projections."""
+"""Checks of lesson 15: cache bytes per layout, a GQA decode kernel, MLA with absorbed projections.
+
+Wrong answers are named by computing the usual wrong versions here on the same inputs (the
+`_*_variant` functions). What only the learner's process can observe (which tensors the absorbed MLA
+builds, how fast a kernel runs on the GPU) comes back from harness functions at the bottom of each
+section, run there by `t.run`, and is judged here.
+"""
 from __future__ import annotations
 
 import math
@@ -6,10 +12,7 @@ import time
 
 import torch
 
-from autograder.core import check
-
-STEM_NB = "lessons/l15_attention_layouts.ipynb"
-
+from autograder.core import LearnerRaised, check
 
 # ---------------------------------------------------------------- 1. bytes per token
 
@@ -74,25 +77,44 @@ def _kv_mistakes(cfg: dict, b: int) -> dict:
     return out
 
 
+DENSE_KINDS = ["MHA, num_key_value_heads missing", "MHA, num_key_value_heads null", "MQA",
+               "GQA, explicit head_dim", "GQA"]
+
+
 @check(points=3, section="1.1", timeout=10)
 def kv_bytes_per_token(t):
     """KV bytes per token for MHA, GQA, MQA and MLA configs, MLA detected by kv_lora_rank."""
     R = t.ref
-    cases = [("Llama-3-70B, bf16", R.LLAMA_3_70B, 2), ("DeepSeek-V3, bf16", R.DEEPSEEK_V3, 2),
-             ("DeepSeek-V2, bf16", R.DEEPSEEK_V2, 2), ("Mistral-7B, fp8", R.MISTRAL_7B, 1),
-             ("GQA whose head_dim is not hidden_size / heads", {"num_hidden_layers": 40,
-              "num_attention_heads": 32, "num_key_value_heads": 8, "hidden_size": 5120, "head_dim": 128}, 2)]
-    kinds = ["MHA, num_key_value_heads missing", "MHA, num_key_value_heads null", "MQA",
-             "GQA, explicit head_dim", "GQA"]
-    for kind in t.rng.sample(kinds, 3):
-        cases.append((f"hidden {kind}", _rand_dense_config(t.rng, kind), t.rng.choice([1, 2, 4])))
-    for _ in range(2):
-        cases.append(("hidden MLA", _rand_mla_config(t.rng), t.rng.choice([1, 2])))
-    for label, cfg, b in cases:
-        with t.case(f"{label} ({b} B/element)"):
+    # What transformers writes out for a dense model: the fields present, set to null.
+    nulls = {"num_hidden_layers": 28, "num_attention_heads": 24, "num_key_value_heads": None, "hidden_size": 3072,
+             "head_dim": None, "kv_lora_rank": None, "qk_rope_head_dim": None}
+    visible = [("Llama-3-70B, bf16", (R.LLAMA_3_70B, 2)), ("DeepSeek-V3, bf16", (R.DEEPSEEK_V3, 2)),
+               ("DeepSeek-V2, bf16", (R.DEEPSEEK_V2, 2)), ("Mistral-7B, fp8", (R.MISTRAL_7B, 1)),
+               ("GQA whose head_dim is not hidden_size / heads", ({"num_hidden_layers": 40,
+                "num_attention_heads": 32, "num_key_value_heads": 8, "hidden_size": 5120, "head_dim": 128}, 2)),
+               ("MHA with num_key_value_heads, head_dim and kv_lora_rank present but null", (nulls, 2))]
+    # Every kind on every seed: a kind drawn only sometimes lets its mistake pass on the other seeds.
+    hidden = [(_rand_dense_config(t.rng, kind), t.rng.choice([1, 2, 4]), kind) for kind in DENSE_KINDS]
+    hidden += [(_rand_mla_config(t.rng), t.rng.choice([1, 2]), "MLA") for _ in range(2)]
+    for label, (cfg, b, *kind) in t.cases(visible=visible, hidden=hidden):
+        with t.case(f"{label}{': ' + kind[0] if kind else ''} ({b} B/element)"):
             expected = R.kv_bytes_per_token(cfg, b)
-            got = t.call("kv_bytes_per_token", cfg, b)
+            got = _call_on_nulls(t, "kv_bytes_per_token", cfg, b)
             t.expect(got, expected, f"bytes per token for {_cfg_repr(cfg)}", mistakes=_kv_mistakes(cfg, b))
+
+
+def _call_on_nulls(t, name: str, cfg: dict, *args):
+    """t.call(name, cfg, *args); a TypeError on a config with null fields is named for what it usually is."""
+    try:
+        return t.call(name, cfg, *args)
+    except LearnerRaised as e:
+        nulls = [k for k in ("num_key_value_heads", "head_dim", "kv_lora_rank", "qk_rope_head_dim")
+                 if k in cfg and cfg[k] is None]
+        if not nulls or not e.is_a(TypeError) or e.info.get("not_implemented"):
+            raise
+        t.fail(f"{name}() raised on a config whose {', '.join(nulls)} are present but null:\n{e.tb_text}\n"
+               "Looks like your code reads a null field as a value: config.get(key, default) gives None when "
+               "the key is there with null; write config.get(key) or default")
 
 
 def _cfg_repr(cfg: dict) -> str:
@@ -101,51 +123,67 @@ def _cfg_repr(cfg: dict) -> str:
     return "{" + ", ".join(f"{k}: {cfg[k]}" for k in keys if k in cfg) + "}"
 
 
+def _capacity_mistakes(R, cfg, params, wb, kvb, gpus, gpu_bytes, copies, default: bool) -> dict:
+    per = R.kv_bytes_per_token(cfg, kvb)
+    free = gpus * gpu_bytes - params * wb
+    out = {"returns a negative count when the weights do not fit (return 0)": int(free // (per * copies)),
+           "does not subtract the weights": int(gpus * gpu_bytes // (per * copies)),
+           "ignores kv_copies (a replicated cache takes its bytes once per copy)": max(0, int(free // per)),
+           "subtracts the whole model from every GPU (the weights are split across them)":
+               max(0, int(gpus * (gpu_bytes - params * wb) // (per * copies))),
+           "rounds to the nearest token (whole tokens only: round down)": max(0, round(free / (per * copies)))}
+    if default:
+        out["stores a copy per GPU when kv_copies is not given (its default is 1: each token once)"] = \
+            max(0, int(free // (per * gpus)))
+    return out
+
+
 @check(points=2, section="1.2", timeout=10)
 def kv_capacity_tokens(t):
-    """Tokens of cache that fit after the weights, with the cache stored once or per GPU."""
+    """Tokens of cache that fit after the weights, with the cache stored once or per GPU (default: once)."""
     R = t.ref
-    cases = [("Llama-3-70B bf16 on 8 x 141 GB", R.LLAMA_3_70B, 70.55e9, 2, 2, 8, 141e9, 1),
-             ("DeepSeek-V3 fp8 weights, latent on every GPU (plain TP)", R.DEEPSEEK_V3, 671e9, 1, 2, 8, 141e9, 8),
-             ("DeepSeek-V3 fp8 weights, each latent stored once", R.DEEPSEEK_V3, 671e9, 1, 2, 8, 141e9, 1),
-             ("DeepSeek-V3 bf16 weights on 8 x 141 GB (they do not fit)", R.DEEPSEEK_V3, 671e9, 2, 2, 8, 141e9, 1)]
-    for _ in range(3):
-        cfg = t.rng.choice([R.LLAMA_3_8B, R.MISTRAL_7B, R.LLAMA_3_70B, R.DEEPSEEK_V2])
-        gpus = t.rng.choice([1, 2, 4, 8])
-        params = R.param_count(cfg) * t.rng.uniform(0.9, 1.1)
-        cases.append(("hidden", cfg, params, t.rng.choice([1, 2]), t.rng.choice([1, 2]), gpus,
-                      t.rng.choice([40e9, 80e9, 141e9]), t.rng.choice([1, gpus])))
-    for label, cfg, params, wb, kvb, gpus, gpu_bytes, copies in cases:
-        args = (cfg, params, wb, kvb, gpus, gpu_bytes, copies)
+    visible = [("Llama-3-70B bf16 on 8 x 141 GB", (R.LLAMA_3_70B, 70.55e9, 2, 2, 8, 141e9, 1)),
+               ("Llama-3-70B bf16 on 4 x 80 GB, kv_copies left at its default",
+                (R.LLAMA_3_70B, 70.55e9, 2, 2, 4, 80e9, None)),
+               ("DeepSeek-V3 fp8 weights, latent on every GPU (plain TP)", (R.DEEPSEEK_V3, 671e9, 1, 2, 8, 141e9, 8)),
+               ("DeepSeek-V3 fp8 weights, each latent stored once", (R.DEEPSEEK_V3, 671e9, 1, 2, 8, 141e9, 1)),
+               ("DeepSeek-V3 bf16 weights on 8 x 141 GB (they do not fit)", (R.DEEPSEEK_V3, 671e9, 2, 2, 8, 141e9, 1))]
+
+    def hidden(rng):
+        cfg = rng.choice([R.LLAMA_3_8B, R.MISTRAL_7B, R.LLAMA_3_70B, R.DEEPSEEK_V2])
+        gpus = rng.choice([1, 2, 4, 8])
+        params = R.param_count(cfg) * rng.uniform(0.9, 1.1)
+        return (cfg, params, rng.choice([1, 2]), rng.choice([1, 2]), gpus, rng.choice([40e9, 80e9, 141e9]),
+                rng.choice([1, gpus]))
+    for label, (cfg, params, wb, kvb, gpus, gpu_bytes, copies) in t.cases(visible=visible, hidden=hidden, n=3):
+        args = (cfg, params, wb, kvb, gpus, gpu_bytes) + (() if copies is None else (copies,))
         with t.case(f"{label}: {cfg['name']}, {params / 1e9:.4g}B params x {wb} B, "
-                    f"{gpus} x {gpu_bytes / 1e9:g} GB, kv_copies={copies}"):
+                    f"{gpus} x {gpu_bytes / 1e9:g} GB, kv_copies={copies or '(default)'}"):
             expected = R.kv_capacity_tokens(*args)
             got = t.call("kv_capacity_tokens", *args)
-            per = R.kv_bytes_per_token(cfg, kvb)
-            free = gpus * gpu_bytes - params * wb
-            t.expect(got, expected, "tokens", mistakes={
-                "returns a negative count when the weights do not fit (return 0)": int(free // (per * copies)),
-                "does not subtract the weights": int(gpus * gpu_bytes // (per * copies)),
-                "ignores kv_copies (a replicated cache takes its bytes once per copy)": max(0, int(free // per)),
-                "subtracts the whole model from every GPU (the weights are split across them)":
-                    max(0, int(gpus * (gpu_bytes - params * wb) // (per * copies))),
-            })
+            t.expect(got, expected, "tokens", mistakes=_capacity_mistakes(R, cfg, params, wb, kvb, gpus, gpu_bytes,
+                                                                          copies or 1, default=copies is None))
 
 
 # ---------------------------------------------------------------- 2. GQA decode
 
 
-def _gqa_variant(q, k_cache, v_cache, seq_lens, kv_map="div", scale=None, lens=None):
-    """A torch GQA decode with one thing changed, to name what a wrong answer did."""
+def _gqa_variant(q, k_cache, v_cache, seq_lens, kv_map="div", scale=None, lens=None, weights=None,
+                 dtype=torch.float32):
+    """A torch GQA decode with one thing changed, to name what a wrong answer did: `kv_map` "mod" (head h
+    reads KV head h % num_kv_heads), `scale`, `lens` (positions attended), `weights` [B, L] (how many
+    times each position is counted: 0, 1 or 2), `dtype` (what the scores and softmax are computed in)."""
     B, H, D = q.shape
     _, L, H_kv, _ = k_cache.shape
     idx = torch.arange(H) // (H // H_kv) if kv_map == "div" else torch.arange(H) % H_kv
-    k = k_cache.float()[:, :, idx.to(q.device)]
-    v = v_cache.float()[:, :, idx.to(q.device)]
-    s = torch.einsum("bhd,blhd->bhl", q.float(), k) * (1 / math.sqrt(D) if scale is None else scale)
+    k = k_cache.to(dtype)[:, :, idx.to(q.device)]
+    v = v_cache.to(dtype)[:, :, idx.to(q.device)]
+    s = torch.einsum("bhd,blhd->bhl", q.to(dtype), k) * (1 / math.sqrt(D) if scale is None else scale)
     lens = seq_lens if lens is None else lens
     s = s.masked_fill((torch.arange(L, device=q.device)[None, :] >= lens.to(q.device)[:, None])[:, None, :],
                       float("-inf"))
+    if weights is not None:
+        s = s + weights.to(s.device, s.dtype).log()[:, None, :]
     return torch.einsum("bhl,blhd->bhd", s.softmax(-1), v).to(q.dtype)
 
 
@@ -163,18 +201,38 @@ def _padded_block_variant(q, k_cache, v_cache, seq_lens, block=16):
     return _gqa_variant(q, k, v, seq_lens, lens=padded)
 
 
-def _gqa_mistakes(q, k, v, lens) -> dict:
-    D = q.shape[-1]
-    return {
+def _gqa_mistakes(q, k, v, lens, block_n: int | None = None) -> dict:
+    """The usual wrong answers. block_n: the kernel's block (None: a torch implementation), for the
+    mistakes only a kernel that walks the positions in blocks makes."""
+    D, L = q.shape[-1], k.shape[1]
+    n = lens.long()
+    out = {
         "maps query head h to KV head h % num_kv_heads instead of h // group (heads 0..group-1 "
         "share KV head 0)": _gqa_variant(q, k, v, lens, kv_map="mod"),
         "does not scale scores by 1/sqrt(head_dim)": _gqa_variant(q, k, v, lens, scale=1.0),
         "scales scores by 1/head_dim instead of 1/sqrt(head_dim)": _gqa_variant(q, k, v, lens, scale=1.0 / D),
         "attends to positions past the sequence length (mask every row >= seq_lens[b])":
-            _gqa_variant(q, k, v, lens, lens=torch.full_like(lens, k.shape[1])),
-        "attends to positions past the sequence length (the last block's padding stays in the "
-        "softmax: set its scores to -inf)": _padded_block_variant(q, k, v, lens),
+            _gqa_variant(q, k, v, lens, lens=torch.full_like(lens, L)),
+        "drops the newest token: seq_lens already counts it (attend to rows < seq_lens[b])":
+            _gqa_variant(q, k, v, lens, lens=n - 1),
     }
+    if block_n is None:
+        out["attends to one row too many (rows < seq_lens[b], not <= seq_lens[b])"] = \
+            _gqa_variant(q, k, v, lens, lens=torch.clamp(n + 1, max=L))
+    else:
+        out["attends to positions past the sequence length (the last block's padding stays in the "
+            "softmax: set its scores to -inf)"] = _padded_block_variant(q, k, v, lens, block_n)
+    if block_n is not None and block_n > 16:
+        pos = torch.arange(L)[None, :].expand(len(lens), -1)
+        out["ignores BLOCK_N: it reads 16 positions per step of BLOCK_N (use tl.arange(0, BLOCK_N))"] = \
+            _gqa_variant(q, k, v, lens, weights=(pos % block_n < 16).float())
+        out["steps by 16 but reads BLOCK_N positions: positions past the first 16 are counted more than "
+            "once (step by BLOCK_N)"] = \
+            _gqa_variant(q, k, v, lens, weights=torch.clamp(pos // 16 + 1, max=block_n // 16).float())
+    if q.dtype == torch.bfloat16:
+        out["computes the scores and softmax in bf16: upcast q, K and V to float32 first (bf16 keeps 8 bits "
+            "of a score, and exp turns that error into percents)"] = _gqa_variant(q, k, v, lens, dtype=q.dtype)
+    return out
 
 
 def _gqa_case(t, B, H, H_kv, D, L, lens, dtype=torch.float32, q_scale=1.0):
@@ -186,10 +244,15 @@ def _gqa_case(t, B, H, H_kv, D, L, lens, dtype=torch.float32, q_scale=1.0):
     return [x.to(t.device, dtype) for x in (q, k, v)] + [lens.to(t.device)]
 
 
-def _gqa_configs(t) -> list:
-    """(label, B, H, H_kv, D, L, lens): two visible, then group sizes 1, 2, 4, 8 hidden."""
-    out = [("visible: 2 seqs, 8 heads / 2 KV heads, d=16", 2, 8, 2, 16, 40, [37, 1]),
-           ("visible: 3 seqs, MQA 4 heads / 1 KV head, d=32", 3, 4, 1, 32, 24, [24, 16, 5])]
+def _gqa_configs(t, bf16: bool = False) -> list:
+    """(label, (B, H, H_kv, D, L, lens, options)): visible ones (bf16: one with bf16 inputs and a sharp
+    softmax), then group sizes 1, 2, 4, 8 hidden (each on every seed)."""
+    visible = [("visible: 2 seqs, 8 heads / 2 KV heads, d=16", (2, 8, 2, 16, 40, [37, 1], {})),
+               ("visible: 3 seqs, MQA 4 heads / 1 KV head, d=32", (3, 4, 1, 32, 24, [24, 16, 5], {}))]
+    if bf16:
+        visible.append(("visible: bf16 inputs, sharp scores (queries x6), 3 seqs up to 130 tokens",
+                        (3, 8, 2, 64, 130, [130, 57, 100], {"dtype": torch.bfloat16, "q_scale": 6.0})))
+    hidden = []
     for group in (1, 2, 4, 8):
         H_kv = t.rng.choice([1, 2, 3]) if group > 1 else t.rng.choice([2, 3, 4])
         D = t.rng.choice([16, 32, 64])
@@ -197,45 +260,66 @@ def _gqa_configs(t) -> list:
         L = t.rng.randint(17, 48)
         lens = [t.rng.choice([1, 16, 17, t.rng.randint(2, L)])] + [t.rng.randint(1, L) for _ in range(B - 1)]
         t.rng.shuffle(lens)
-        out.append((f"hidden: group {group}, {B} seqs, {group * H_kv} heads / {H_kv} KV heads, "
-                    f"d={D}, lengths {lens} of max {L}", B, group * H_kv, H_kv, D, L, lens))
-    return out
+        hidden.append((B, group * H_kv, H_kv, D, L, lens, {}))
+    return [(label if label.startswith("visible") else
+             f"{label}: group {H // H_kv}, {B} seqs, {H} heads / {H_kv} KV heads, d={D}, lengths {lens} of max {L}",
+             (B, H, H_kv, D, L, lens, opts))
+            for label, (B, H, H_kv, D, L, lens, opts) in t.cases(visible=visible, hidden=hidden)]
+
+
+def _expect_gqa(t, name: str, args: list, kernel_block: int | None, tol: dict | None = None, **call_kw):
+    """Call the learner's `name` on args (and call_kw), expect the reference, name the usual mistakes;
+    kernel_block: the BLOCK_N the kernel runs with (None: a torch implementation)."""
+    expected = t.ref.gqa_decode_torch(*args)
+    got = t.call(name, *args, **call_kw)
+    hint = ("Compute the scores, softmax and weighted sum in float32, then cast the output to q's dtype."
+            if args[0].dtype == torch.bfloat16 else "")
+    t.expect(got, expected, "attention output", mistakes=_gqa_mistakes(*args, block_n=kernel_block), hint=hint,
+             **(tol or {}))
 
 
 @check(points=2, section="2.1", timeout=15)
 def gqa_decode_torch(t):
-    """The torch GQA decode: head mapping, scale, ragged lengths."""
-    for label, B, H, H_kv, D, L, lens in _gqa_configs(t):
+    """The torch GQA decode: head mapping, scale, ragged lengths, and a float32 softmax for bf16 inputs."""
+    for label, (*cfg, opts) in _gqa_configs(t, bf16=True):
         with t.case(label):
-            q, k, v, lens_t = _gqa_case(t, B, H, H_kv, D, L, lens)
-            expected = t.ref.gqa_decode_torch(q, k, v, lens_t)
-            got = t.call("gqa_decode_torch", q, k, v, lens_t)
-            t.expect(got, expected, "attention output", mistakes=_gqa_mistakes(q, k, v, lens_t))
+            _expect_gqa(t, "gqa_decode_torch", _gqa_case(t, *cfg, **opts), kernel_block=None)
 
 
-def _time(fn, cuda: bool, reps: int = 20) -> float:
+def time_gqa(fn, lens: list[int], seed: int, reps: int = 20) -> dict:
+    """(A harness: runs in the learner's process, on CUDA.) Seconds per call of `fn` and of a torch GQA
+    decode (float32 scores, K/V repeated per query head: the lesson's reference) on the same bf16 inputs
+    (32 heads on 8 KV heads, head_dim 128, 4096 rows), built there: copying 0.5 GB of inputs per call
+    would swamp the timing."""
+    gen = torch.Generator().manual_seed(seed)
+    q, k, v = (torch.randn(*shape, generator=gen).to("cuda", torch.bfloat16)
+               for shape in ((len(lens), 32, 128), (len(lens), 4096, 8, 128), (len(lens), 4096, 8, 128)))
+    seq_lens = torch.tensor(lens, dtype=torch.int32, device="cuda")
+    return {"mine": _time(lambda: fn(q, k, v, seq_lens), reps),
+            "ref": _time(lambda: _gqa_variant(q, k, v, seq_lens), reps)}
+
+
+def _time(fn, reps: int) -> float:
     fn()
-    if cuda:
-        torch.cuda.synchronize()
+    torch.cuda.synchronize()
     start = time.perf_counter()
     for _ in range(reps):
         fn()
-    if cuda:
-        torch.cuda.synchronize()
+    torch.cuda.synchronize()
     return (time.perf_counter() - start) / reps
 
 
 @check(points=4, section="2.2", timeout=60)
 def gqa_decode_triton(t):
-    """The Triton GQA decode kernel against the torch reference (fp32; bf16 and timing on CUDA)."""
+    """The Triton GQA decode kernel against the torch reference (fp32, block_n 16 and 32; bf16 and timing on CUDA)."""
     # tl.dot on fp32 uses TF32 on NVIDIA GPUs (10-bit mantissa): loosen fp32 there only.
     tol = {"rtol": 5e-3, "atol": 5e-3} if t.cuda else {}
-    for label, B, H, H_kv, D, L, lens in _gqa_configs(t):
+    for label, (*cfg, opts) in _gqa_configs(t):
         with t.case(label):
-            q, k, v, lens_t = _gqa_case(t, B, H, H_kv, D, L, lens)
-            expected = t.ref.gqa_decode_torch(q, k, v, lens_t)
-            got = t.call("gqa_decode_triton", q, k, v, lens_t)
-            t.expect(got, expected, "attention output", mistakes=_gqa_mistakes(q, k, v, lens_t), **tol)
+            _expect_gqa(t, "gqa_decode_triton", _gqa_case(t, *cfg, **opts), kernel_block=16, tol=tol)
+    with t.case("visible: block_n=32 (the launcher's BLOCK_N is not always 16), 2 seqs of 70 and 40 rows"):
+        _expect_gqa(t, "gqa_decode_triton", _gqa_case(t, 2, 4, 2, 16, 70, [70, 40]), kernel_block=32, tol=tol,
+                    block_n=32)
     with t.case("large scores (beyond 88.7, where exp overflows float32)"):
         q, k, v, lens_t = _gqa_case(t, 2, 4, 2, 16, 33, [33, 20], q_scale=60.0)
         expected = t.ref.gqa_decode_torch(q, k, v, lens_t)
@@ -245,23 +329,19 @@ def gqa_decode_triton(t):
                    "running-max subtraction, so exp overflows: use exp(s - m_new) and rescale by exp(m - m_new)")
         # TF32 rounding of scores near 150 moves the softmax by a few percent on a GPU.
         big_tol = {"rtol": 5e-2, "atol": 5e-2} if t.cuda else {}
-        t.expect(got, expected, "attention output", mistakes=_gqa_mistakes(q, k, v, lens_t), **big_tol)
+        t.expect(got, expected, "attention output", mistakes=_gqa_mistakes(q, k, v, lens_t, block_n=16), **big_tol)
     with t.case("bf16 inputs", requires_cuda=True) as on:
         if on:
-            q, k, v, lens_t = _gqa_case(t, 4, 32, 8, 128, 300, [300, 1, 77, 250], dtype=torch.bfloat16)
-            expected = t.ref.gqa_decode_torch(q, k, v, lens_t)
-            t.expect(t.call("gqa_decode_triton", q, k, v, lens_t), expected, "bf16 attention output")
+            args = _gqa_case(t, 4, 32, 8, 128, 300, [300, 1, 77, 250], dtype=torch.bfloat16, q_scale=6.0)
+            _expect_gqa(t, "gqa_decode_triton", args, kernel_block=16)
     with t.case("speed: not slower than 1.5x the torch reference (bf16, 32 seqs x 4096)",
                 requires_cuda=True) as on:
         if on:
-            lens = [t.rng.randint(2048, 4096) for _ in range(32)]
-            q, k, v, lens_t = _gqa_case(t, 32, 32, 8, 128, 4096, lens, dtype=torch.bfloat16)
-            fn = t.fn("gqa_decode_triton")
-            try:  # called directly: copying and comparing 0.5 GB of inputs per call would swamp the timing
-                mine = _time(lambda: fn(q, k, v, lens_t), cuda=True)
-            except Exception as e:  # noqa: BLE001 - learner code
-                t.fail(f"gqa_decode_triton() raised {type(e).__name__}: {e}")
-            ref = _time(lambda: t.ref.gqa_decode_torch(q, k, v, lens_t), cuda=True)
+            got = t.run(time_gqa, t.learner("gqa_decode_triton"), [t.rng.randint(2048, 4096) for _ in range(32)],
+                        t.rng.randrange(2**31), what="gqa_decode_triton, timed,")
+            mine, ref = got["mine"], got["ref"]
+            if not (type(mine) is float and type(ref) is float and mine > 0 and ref > 0):
+                t.fail(f"the timing of your kernel came back as {mine!r} s per call: it must be a positive time")
             t.expect_true(mine <= 1.5 * ref, f"your kernel takes {mine * 1e3:.3f} ms per call, the torch "
                           f"reference {ref * 1e3:.3f} ms: load each K/V block once for the whole group")
 
@@ -284,9 +364,19 @@ def _mla_repr(cfg: dict) -> str:
             f"theta={cfg['rope_theta']:g}")
 
 
+def _seeded_mla_weights(R, cfg: dict, seed: int) -> dict:
+    return R.random_mla_weights(cfg, torch.Generator().manual_seed(seed))
+
+
+def _mla_weights(t, cfg: dict) -> dict:
+    """The reference's random_mla_weights, from a seed drawn here: a generator cannot be part of a
+    question a student's copy replays (`t.reference`)."""
+    return t.reference(_seeded_mla_weights, cfg, t.rng.randrange(2**31))
+
+
 def _mla_setup(t, cfg, S, T, start_pos=0):
     """Weights, all S tokens' hidden states, the cache (from the reference), the newest T tokens."""
-    w = t.ref.random_mla_weights(cfg, t.gen)
+    w = _mla_weights(t, cfg)
     x_all = torch.randn(S, cfg["hidden_size"], generator=t.gen)
     pos_all = torch.arange(start_pos, start_pos + S)
     c_kv, k_pe = t.ref.mla_cache_entry(w, cfg, x_all, pos_all)
@@ -310,6 +400,7 @@ def _rope_half_split(x, positions, theta):
 
 ROTATE_HALF = ("applies Llama's half-split RoPE (rotate_half: x[i] with x[i + d/2]) instead of "
                "DeepSeek's adjacent pairs (x[2i], x[2i+1]); use rope_interleaved")
+THETA_10K = "rotates with rope_theta 10000 instead of the config's rope_theta"
 
 
 def _query_mistakes(R, w, cfg, x, pos) -> dict:
@@ -327,7 +418,7 @@ def _query_mistakes(R, w, cfg, x, pos) -> dict:
 
     qn, qp = raw()
     out = {ROTATE_HALF: (qn, _rope_half_split(qp, pos, cfg["rope_theta"])),
-           "forgets RoPE on q_pe": (qn, qp)}
+           "forgets RoPE on q_pe": (qn, qp), THETA_10K: (qn, R.rope_interleaved(qp, pos, 10000.0))}
     if cfg.get("q_lora_rank"):
         qn2, qp2 = raw(norm=False)
         out["skips q_a_layernorm between q_a_proj and q_b_proj"] = (qn2, R.rope_interleaved(qp2, pos, cfg["rope_theta"]))
@@ -335,10 +426,12 @@ def _query_mistakes(R, w, cfg, x, pos) -> dict:
 
 
 def _mla_cfgs(t) -> list:
+    """Visible: with and without q_lora; the second with rope_theta 50000, so that a hard-coded 10000 shows."""
     tiny = dict(t.ref.MLA_TINY)
-    return [("visible: MLA_TINY (q_lora_rank 24)", tiny),
-            ("visible: MLA_TINY without q_lora", {**tiny, "q_lora_rank": None}),
-            ("hidden", _rand_mla_cfg(t)), ("hidden", _rand_mla_cfg(t))]
+    return t.cases(visible=[("visible: MLA_TINY (q_lora_rank 24)", tiny),
+                            ("visible: MLA_TINY without q_lora, rope_theta 50000",
+                             {**tiny, "q_lora_rank": None, "rope_theta": 50000.0})],
+                   hidden=[_rand_mla_cfg(t), _rand_mla_cfg(t)])
 
 
 @check(points=2, section="3.1", timeout=10)
@@ -347,7 +440,7 @@ def mla_query(t):
     R = t.ref
     for label, cfg in _mla_cfgs(t):
         with t.case(f"{label}: {_mla_repr(cfg)}"):
-            w = R.random_mla_weights(cfg, t.gen)
+            w = _mla_weights(t, cfg)
             T = t.rng.randint(2, 6)
             x = torch.randn(T, cfg["hidden_size"], generator=t.gen)
             pos = torch.arange(T) + t.rng.randint(0, 50)
@@ -362,7 +455,7 @@ def mla_cache_entry(t):
     R = t.ref
     for label, cfg in _mla_cfgs(t):
         with t.case(f"{label}: {_mla_repr(cfg)}"):
-            w = R.random_mla_weights(cfg, t.gen)
+            w = _mla_weights(t, cfg)
             T = t.rng.randint(2, 8)
             x = torch.randn(T, cfg["hidden_size"], generator=t.gen)
             pos = torch.arange(T) + t.rng.randint(0, 50)
@@ -374,6 +467,7 @@ def mla_cache_entry(t):
             got = t.call("mla_cache_entry", w, cfg, x, pos)
             t.expect(got, expected, "(c_kv, k_pe)", mistakes={
                 ROTATE_HALF: (c, _rope_half_split(a[:, r:], pos, theta)),
+                THETA_10K: (c, R.rope_interleaved(a[:, r:], pos, 10000.0)),
                 "forgets RoPE on k_pe (it is cached already rotated)": (c, a[:, r:]),
                 "skips kv_a_layernorm on the latent (the cache holds the normalised latent)":
                     (a[:, :r], expected[1]),
@@ -433,19 +527,23 @@ def _mla_mistakes(R, w, cfg, x, pos, c_kv, k_pe, absorbed: bool) -> dict:
 
 
 def _mla_attention_cases(t) -> list:
+    """(label, (cfg, S, T, start)). The visible prefill has v_head_dim != qk_nope_head_dim, so that the
+    two wrong scales give different outputs on every seed."""
     tiny = dict(t.ref.MLA_TINY)
-    cases = [("visible: decode, MLA_TINY", tiny, 9, 1, 0),
-             ("visible: prefill, MLA_TINY without q_lora", {**tiny, "q_lora_rank": None}, 6, 6, 0)]
+    visible = [("visible: decode, MLA_TINY", (tiny, 9, 1, 0)),
+               ("visible: prefill, MLA_TINY without q_lora, v_head_dim 24",
+                ({**tiny, "q_lora_rank": None, "v_head_dim": 24}, 6, 6, 0))]
+    hidden = []
     for kind in ("decode", "chunk of a prompt"):
         S = t.rng.randint(3, 20)
         T = 1 if kind == "decode" else t.rng.randint(2, S)
-        cases.append((f"hidden: {kind}", _rand_mla_cfg(t), S, T, t.rng.choice([0, 5])))
-    return cases
+        hidden.append((_rand_mla_cfg(t), S, T, t.rng.choice([0, 5])))
+    return t.cases(visible=visible, hidden=hidden)
 
 
 def _run_mla_attention(t, name: str, absorbed: bool):
     R = t.ref
-    for label, cfg, S, T, start in _mla_attention_cases(t):
+    for label, (cfg, S, T, start) in _mla_attention_cases(t):
         with t.case(f"{label}, {T} new token(s), {S + start} in the cache; {_mla_repr(cfg)}"):
             w, _, _, c_kv, k_pe, x, pos = _mla_setup(t, cfg, S, T, start)
             expected = R.mla_attention_naive(w, cfg, x, pos, c_kv, k_pe)
@@ -475,6 +573,15 @@ class _ShapeWatch(torch.overrides.TorchFunctionMode):
         return out
 
 
+def watch_shapes(fn, S: int, widths: set, *args) -> dict:
+    """(A harness: runs in the learner's process.) fn(*args) under a _ShapeWatch: returns {"out": its
+    result, "seen": the shapes of the tensors it built with S and one of `widths` in their shape}."""
+    watch = _ShapeWatch(S, set(widths))
+    with watch:
+        out = fn(*args)
+    return {"out": out, "seen": watch.seen[:20]}
+
+
 @check(points=3, section="3.3", timeout=10)
 def mla_attention_absorbed(t):
     """MLA attention with W_UK absorbed into the query and W_UV after the sum, equal to the naive form."""
@@ -487,12 +594,11 @@ def mla_attention_absorbed(t):
         w, _, _, c_kv, k_pe, x, pos = _mla_setup(t, cfg, S, 1)
         H, nope, vd, rope = 3, 12, 20, 4
         widths = {nope, vd, nope + vd, nope + rope, H * nope, H * vd, H * (nope + vd)}
-        fn = t.fn("mla_attention_absorbed")
-        watch = _ShapeWatch(S, widths)
-        with watch:
-            got = t.call_fn(fn, w, cfg, x, pos, c_kv, k_pe)
         expected = t.ref.mla_attention_naive(w, cfg, x, pos, c_kv, k_pe)
-        t.expect(got, expected, "attention output")
-        t.expect_true(not watch.seen, f"your code built tensors of shape {watch.seen[:3]} from the {S} cached "
+        got = t.run(watch_shapes, t.learner("mla_attention_absorbed"), S, widths, w, cfg, x, pos, c_kv, k_pe,
+                    what="mla_attention_absorbed")
+        t.expect(got["out"], expected, "attention output")
+        seen = got["seen"]
+        t.expect_true(seen == [], f"your code built tensors of shape {seen[:3]!r} from the {S} cached "
                       "tokens. Looks like your code decompresses the cache into per-head K/V: the absorbed "
                       "form keeps every [S, ...] tensor in latent space (c_kv, k_pe, the scores)")

@@ -70,10 +70,12 @@ class Mutant:
         mutant_lines = set(self.lines)
         helpers, defs = [], []
         for node in tree.body:
-            first = min([node.lineno] + [d.lineno for d in getattr(node, "decorator_list", [])])
-            decorated = any(_is_mutant_decorator(d) for d in getattr(node, "decorator_list", []))
-            body_start = node.lineno
-            seg = "".join(lines[body_start - 1: node.end_lineno])
+            decorators = getattr(node, "decorator_list", [])
+            first = min([node.lineno] + [d.lineno for d in decorators])
+            decorated = any(_is_mutant_decorator(d) for d in decorators)
+            # Keep every decorator but @mutant (a helper kernel's @triton.jit must stay).
+            kept = ["".join(lines[d.lineno - 1: d.end_lineno]) for d in decorators if not _is_mutant_decorator(d)]
+            seg = "".join(kept) + "".join(lines[node.lineno - 1: node.end_lineno])
             if isinstance(node, (ast.Import, ast.ImportFrom)):
                 mod = getattr(node, "module", None) or ""
                 names = [a.name for a in node.names]
@@ -83,11 +85,13 @@ class Mutant:
                 if mod.startswith(("tests", "__future__")) or any(n.startswith("tests") for n in names):
                     continue
                 helpers.append(seg)
-            elif isinstance(node, ast.Expr) and node is tree.body[0]:
-                continue  # the docstring
+            elif isinstance(node, ast.Expr) and (node is tree.body[0] or _calls_mutant(node.value)):
+                continue  # the docstring, or a `mutant(...)(fn)` registration
             elif decorated:
-                if first in mutant_lines or any(first <= ln <= node.end_lineno for ln in mutant_lines):
+                if any(first <= ln <= node.end_lineno for ln in mutant_lines):
                     defs.append(seg)
+            elif any(first <= ln <= node.end_lineno for ln in mutant_lines):
+                defs.append(seg)  # registered with mutant(...)(fn) or passed in `also`
             else:
                 helpers.append(seg)
         return solution + snapshot(solution) + "\n\n".join(helpers) + "\n\n" + "\n\n".join(defs) + "\n"
@@ -102,9 +106,9 @@ def mutant(check: str, message: str, also: dict[str, Callable] | None = None):
         lesson = fn.__module__.rsplit(".", 1)[-1]
         replaces = {fn.__name__: fn, **(also or {})}
         n = sum(m.lesson == lesson and fn.__name__ in m.replaces for m in MUTANTS)
-        # The module-level line executing now is this definition's (a class has no line of its own to
-        # ask for later, and several mutants may share a name); `also` entries are earlier functions.
-        here = sys._getframe(1).f_lineno
+        # A function knows its first line; a class does not (and several mutants may share a name), but
+        # the module-level line executing now is its definition's. `also` entries are earlier functions.
+        here = _first_line(fn) if hasattr(fn, "__code__") else sys._getframe(1).f_lineno
         lines = (here,) + tuple(_first_line(f) for f in (also or {}).values())
         MUTANTS.append(Mutant(lesson, check, message, replaces, f"{lesson}.{fn.__name__}#{n}", lines))
         return fn
@@ -127,6 +131,11 @@ def _solution_aliases(node: ast.AST) -> str:
 def _first_line(obj) -> int:
     code = getattr(obj, "__code__", None)
     return code.co_firstlineno if code is not None else inspect.getsourcelines(obj)[1]
+
+
+def _calls_mutant(e: ast.AST) -> bool:
+    """`mutant(...)(fn)`: a registration written as an expression."""
+    return isinstance(e, ast.Call) and isinstance(e.func, ast.Call) and getattr(e.func.func, "id", "") == "mutant"
 
 
 def _is_mutant_decorator(d: ast.AST) -> bool:

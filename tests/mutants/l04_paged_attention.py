@@ -7,13 +7,16 @@ from tests.mutants import mutant
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
-Base = sol.PagedBlockAllocator
+_m_Base = sol.PagedBlockAllocator
 
 
 # ---------------------------------------------------------------- 2. the allocator
+# Each wrong allocator is a helper class; the mutant is a factory of the same name as the solution's
+# class (the engine and the checks accept any callable num_blocks -> allocator). Class mutants of one
+# name cannot be told apart by their source lines, functions can.
 
-@mutant(check="block_allocator", message="frees a shared block")
-class PagedBlockAllocator(Base):
+
+class _m_FreesShared(_m_Base):
     def free(self, block_id):  # no ref counting: one free releases the block for every holder
         if self._ref[block_id] <= 0:
             raise RuntimeError("double free")
@@ -21,20 +24,17 @@ class PagedBlockAllocator(Base):
         self._free.append(block_id)
 
 
-@mutant(check="block_allocator", message="copies blocks in fork instead of sharing them")
-class PagedBlockAllocator(Base):  # noqa: F811
+class _m_ForkCopies(_m_Base):
     def fork(self, block_table):
         return [self.allocate() for _ in block_table]
 
 
-@mutant(check="block_allocator", message="never copies in append_slot")
-class PagedBlockAllocator(Base):  # noqa: F811
+class _m_NeverCopies(_m_Base):
     def append_slot(self, block_table):
         return block_table[-1], None
 
 
-@mutant(check="block_allocator", message="copies in append_slot although the last block is not shared")
-class PagedBlockAllocator(Base):  # noqa: F811
+class _m_AlwaysCopies(_m_Base):
     def append_slot(self, block_table):
         old = block_table[-1]
         new = self.allocate()
@@ -43,15 +43,13 @@ class PagedBlockAllocator(Base):  # noqa: F811
         return new, old
 
 
-@mutant(check="block_allocator", message="off by one in can_allocate")
-class PagedBlockAllocator(Base):  # noqa: F811
+class _m_CanAllocateOffByOne(_m_Base):
     def can_allocate(self, n):
         return n < self.num_free()
 
 
-@mutant(check="block_allocator", message="leaks the old block on copy-on-write")
-class PagedBlockAllocator(Base):  # noqa: F811
-    def append_slot(self, block_table):
+class _m_LeaksOnCopy(_m_Base):
+    def append_slot(self, block_table):  # forgets to drop the table's reference to the old block
         last = block_table[-1]
         if self._ref[last] == 1:
             return last, None
@@ -60,29 +58,72 @@ class PagedBlockAllocator(Base):  # noqa: F811
         return new, last
 
 
-@mutant(check="block_allocator", message="lets a free block be freed again")
-class PagedBlockAllocator(Base):  # noqa: F811
+class _m_CopiesTheTable(_m_Base):
+    def append_slot(self, block_table):  # rebinds a copy: the caller's table keeps the shared block
+        last = block_table[-1]
+        if self._ref[last] == 1:
+            return last, None
+        new = self.allocate()
+        self.free(last)
+        block_table = block_table[:-1] + [new]
+        return new, last
+
+
+class _m_DoubleFreeSilent(_m_Base):
     def free(self, block_id):
         self._ref[block_id] = max(0, self._ref[block_id] - 1)
         if self._ref[block_id] == 0 and block_id not in self._free:
             self._free.append(block_id)
 
 
+@mutant(check="block_allocator", message="frees a shared block")
+def PagedBlockAllocator(num_blocks):
+    return _m_FreesShared(num_blocks)
+
+
+@mutant(check="block_allocator", message="copies blocks in fork instead of sharing them")
+def PagedBlockAllocator(num_blocks):  # noqa: F811
+    return _m_ForkCopies(num_blocks)
+
+
+@mutant(check="block_allocator", message="never copies in append_slot")
+def PagedBlockAllocator(num_blocks):  # noqa: F811
+    return _m_NeverCopies(num_blocks)
+
+
+@mutant(check="block_allocator", message="copies in append_slot although the last block is not shared")
+def PagedBlockAllocator(num_blocks):  # noqa: F811
+    return _m_AlwaysCopies(num_blocks)
+
+
+@mutant(check="block_allocator", message="off by one in can_allocate")
+def PagedBlockAllocator(num_blocks):  # noqa: F811
+    return _m_CanAllocateOffByOne(num_blocks)
+
+
+@mutant(check="block_allocator", message="leaks the old block on copy-on-write")
+def PagedBlockAllocator(num_blocks):  # noqa: F811
+    return _m_LeaksOnCopy(num_blocks)
+
+
+@mutant(check="block_allocator", message="lets a free block be freed again")
+def PagedBlockAllocator(num_blocks):  # noqa: F811
+    return _m_DoubleFreeSilent(num_blocks)
+
+
+@mutant(check="block_allocator", message="puts the new block into a copy of the table")
+def PagedBlockAllocator(num_blocks):  # noqa: F811
+    return _m_CopiesTheTable(num_blocks)
+
+
 @mutant(check="allocator_in_engine", message="writing into a shared block without a copy")
-class PagedBlockAllocator(Base):  # noqa: F811
-    def append_slot(self, block_table):
-        return block_table[-1], None
+def PagedBlockAllocator(num_blocks):  # noqa: F811
+    return _m_NeverCopies(num_blocks)
 
 
 @mutant(check="allocator_in_engine", message="after every request finished")
-class PagedBlockAllocator(Base):  # noqa: F811
-    def append_slot(self, block_table):  # leaks the old block's reference
-        last = block_table[-1]
-        if self._ref[last] == 1:
-            return last, None
-        new = self.allocate()
-        block_table[-1] = new
-        return new, last
+def PagedBlockAllocator(num_blocks):  # noqa: F811
+    return _m_LeaksOnCopy(num_blocks)
 
 
 # ---------------------------------------------------------------- 3. slot mapping
@@ -106,37 +147,87 @@ def slot_mapping(block_table, positions, block_size):  # noqa: F811
 
 # ---------------------------------------------------------------- 4.1 paged decode (torch)
 
-def _torch_variant(kv_map="div", ignore_lens=False, scale_one=False):
-    def fn(q, k_cache, v_cache, block_tables, context_lens, scale):
-        B, H, D = q.shape
-        _, bs, H_kv, _ = k_cache.shape
-        nb = block_tables.shape[1]
-        idx = block_tables.long()
-        k = k_cache[idx].reshape(B, nb * bs, H_kv, D).float()
-        v = v_cache[idx].reshape(B, nb * bs, H_kv, D).float()
-        heads = torch.arange(H)
-        kv = heads // (H // H_kv) if kv_map == "div" else heads % H_kv
-        s = torch.einsum("bhd,blhd->bhl", q.float(), k[:, :, kv]) * (1.0 if scale_one else scale)
-        if not ignore_lens:
-            s = s.masked_fill((torch.arange(nb * bs)[None, :] >= context_lens.long()[:, None])[:, None], float("-inf"))
-        return torch.einsum("bhl,blhd->bhd", s.softmax(-1), v[:, :, kv]).to(q.dtype)
-    fn.__name__ = "paged_decode_torch"
-    return fn
+def _m_decode(q, k_cache, v_cache, block_tables, context_lens, scale, kv_map="div", lens=lambda n, bs: n,
+              tables=lambda bt: bt, upcast=True):
+    """The solution's paged decode with one thing changed (what each keyword says)."""
+    B, H, D = q.shape
+    _, bs, H_kv, _ = k_cache.shape
+    nb = block_tables.shape[1]
+    out_dtype = q.dtype
+    idx = tables(block_tables).long()
+    k = k_cache[idx].reshape(B, nb * bs, H_kv, D)
+    v = v_cache[idx].reshape(B, nb * bs, H_kv, D)
+    if upcast:
+        q, k, v = q.float(), k.float(), v.float()
+    heads = torch.arange(H)
+    kv = heads // (H // H_kv) if kv_map == "div" else heads % H_kv
+    s = torch.einsum("bhd,blhd->bhl", q, k[:, :, kv]) * scale
+    n = lens(context_lens.long(), bs)
+    if n is not None:
+        s = s.masked_fill((torch.arange(nb * bs)[None, :] >= n[:, None])[:, None], float("-inf"))
+    return torch.einsum("bhl,blhd->bhd", s.softmax(-1), v[:, :, kv]).to(out_dtype)
 
 
-mutant(check="paged_decode_torch", message="ignores context_lens")(_torch_variant(ignore_lens=True))
-mutant(check="paged_decode_torch", message="maps query head h to KV head h % num_kv_heads")(_torch_variant(kv_map="mod"))
-mutant(check="paged_decode_torch", message="misses the softmax scale")(_torch_variant(scale_one=True))
+@mutant(check="paged_decode_torch", message="ignores context_lens")
+def paged_decode_torch(q, k_cache, v_cache, block_tables, context_lens, scale):
+    return _m_decode(q, k_cache, v_cache, block_tables, context_lens, scale, lens=lambda n, bs: None)
+
+
+@mutant(check="paged_decode_torch", message="maps query head h to KV head h % num_kv_heads")
+def paged_decode_torch(q, k_cache, v_cache, block_tables, context_lens, scale):  # noqa: F811
+    return _m_decode(q, k_cache, v_cache, block_tables, context_lens, scale, kv_map="mod")
+
+
+@mutant(check="paged_decode_torch", message="misses the softmax scale")
+def paged_decode_torch(q, k_cache, v_cache, block_tables, context_lens, scale):  # noqa: F811
+    return _m_decode(q, k_cache, v_cache, block_tables, context_lens, 1.0)
+
+
+@mutant(check="paged_decode_torch", message="ignores the `scale` argument")
+def paged_decode_torch(q, k_cache, v_cache, block_tables, context_lens, scale):  # noqa: F811
+    return _m_decode(q, k_cache, v_cache, block_tables, context_lens, q.shape[-1] ** -0.5)
+
+
+@mutant(check="paged_decode_torch", message="drops the newest token")
+def paged_decode_torch(q, k_cache, v_cache, block_tables, context_lens, scale):  # noqa: F811
+    return _m_decode(q, k_cache, v_cache, block_tables, context_lens, scale, lens=lambda n, bs: n - 1)
+
+
+@mutant(check="paged_decode_torch", message="attends to one position too many")
+def paged_decode_torch(q, k_cache, v_cache, block_tables, context_lens, scale):  # noqa: F811
+    return _m_decode(q, k_cache, v_cache, block_tables, context_lens, scale, lens=lambda n, bs: n + 1)
+
+
+@mutant(check="paged_decode_torch", message="masks whole blocks only")
+def paged_decode_torch(q, k_cache, v_cache, block_tables, context_lens, scale):  # noqa: F811
+    return _m_decode(q, k_cache, v_cache, block_tables, context_lens, scale, lens=lambda n, bs: (n + bs - 1) // bs * bs)
+
+
+@mutant(check="paged_decode_torch", message="reads logical block b of the cache")
+def paged_decode_torch(q, k_cache, v_cache, block_tables, context_lens, scale):  # noqa: F811
+    return _m_decode(q, k_cache, v_cache, block_tables, context_lens, scale,
+                     tables=lambda bt: torch.arange(bt.shape[1]).expand(bt.shape[0], -1))
+
+
+@mutant(check="paged_decode_torch", message="reads every sequence's blocks from row 0")
+def paged_decode_torch(q, k_cache, v_cache, block_tables, context_lens, scale):  # noqa: F811
+    return _m_decode(q, k_cache, v_cache, block_tables, context_lens, scale,
+                     tables=lambda bt: bt[:1].expand(bt.shape[0], -1))
+
+
+@mutant(check="paged_decode_torch", message="computes the scores and softmax in bf16")
+def paged_decode_torch(q, k_cache, v_cache, block_tables, context_lens, scale):  # noqa: F811
+    return _m_decode(q, k_cache, v_cache, block_tables, context_lens, scale, upcast=False)
 
 
 # ---------------------------------------------------------------- 4.2 paged decode (Triton)
 
-@triton.jit
-def _bad_kernel(q_ptr, k_ptr, v_ptr, bt_ptr, ctx_ptr, out_ptr, scale, max_blocks,
-                stride_qs, stride_qh, stride_kb, stride_kt, stride_kh, stride_bt, stride_os, stride_oh,
-                GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, BLOCK_SIZE: tl.constexpr,
-                HEAD_DIM: tl.constexpr, MODE: tl.constexpr):
-    # MODE 1: row stride = max_blocks; 2: heads h % kv; 3: no length mask; 4: whole blocks only
+def _m_bad_kernel_src(q_ptr, k_ptr, v_ptr, bt_ptr, ctx_ptr, out_ptr, scale, max_blocks,
+                  stride_qs, stride_qh, stride_kb, stride_kt, stride_kh, stride_bt, stride_os, stride_oh,
+                  GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, BLOCK_SIZE: tl.constexpr,
+                  HEAD_DIM: tl.constexpr, MODE: tl.constexpr):
+    # MODE 1: row stride = max_blocks; 2: heads h % kv; 3: no length mask; 4: whole blocks only;
+    # 6: every sequence reads row 0 of the table
     seq = tl.program_id(0)
     kvh = tl.program_id(1)
     ctx_len = tl.load(ctx_ptr + seq)
@@ -159,10 +250,12 @@ def _bad_kernel(q_ptr, k_ptr, v_ptr, bt_ptr, ctx_ptr, out_ptr, scale, max_blocks
     for b in range(0, n_blocks):
         if MODE == 1:
             block = tl.load(bt_ptr + seq * max_blocks + b).to(tl.int64)
+        elif MODE == 6:
+            block = tl.load(bt_ptr + b).to(tl.int64)
         else:
             block = tl.load(bt_ptr + seq * stride_bt + b).to(tl.int64)
         valid = b * BLOCK_SIZE + t < ctx_len
-        if MODE >= 3:
+        if MODE == 3 or MODE == 4:
             valid = t >= 0
         off = block * stride_kb + t[:, None] * stride_kt + kvh * stride_kh + d[None, :]
         k = tl.load(k_ptr + off, mask=valid[:, None], other=0.0).to(tl.float32)
@@ -180,21 +273,47 @@ def _bad_kernel(q_ptr, k_ptr, v_ptr, bt_ptr, ctx_ptr, out_ptr, scale, max_blocks
              out.to(out_ptr.dtype.element_ty), mask=gmask[:, None])
 
 
-class _Mode:
+# Jitted by a call, not a decorator: a mutant's source keeps its helpers' bodies but not their decorators.
+_m_bad_kernel = triton.jit(_m_bad_kernel_src)
+
+
+class _m_Mode:
+    """Stands in for a kernel: kernel[grid](...) runs _m_bad_kernel with MODE set."""
+
     def __init__(self, mode):
         self.mode = mode
 
     def __getitem__(self, grid):
-        return lambda *a, **kw: _bad_kernel[grid](*a, MODE=self.mode, **kw)
+        return lambda *a, **kw: _m_bad_kernel[grid](*a, MODE=self.mode, **kw)
 
 
-def _triton_variant(mode):
-    def paged_decode_triton(q, k_cache, v_cache, block_tables, context_lens, scale):
-        return sol.launch_paged_decode(_Mode(mode), q, k_cache, v_cache, block_tables, context_lens, scale)
-    return paged_decode_triton
+@mutant(check="paged_decode_triton", message="reads the block table with the wrong stride")
+def paged_decode_triton(q, k_cache, v_cache, block_tables, context_lens, scale):
+    return sol.launch_paged_decode(_m_Mode(1), q, k_cache, v_cache, block_tables, context_lens, scale)
 
 
-mutant(check="paged_decode_triton", message="reads the block table with the wrong stride")(_triton_variant(1))
-mutant(check="paged_decode_triton", message="maps query head h to KV head h % num_kv_heads")(_triton_variant(2))
-mutant(check="paged_decode_triton", message="ignores context_lens")(_triton_variant(3))
-mutant(check="paged_decode_triton", message="masks whole blocks only")(_triton_variant(4))
+@mutant(check="paged_decode_triton", message="maps query head h to KV head h % num_kv_heads")
+def paged_decode_triton(q, k_cache, v_cache, block_tables, context_lens, scale):  # noqa: F811
+    return sol.launch_paged_decode(_m_Mode(2), q, k_cache, v_cache, block_tables, context_lens, scale)
+
+
+@mutant(check="paged_decode_triton", message="ignores context_lens")
+def paged_decode_triton(q, k_cache, v_cache, block_tables, context_lens, scale):  # noqa: F811
+    return sol.launch_paged_decode(_m_Mode(3), q, k_cache, v_cache, block_tables, context_lens, scale)
+
+
+@mutant(check="paged_decode_triton", message="masks whole blocks only")
+def paged_decode_triton(q, k_cache, v_cache, block_tables, context_lens, scale):  # noqa: F811
+    return sol.launch_paged_decode(_m_Mode(4), q, k_cache, v_cache, block_tables, context_lens, scale)
+
+
+@mutant(check="paged_decode_triton", message="ignores the `scale` argument")
+def paged_decode_triton(q, k_cache, v_cache, block_tables, context_lens, scale):  # noqa: F811
+    # as a kernel that computes 1/sqrt(HEAD_DIM) itself instead of using its `scale` argument
+    return sol.launch_paged_decode(sol.paged_decode_kernel, q, k_cache, v_cache, block_tables, context_lens,
+                                   q.shape[-1] ** -0.5)
+
+
+@mutant(check="paged_decode_triton", message="reads every sequence's blocks from row 0")
+def paged_decode_triton(q, k_cache, v_cache, block_tables, context_lens, scale):  # noqa: F811
+    return sol.launch_paged_decode(_m_Mode(6), q, k_cache, v_cache, block_tables, context_lens, scale)

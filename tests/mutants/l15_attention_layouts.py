@@ -18,7 +18,7 @@ def kv_bytes_per_token(config, dtype_bytes):
     return 2 * config["num_hidden_layers"] * kv * d * dtype_bytes
 
 
-def _mla_bytes(config, dtype_bytes, latent_copies, rope=True):
+def _m_mla_bytes(config, dtype_bytes, latent_copies, rope=True):
     if not config.get("kv_lora_rank"):
         return sol.kv_bytes_per_token(config, dtype_bytes)
     per_layer = latent_copies * config["kv_lora_rank"] + (config["qk_rope_head_dim"] if rope else 0)
@@ -27,13 +27,25 @@ def _mla_bytes(config, dtype_bytes, latent_copies, rope=True):
 
 @mutant(check="kv_bytes_per_token", message="counts K and V for the MLA latent")
 def kv_bytes_per_token(config, dtype_bytes):  # noqa: F811
-    return 2 * _mla_bytes(config, dtype_bytes, 1) if config.get("kv_lora_rank") else \
+    return 2 * _m_mla_bytes(config, dtype_bytes, 1) if config.get("kv_lora_rank") else \
         sol.kv_bytes_per_token(config, dtype_bytes)
 
 
 @mutant(check="kv_bytes_per_token", message="forgets the decoupled RoPE key")
 def kv_bytes_per_token(config, dtype_bytes):  # noqa: F811
-    return _mla_bytes(config, dtype_bytes, 1, rope=False)
+    return _m_mla_bytes(config, dtype_bytes, 1, rope=False)
+
+
+@mutant(check="kv_bytes_per_token", message="reads a null field as a value")
+def kv_bytes_per_token(config, dtype_bytes):  # noqa: F811
+    # .get with a default: a field present but null (as transformers writes it) stays None
+    layers = config["num_hidden_layers"]
+    if config.get("kv_lora_rank"):
+        return (config["kv_lora_rank"] + config["qk_rope_head_dim"]) * layers * dtype_bytes
+    heads = config["num_attention_heads"]
+    kv_heads = config.get("num_key_value_heads", heads)
+    head_dim = config.get("head_dim", config["hidden_size"] // heads)
+    return 2 * layers * kv_heads * head_dim * dtype_bytes
 
 
 @mutant(check="kv_bytes_per_token", message="ignores an explicit head_dim")
@@ -57,25 +69,57 @@ def kv_capacity_tokens(config, num_params, weight_bytes, kv_bytes, num_gpus, gpu
     return int(free // (kv_copies * sol.kv_bytes_per_token(config, kv_bytes)))
 
 
+@mutant(check="kv_capacity_tokens", message="rounds to the nearest token")
+def kv_capacity_tokens(config, num_params, weight_bytes, kv_bytes, num_gpus, gpu_bytes, kv_copies=1):  # noqa: F811
+    free = num_gpus * gpu_bytes - num_params * weight_bytes
+    return max(0, round(free / (kv_copies * sol.kv_bytes_per_token(config, kv_bytes))))
+
+
+@mutant(check="kv_capacity_tokens", message="stores a copy per GPU when kv_copies is not given")
+def kv_capacity_tokens(config, num_params, weight_bytes, kv_bytes, num_gpus, gpu_bytes, kv_copies=None):  # noqa: F811
+    copies = num_gpus if kv_copies is None else kv_copies
+    return sol.kv_capacity_tokens(config, num_params, weight_bytes, kv_bytes, num_gpus, gpu_bytes, copies)
+
+
 # ---------------------------------------------------------------- 2. GQA decode (torch)
 
-def _torch_gqa(q, k_cache, v_cache, seq_lens, kv_of_head, scale):
+def _m_torch_gqa(q, k_cache, v_cache, seq_lens, kv_of_head, scale, lens=lambda n, L: n, upcast=True):
     B, H, D = q.shape
+    dtype = q.dtype
     idx = kv_of_head(torch.arange(H), H // k_cache.shape[2], k_cache.shape[2])
-    s = torch.einsum("bhd,blhd->bhl", q.float(), k_cache.float()[:, :, idx]) * scale(D)
-    mask = torch.arange(k_cache.shape[1])[None, :] >= seq_lens[:, None]
+    if upcast:
+        q, k_cache, v_cache = q.float(), k_cache.float(), v_cache.float()
+    s = torch.einsum("bhd,blhd->bhl", q, k_cache[:, :, idx]) * scale(D)
+    mask = torch.arange(k_cache.shape[1])[None, :] >= lens(seq_lens.long(), k_cache.shape[1])[:, None]
     s = s.masked_fill(mask[:, None, :], float("-inf"))
-    return torch.einsum("bhl,blhd->bhd", s.softmax(-1), v_cache.float()[:, :, idx]).to(q.dtype)
+    return torch.einsum("bhl,blhd->bhd", s.softmax(-1), v_cache[:, :, idx]).to(dtype)
 
 
 @mutant(check="gqa_decode_torch", message="maps query head h to KV head h % num_kv_heads")
 def gqa_decode_torch(q, k_cache, v_cache, seq_lens):
-    return _torch_gqa(q, k_cache, v_cache, seq_lens, lambda h, g, n: h % n, lambda d: d ** -0.5)
+    return _m_torch_gqa(q, k_cache, v_cache, seq_lens, lambda h, g, n: h % n, lambda d: d ** -0.5)
 
 
 @mutant(check="gqa_decode_torch", message="does not scale scores by 1/sqrt(head_dim)")
 def gqa_decode_torch(q, k_cache, v_cache, seq_lens):  # noqa: F811
-    return _torch_gqa(q, k_cache, v_cache, seq_lens, lambda h, g, n: h // g, lambda d: 1.0)
+    return _m_torch_gqa(q, k_cache, v_cache, seq_lens, lambda h, g, n: h // g, lambda d: 1.0)
+
+
+@mutant(check="gqa_decode_torch", message="drops the newest token")
+def gqa_decode_torch(q, k_cache, v_cache, seq_lens):  # noqa: F811
+    return _m_torch_gqa(q, k_cache, v_cache, seq_lens, lambda h, g, n: h // g, lambda d: d ** -0.5,
+                        lens=lambda n, L: n - 1)
+
+
+@mutant(check="gqa_decode_torch", message="attends to one row too many")
+def gqa_decode_torch(q, k_cache, v_cache, seq_lens):  # noqa: F811
+    return _m_torch_gqa(q, k_cache, v_cache, seq_lens, lambda h, g, n: h // g, lambda d: d ** -0.5,
+                        lens=lambda n, L: n + 1)
+
+
+@mutant(check="gqa_decode_torch", message="computes the scores and softmax in bf16")
+def gqa_decode_torch(q, k_cache, v_cache, seq_lens):  # noqa: F811
+    return _m_torch_gqa(q, k_cache, v_cache, seq_lens, lambda h, g, n: h // g, lambda d: d ** -0.5, upcast=False)
 
 
 @mutant(check="gqa_decode_torch", message="attends to positions past the sequence length")
@@ -84,128 +128,100 @@ def gqa_decode_torch(q, k_cache, v_cache, seq_lens):  # noqa: F811
 
 
 # ---------------------------------------------------------------- 2. GQA decode (Triton)
-# Each kernel is the reference kernel with one line changed (marked).
+# One kernel: the reference kernel with the line MODE names changed.
 
-@triton.jit
-def _kernel_mod_heads(q_ptr, k_ptr, v_ptr, lens_ptr, out_ptr, scale,
+def _m_gqa_kernel_src(q_ptr, k_ptr, v_ptr, lens_ptr, out_ptr, scale,
                       stride_qb, stride_qh, stride_kb, stride_kt, stride_kh, stride_ob, stride_oh,
                       GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, HEAD_DIM: tl.constexpr,
-                      BLOCK_N: tl.constexpr):
+                      BLOCK_N: tl.constexpr, MODE: tl.constexpr):
+    # MODE 1: heads h % num_kv_heads; 2: no running max; 3: padding not masked;
+    # 4: 16 positions per step of BLOCK_N; 5: steps of 16, BLOCK_N positions each
     b = tl.program_id(0)
     kvh = tl.program_id(1)
-    num_kv = tl.num_programs(1)
     seq_len = tl.load(lens_ptr + b)
     g = tl.arange(0, GROUP_PAD)
     d = tl.arange(0, HEAD_DIM)
-    n = tl.arange(0, BLOCK_N)
-    heads = kvh + g * num_kv                                  # changed: heads with h % num_kv == kvh
+    if MODE == 4:
+        n = tl.arange(0, 16)
+    else:
+        n = tl.arange(0, BLOCK_N)
+    if MODE == 1:
+        heads = kvh + g * tl.num_programs(1)
+    else:
+        heads = kvh * GROUP + g
     gmask = g < GROUP
     q = tl.load(q_ptr + b * stride_qb + heads[:, None] * stride_qh + d[None, :], mask=gmask[:, None], other=0.0)
     m = tl.full([GROUP_PAD], float("-inf"), tl.float32)
     l = tl.zeros([GROUP_PAD], tl.float32)
     acc = tl.zeros([GROUP_PAD, HEAD_DIM], tl.float32)
-    for start in range(0, seq_len, BLOCK_N):
+    step = 16 if MODE == 5 else BLOCK_N
+    for start in range(0, seq_len, step):
         pos = start + n
         valid = pos < seq_len
         k = tl.load(k_ptr + b * stride_kb + kvh * stride_kh + pos[None, :] * stride_kt + d[:, None],
                     mask=valid[None, :], other=0.0)
-        s = tl.where(valid[None, :], tl.dot(q, k) * scale, float("-inf"))
-        m_new = tl.maximum(m, tl.max(s, axis=1))
-        alpha = tl.exp(m - m_new)
-        p = tl.exp(s - m_new[:, None])
-        l = l * alpha + tl.sum(p, axis=1)
+        s = tl.dot(q, k) * scale
+        if MODE != 3:
+            s = tl.where(valid[None, :], s, float("-inf"))
         v = tl.load(v_ptr + b * stride_kb + kvh * stride_kh + pos[:, None] * stride_kt + d[None, :],
                     mask=valid[:, None], other=0.0)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
-        m = m_new
+        if MODE == 2:
+            p = tl.exp(s)
+            l = l + tl.sum(p, axis=1)
+            acc = acc + tl.dot(p.to(v.dtype), v)
+        else:
+            m_new = tl.maximum(m, tl.max(s, axis=1))
+            alpha = tl.exp(m - m_new)
+            p = tl.exp(s - m_new[:, None])
+            l = l * alpha + tl.sum(p, axis=1)
+            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+            m = m_new
     tl.store(out_ptr + b * stride_ob + heads[:, None] * stride_oh + d[None, :],
              (acc / l[:, None]).to(out_ptr.dtype.element_ty), mask=gmask[:, None])
 
 
-@triton.jit
-def _kernel_no_max(q_ptr, k_ptr, v_ptr, lens_ptr, out_ptr, scale,
-                   stride_qb, stride_qh, stride_kb, stride_kt, stride_kh, stride_ob, stride_oh,
-                   GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, HEAD_DIM: tl.constexpr,
-                   BLOCK_N: tl.constexpr):
-    b = tl.program_id(0)
-    kvh = tl.program_id(1)
-    seq_len = tl.load(lens_ptr + b)
-    g = tl.arange(0, GROUP_PAD)
-    d = tl.arange(0, HEAD_DIM)
-    n = tl.arange(0, BLOCK_N)
-    heads = kvh * GROUP + g
-    gmask = g < GROUP
-    q = tl.load(q_ptr + b * stride_qb + heads[:, None] * stride_qh + d[None, :], mask=gmask[:, None], other=0.0)
-    l = tl.zeros([GROUP_PAD], tl.float32)
-    acc = tl.zeros([GROUP_PAD, HEAD_DIM], tl.float32)
-    for start in range(0, seq_len, BLOCK_N):
-        pos = start + n
-        valid = pos < seq_len
-        k = tl.load(k_ptr + b * stride_kb + kvh * stride_kh + pos[None, :] * stride_kt + d[:, None],
-                    mask=valid[None, :], other=0.0)
-        s = tl.where(valid[None, :], tl.dot(q, k) * scale, float("-inf"))
-        p = tl.exp(s)                                         # changed: no running max
-        l = l + tl.sum(p, axis=1)
-        v = tl.load(v_ptr + b * stride_kb + kvh * stride_kh + pos[:, None] * stride_kt + d[None, :],
-                    mask=valid[:, None], other=0.0)
-        acc = acc + tl.dot(p.to(v.dtype), v)
-    tl.store(out_ptr + b * stride_ob + heads[:, None] * stride_oh + d[None, :],
-             (acc / l[:, None]).to(out_ptr.dtype.element_ty), mask=gmask[:, None])
+# Jitted by a call, not a decorator: a mutant's source keeps its helpers' bodies but not their decorators.
+_m_gqa_kernel = triton.jit(_m_gqa_kernel_src)
 
 
-@triton.jit
-def _kernel_no_mask(q_ptr, k_ptr, v_ptr, lens_ptr, out_ptr, scale,
-                    stride_qb, stride_qh, stride_kb, stride_kt, stride_kh, stride_ob, stride_oh,
-                    GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, HEAD_DIM: tl.constexpr,
-                    BLOCK_N: tl.constexpr):
-    b = tl.program_id(0)
-    kvh = tl.program_id(1)
-    seq_len = tl.load(lens_ptr + b)
-    g = tl.arange(0, GROUP_PAD)
-    d = tl.arange(0, HEAD_DIM)
-    n = tl.arange(0, BLOCK_N)
-    heads = kvh * GROUP + g
-    gmask = g < GROUP
-    q = tl.load(q_ptr + b * stride_qb + heads[:, None] * stride_qh + d[None, :], mask=gmask[:, None], other=0.0)
-    m = tl.full([GROUP_PAD], float("-inf"), tl.float32)
-    l = tl.zeros([GROUP_PAD], tl.float32)
-    acc = tl.zeros([GROUP_PAD, HEAD_DIM], tl.float32)
-    for start in range(0, seq_len, BLOCK_N):
-        pos = start + n
-        valid = pos < seq_len
-        k = tl.load(k_ptr + b * stride_kb + kvh * stride_kh + pos[None, :] * stride_kt + d[:, None],
-                    mask=valid[None, :], other=0.0)
-        s = tl.dot(q, k) * scale                              # changed: padding not set to -inf
-        m_new = tl.maximum(m, tl.max(s, axis=1))
-        alpha = tl.exp(m - m_new)
-        p = tl.exp(s - m_new[:, None])
-        l = l * alpha + tl.sum(p, axis=1)
-        v = tl.load(v_ptr + b * stride_kb + kvh * stride_kh + pos[:, None] * stride_kt + d[None, :],
-                    mask=valid[:, None], other=0.0)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
-        m = m_new
-    tl.store(out_ptr + b * stride_ob + heads[:, None] * stride_oh + d[None, :],
-             (acc / l[:, None]).to(out_ptr.dtype.element_ty), mask=gmask[:, None])
+class _m_Mode:
+    """Stands in for a kernel: kernel[grid](...) runs _m_gqa_kernel with MODE set."""
+
+    def __init__(self, mode):
+        self.mode = mode
+
+    def __getitem__(self, grid):
+        return lambda *a, **kw: _m_gqa_kernel[grid](*a, MODE=self.mode, **kw)
 
 
 @mutant(check="gqa_decode_triton", message="maps query head h to KV head h % num_kv_heads")
 def gqa_decode_triton(q, k_cache, v_cache, seq_lens, block_n=16):
-    return sol.launch_gqa_decode(_kernel_mod_heads, q, k_cache, v_cache, seq_lens, block_n)
+    return sol.launch_gqa_decode(_m_Mode(1), q, k_cache, v_cache, seq_lens, block_n)
 
 
 @mutant(check="gqa_decode_triton", message="skips the running-max subtraction")
 def gqa_decode_triton(q, k_cache, v_cache, seq_lens, block_n=16):  # noqa: F811
-    return sol.launch_gqa_decode(_kernel_no_max, q, k_cache, v_cache, seq_lens, block_n)
+    return sol.launch_gqa_decode(_m_Mode(2), q, k_cache, v_cache, seq_lens, block_n)
 
 
 @mutant(check="gqa_decode_triton", message="attends to positions past the sequence length")
 def gqa_decode_triton(q, k_cache, v_cache, seq_lens, block_n=16):  # noqa: F811
-    return sol.launch_gqa_decode(_kernel_no_mask, q, k_cache, v_cache, seq_lens, block_n)
+    return sol.launch_gqa_decode(_m_Mode(3), q, k_cache, v_cache, seq_lens, block_n)
+
+
+@mutant(check="gqa_decode_triton", message="ignores BLOCK_N")
+def gqa_decode_triton(q, k_cache, v_cache, seq_lens, block_n=16):  # noqa: F811
+    return sol.launch_gqa_decode(_m_Mode(4), q, k_cache, v_cache, seq_lens, block_n)
+
+
+@mutant(check="gqa_decode_triton", message="steps by 16 but reads BLOCK_N positions")
+def gqa_decode_triton(q, k_cache, v_cache, seq_lens, block_n=16):  # noqa: F811
+    return sol.launch_gqa_decode(_m_Mode(5), q, k_cache, v_cache, seq_lens, block_n)
 
 
 # ---------------------------------------------------------------- 3. MLA
 
-def _rope_half(x, positions, theta):
+def _m_rope_half(x, positions, theta):
     d = x.shape[-1]
     inv = 1.0 / (theta ** (torch.arange(0, d, 2, dtype=torch.float32) / d))
     ang = positions.float()[:, None] * inv[None, :]
@@ -222,7 +238,12 @@ def mla_query(weights, cfg, x, positions):
     else:
         q = x @ weights["q_proj.weight"].T
     q = q.view(x.shape[0], H, -1)
-    return q[..., :nope], _rope_half(q[..., nope:], positions, cfg["rope_theta"])
+    return q[..., :nope], _m_rope_half(q[..., nope:], positions, cfg["rope_theta"])
+
+
+@mutant(check="mla_query", message="rotates with rope_theta 10000")
+def mla_query(weights, cfg, x, positions):  # noqa: F811
+    return sol.mla_query(weights, {**cfg, "rope_theta": 10000.0}, x, positions)
 
 
 @mutant(check="mla_query", message="skips q_a_layernorm")
@@ -239,7 +260,13 @@ def mla_query(weights, cfg, x, positions):  # noqa: F811
 def mla_cache_entry(weights, cfg, x, positions):
     r = cfg["kv_lora_rank"]
     a = x @ weights["kv_a_proj_with_mqa.weight"].T
-    return sol.rms_norm(a[:, :r], weights["kv_a_layernorm.weight"]), _rope_half(a[:, r:], positions, cfg["rope_theta"])
+    return (sol.rms_norm(a[:, :r], weights["kv_a_layernorm.weight"]),
+            _m_rope_half(a[:, r:], positions, cfg["rope_theta"]))
+
+
+@mutant(check="mla_cache_entry", message="rotates with rope_theta 10000")
+def mla_cache_entry(weights, cfg, x, positions):  # noqa: F811
+    return sol.mla_cache_entry(weights, {**cfg, "rope_theta": 10000.0}, x, positions)
 
 
 @mutant(check="mla_cache_entry", message="skips kv_a_layernorm")
@@ -256,7 +283,7 @@ def mla_cache_entry(weights, cfg, x, positions):  # noqa: F811
     return sol.rms_norm(a[:, :r], weights["kv_a_layernorm.weight"]), a[:, r:]
 
 
-def _naive(weights, cfg, x, positions, c_kv, k_pe, scale=None, rope_score=True, per_head=True):
+def _m_naive(weights, cfg, x, positions, c_kv, k_pe, scale=None, rope_score=True, per_head=True):
     S, T = c_kv.shape[0], x.shape[0]
     H, nope, vd = cfg["num_attention_heads"], cfg["qk_nope_head_dim"], cfg["v_head_dim"]
     q_nope, q_pe = sol.mla_query(weights, cfg, x, positions)
@@ -277,15 +304,20 @@ def _naive(weights, cfg, x, positions, c_kv, k_pe, scale=None, rope_score=True, 
 
 @mutant(check="mla_attention_naive", message="scales scores by 1/sqrt(qk_nope_head_dim)")
 def mla_attention_naive(weights, cfg, x, positions, c_kv, k_pe):
-    return _naive(weights, cfg, x, positions, c_kv, k_pe, scale=cfg["qk_nope_head_dim"] ** -0.5)
+    return _m_naive(weights, cfg, x, positions, c_kv, k_pe, scale=cfg["qk_nope_head_dim"] ** -0.5)
+
+
+@mutant(check="mla_attention_naive", message="scales scores by 1/sqrt(v_head_dim)")
+def mla_attention_naive(weights, cfg, x, positions, c_kv, k_pe):  # noqa: F811
+    return _m_naive(weights, cfg, x, positions, c_kv, k_pe, scale=cfg["v_head_dim"] ** -0.5)
 
 
 @mutant(check="mla_attention_naive", message="all heads' K | all heads' V")
 def mla_attention_naive(weights, cfg, x, positions, c_kv, k_pe):  # noqa: F811
-    return _naive(weights, cfg, x, positions, c_kv, k_pe, per_head=False)
+    return _m_naive(weights, cfg, x, positions, c_kv, k_pe, per_head=False)
 
 
-def _naive_unmasked(weights, cfg, x, positions, c_kv, k_pe):
+def _m_naive_unmasked(weights, cfg, x, positions, c_kv, k_pe):
     # Every query sees every cached token: a query position past the end unmasks them all.
     far = torch.full_like(positions, c_kv.shape[0])
     q_nope, q_pe = sol.mla_query(weights, cfg, x, positions)
@@ -301,7 +333,7 @@ def _naive_unmasked(weights, cfg, x, positions, c_kv, k_pe):
 
 @mutant(check="mla_attention_naive", message="does not apply the causal mask")
 def mla_attention_naive(weights, cfg, x, positions, c_kv, k_pe):  # noqa: F811
-    return _naive_unmasked(weights, cfg, x, positions, c_kv, k_pe)
+    return _m_naive_unmasked(weights, cfg, x, positions, c_kv, k_pe)
 
 
 @mutant(check="mla_attention_absorbed", message="drops the RoPE part of the score")
@@ -313,7 +345,7 @@ def mla_attention_absorbed(weights, cfg, x, positions, c_kv, k_pe):
 @mutant(check="mla_attention_absorbed", message="the latent width")
 def mla_attention_absorbed(weights, cfg, x, positions, c_kv, k_pe):  # noqa: F811
     width = cfg["kv_lora_rank"] + cfg["qk_rope_head_dim"]
-    return _naive(weights, cfg, x, positions, c_kv, k_pe, scale=width ** -0.5)
+    return _m_naive(weights, cfg, x, positions, c_kv, k_pe, scale=width ** -0.5)
 
 
 @mutant(check="mla_attention_absorbed", message="decompresses the cache into per-head K/V")
