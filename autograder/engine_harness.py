@@ -7,8 +7,13 @@ Checks call these in the learner's process, through `t.run`:
                 what="the engine, running your policy,")
 
 and the same function here, in the grader, with the engine's own component for the expected run.
-What comes back is plain data (token ids, the per-step schedule, the block pool at the end); the
-grader judges it. Nothing here is trusted by the grader: it runs next to learner code.
+What comes back is plain data (token ids, the per-step schedule, the block pool at the end, and on
+request every scheduler-policy call's inputs and picks); the grader judges it. Nothing here is
+trusted by the grader: it runs next to learner code.
+
+The bottom of the file is the grader's side: `stub_guard()` says "not started" before any engine is
+built, and `stopped()` turns a run that ended in an error into a failure message that names the
+mistake when the engine's error reveals it.
 """
 from __future__ import annotations
 
@@ -40,34 +45,126 @@ def consistency(engine) -> str | None:
     """None when every KV block is back in the pool with ref count 0 and nothing is queued; else why not."""
     try:
         engine.block_manager.check_consistency([])
-    except Exception as e:  # noqa: BLE001 - the learner's allocator may raise anything here
+    except Exception as e:  # noqa: BLE001 - ConsistencyError, or whatever a learner's allocator raises in it
         return f"KV blocks leaked or miscounted after the run: {e}"
     if engine.scheduler.has_unfinished():
         return "requests are still queued after every request finished"
     return None
 
 
+# -- recording a scheduler policy's decisions ------------------------------------------------------------
+
+def _observe(seq, bm) -> dict:
+    """What a policy can see of one candidate, and what the budget needs to price it (blocks held, and
+    whether its next token lands in a shared block: one copy-on-write block more)."""
+    return {"seq_id": seq.seq_id, "uncomputed": seq.num_uncomputed_tokens, "prompt": seq.num_prompt_tokens,
+            "waiting": seq.is_waiting, "computed": seq.num_computed_tokens, "blocks": len(seq.block_table),
+            "slots": seq.num_slots, "cow": int(bm._writes_shared_block(seq))}
+
+
+def _picks(picked) -> list | None:
+    """(seq_id, num_tokens) per pick, or None when the return value is not a list of pairs (the engine's
+    own validation then says what is wrong with it)."""
+    if not isinstance(picked, (list, tuple)):
+        return None
+    try:
+        return [(getattr(s, "seq_id", None), n if type(n) in (int, float, bool) else repr(n)[:40]) for s, n in picked]
+    except (TypeError, ValueError):
+        return None
+
+
+class _Recorder:
+    """Stands in for the engine's policy: passes every call through unchanged and keeps, per call, the
+    budget and candidates it was given (before the policy spends anything) and the picks it returned."""
+
+    def __init__(self, policy, engine):
+        self.policy, self.engine, self.calls = policy, engine, []
+
+    def schedule(self, candidates, budget):
+        bm = self.engine.block_manager
+        call = {"step": len(self.engine.step_stats), "tokens": budget.tokens, "slots": budget.slots,
+                "free_blocks": budget.free_blocks, "chunked": budget.chunked_prefill,
+                "candidates": [_observe(s, bm) for s in candidates], "picks": None}
+        self.calls.append(call)
+        picked = self.policy.schedule(candidates, budget)
+        call["picks"] = _picks(picked)
+        return picked
+
+
+def _record(engine) -> _Recorder:
+    """Wrap the engine's policy; the wrapper's class takes the policy's class name, so the engine's
+    error messages ("scheduler policy ContinuousPolicy ...") still name the learner's class."""
+    policy = engine.scheduler.policy
+    cls = type(type(policy).__name__, (_Recorder,), {})
+    engine.scheduler.policy = rec = cls(policy, engine)
+    return rec
+
+
+# -- the run ------------------------------------------------------------------------------------------
+
+def _not_implemented(e: BaseException) -> bool:
+    seen = set()
+    while e is not None and id(e) not in seen:
+        if isinstance(e, NotImplementedError):
+            return True
+        seen.add(id(e))
+        e = e.__cause__ or e.__context__
+    return False
+
+
+def _error(e: Exception) -> dict:
+    from .learner_side import learner_traceback
+    try:
+        tb = learner_traceback(e)
+    except Exception:  # noqa: BLE001 - an exception whose message cannot be printed
+        tb = type(e).__name__
+    return {"type": type(e).__name__, "message": str(e)[:2000], "tb": tb[-4000:]}
+
+
 def run_engine(prompts: list, max_tokens: list[int] | int, llm_kwargs: dict | None = None,
-               make: dict | None = None, max_steps: int = 10_000) -> dict:
+               make: dict | None = None, max_steps: int = 10_000, record_policy: bool = False,
+               catch: bool = False) -> dict:
     """Greedy generation of `prompts` (token-id lists), EOS ignored, stepping at most `max_steps` times.
 
     Returns {"tokens": token ids per request (None if unfinished), "schedule": per step
     (prompts prefilled, prefill tokens, decodes, preemptions), "steps", "finished" (bool),
     "num_blocks", "free_blocks", "leak" (None or a message), "max_num_batched_tokens",
-    "step_tokens": prefill + decode tokens per step}.
+    "step_tokens": prefill + decode tokens per step, "block_size", "error": None}.
+
+    record_policy: also "policy_calls", one dict per scheduler-policy call: "step", the budget's
+    "tokens" / "slots" / "free_blocks" / "chunked" before the policy spent any, "candidates" (per
+    candidate: "seq_id", "uncomputed", "prompt" tokens, "waiting", "computed", "blocks" held, "slots",
+    "cow"), and "picks": [(seq_id, num_tokens)] as returned (None if not a list of pairs).
+    catch: an exception (building the engine with the learner's component, the engine refusing the
+    policy's decisions, the policy raising) comes back as "error": {"type", "message", "tb"} with
+    everything observed up to it, instead of raising; a stub's NotImplementedError still raises (the
+    check is "not started").
     """
     from reference_engine import SamplingParams
-    llm = build_llm(llm_kwargs, make)
-    engine = llm.engine
+    engine, rec, done, ids, error = None, None, {}, [], None
     lens = max_tokens if isinstance(max_tokens, list) else [max_tokens] * len(prompts)
-    ids = [engine.add_request(list(p), SamplingParams(temperature=0, max_tokens=n, ignore_eos=True))
-           for p, n in zip(prompts, lens)]
-    done: dict = {}
-    while engine.has_unfinished() and len(engine.step_stats) < max_steps:
-        for out in engine.step():
-            if out.output is not None:
-                done[out.request_id] = list(out.output.token_ids)
-    finished = not engine.has_unfinished()
+    try:
+        engine = build_llm(llm_kwargs, make).engine  # constructs the learner's component: it may raise
+        rec = _record(engine) if record_policy else None
+        ids = [engine.add_request(list(p), SamplingParams(temperature=0, max_tokens=n, ignore_eos=True))
+               for p, n in zip(prompts, lens)]
+        while engine.has_unfinished() and len(engine.step_stats) < max_steps:
+            for step_out in engine.step():
+                if step_out.output is not None:
+                    done[step_out.request_id] = list(step_out.output.token_ids)
+    except Exception as e:
+        if not catch or _not_implemented(e):
+            raise
+        error = _error(e)
+    out = _observed(engine, ids, done, error) if engine is not None else _unbuilt(len(prompts), error)
+    if record_policy:
+        out["policy_calls"] = rec.calls if rec is not None else []
+    return out
+
+
+def _observed(engine, ids: list, done: dict, error) -> dict:
+    """What run_engine returns about a run (see its docstring)."""
+    finished = error is None and not engine.has_unfinished()
     stats = engine.step_stats
     return {
         "tokens": [done.get(i) for i in ids],
@@ -79,4 +176,53 @@ def run_engine(prompts: list, max_tokens: list[int] | int, llm_kwargs: dict | No
         "free_blocks": engine.block_manager.num_free(),
         "leak": consistency(engine) if finished else None,
         "max_num_batched_tokens": engine.max_num_batched_tokens,
+        "block_size": engine.block_size,
+        "error": error,
     }
+
+
+def _unbuilt(num_prompts: int, error) -> dict:
+    """run_engine's answer when the engine could not even be built (the learner's component raised)."""
+    return {"tokens": [None] * num_prompts, "schedule": [], "step_tokens": [], "steps": 0, "finished": False,
+            "num_blocks": None, "free_blocks": None, "leak": None, "max_num_batched_tokens": None,
+            "block_size": None, "error": error}
+
+
+# -- the grader's side -----------------------------------------------------------------------------------
+
+# What the scheduler's RuntimeErrors say a policy did: (phrase in the message, read after "your code").
+# Facts the engine checked, not guesses, so a check may name them when no usual mistake matches.
+POLICY_ERRORS = [
+    ("> max_num_batched_tokens", "admits more tokens than the budget left after the decodes (budget.tokens)"),
+    ("but chunked prefill is off", "chunks a prompt although budget.chunked_prefill is False"),
+    ("KV blocks, only", "schedules more tokens than the free KV blocks hold (budget.try_take checks them)"),
+    ("admitted past max_num_seqs", "admits more requests than there are free batch slots (budget.slots)"),
+    ("tokens to", "gives a prompt a number of tokens outside 1 .. num_uncomputed_tokens"),
+    ("starved a started prompt", "schedules nothing while a started prompt's next chunk fits and nothing "
+                                 "else runs (candidates with is_waiting False need their next chunk)"),
+    ("admitted nothing", "schedules nothing while nothing runs and requests wait (a prompt larger than "
+                         "the budget left still gets a chunk)"),
+    ("not a candidate or appears twice", "returns a sequence twice, or one that is not a candidate"),
+]
+
+
+def stopped(run: dict, known: list[tuple[str, str]] = (), who: str = "your policy") -> str:
+    """The failure message for a run that ended in an error ("error" set by catch=True): the mistake
+    when a phrase of `known` [(phrase in the error, mistake read after "your code")] is in the error's
+    message, then where it stopped and the traceback."""
+    err = run["error"]
+    named = next((m for phrase, m in known if phrase in err["message"]), None)
+    return (f"Looks like your code {named}.\n" if named else "") + \
+        f"The engine, running {who}, stopped at step {run['steps']}:\n{err['tb']}"
+
+
+def stub_guard(t, cls_name: str, *args):
+    """A policy stub raises as soon as schedule() is called: find that out before an engine is built
+    (seconds), so an untouched exercise is "not started" at once. Anything else this call raises is left
+    to the engine runs, which call the policy as the engine does."""
+    from .core import LearnerRaised, NotStarted
+    try:
+        t.fn(cls_name)(*args).schedule([], None)
+    except LearnerRaised as e:
+        if e.info.get("not_implemented"):
+            raise NotStarted(e.info.get("message") or "the stub still raises NotImplementedError") from None

@@ -144,6 +144,7 @@ def serve(ctrl: socket.socket):
     """The zygote's loop; returns when the grader closes the control socket."""
     _become_subreaper()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C in a notebook interrupts the grader, not us
+    _warm_imports()  # once here, while the grader goes on, instead of once per learner process
     from .learner_side import child_main
     while True:
         try:
@@ -292,11 +293,14 @@ def _warm_imports():
     import torch  # noqa: F401
     try:
         import triton  # noqa: F401
-        import reference_engine  # noqa: F401
+        import triton.language  # noqa: F401
+
+        import reference_engine.engine  # noqa: F401
+        import reference_engine.kernels  # noqa: F401
+        import reference_engine.llm  # noqa: F401
     except Exception:  # noqa: BLE001 - a broken optional import shows up in the check that needs it
         pass
 
 
 if __name__ == "__main__":
-    _warm_imports()
     serve(socket.socket(fileno=int(sys.argv[1])))

@@ -9,6 +9,10 @@ from __future__ import annotations
 from collections import Counter, deque
 
 
+class ConsistencyError(RuntimeError):
+    """The block pool disagrees with the block tables: a leaked, double-held or miscounted block."""
+
+
 class BlockAllocator:
     """The engine's implementation of interfaces.BlockAllocator: a FIFO free list and a ref-count array."""
 
@@ -108,11 +112,15 @@ class BlockManager:
         return self.allocator.num_free()
 
     def check_consistency(self, live_seqs) -> None:
-        """Raise AssertionError unless ref counts equal table membership and free + used = all blocks."""
+        """Raise ConsistencyError unless ref counts equal table membership and free + used = all blocks.
+
+        A real exception, not `assert`: python -O strips asserts, and a leak must never pass silently."""
         held = Counter(b for s in live_seqs for b in s.block_table)
         for s in live_seqs:
-            assert len(set(s.block_table)) == len(s.block_table), f"seq {s.seq_id} holds a block twice: {s.block_table}"
+            if len(set(s.block_table)) != len(s.block_table):
+                raise ConsistencyError(f"seq {s.seq_id} holds a block twice: {s.block_table}")
         for b in range(self.num_blocks):
-            assert self.allocator.ref_count(b) == held[b], f"block {b}: ref count {self.allocator.ref_count(b)}, held by {held[b]} tables"
-        assert self.allocator.num_free() == self.num_blocks - len(held), \
-            f"{self.allocator.num_free()} free blocks, expected {self.num_blocks - len(held)}"
+            if self.allocator.ref_count(b) != held[b]:
+                raise ConsistencyError(f"block {b}: ref count {self.allocator.ref_count(b)}, held by {held[b]} tables")
+        if self.allocator.num_free() != self.num_blocks - len(held):
+            raise ConsistencyError(f"{self.allocator.num_free()} free blocks, expected {self.num_blocks - len(held)}")

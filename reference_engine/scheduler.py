@@ -7,7 +7,10 @@ Order of a step (vLLM V1 / Sarathi-Serve style, one token budget for everything)
   2. the SchedulerPolicy spends what is left of the token budget on prefill: chunks of prompts in
      progress and newly admitted waiting requests (none in a step that preempted). If nothing at
      all can run because partly prefilled prompts fill the cache, the newest is preempted and the
-     policy asked again.
+     policy asked again. A policy that picks nothing while nothing else runs, although the oldest
+     started prompt's next chunk (or, with nothing running, the first waiting request) fits, is
+     broken (the engine would stall, or preempt and re-prefill forever): the scheduler raises
+     RuntimeError naming the fault instead.
 A prompt whose last chunk is a single token finishes in the decode batch (it is one query token
 against cached context, exactly a decode), so a policy never sees it.
 """
@@ -110,20 +113,19 @@ class Scheduler:
             if seq.status is Status.RUNNING and seq.num_uncomputed_tokens == 1:
                 self._schedule_decode(seq, out)
         while True:
-            budget = Budget(self.max_num_batched_tokens - len(out.decodes), self.max_num_seqs - self._num_slots_used(),
-                            self.bm, self.chunked_prefill)
             # After a preemption, admit nobody new this step (as vLLM does): the freed blocks would
             # otherwise go straight back to the victim's re-prefill and the cache would thrash.
             admit = not out.preempted or not self.running
-            candidates = [s for s in self.running if s.num_uncomputed_tokens > 1] + (list(self.waiting) if admit else [])
-            decisions = self.policy.schedule(candidates, budget)
+            started = [s for s in self.running if s.num_uncomputed_tokens > 1]  # partly prefilled prompts
+            candidates = started + (list(self.waiting) if admit else [])
+            decisions = self.policy.schedule(candidates, self._budget(len(out.decodes)))
             self._check(decisions, candidates, len(out.decodes))
-            if decisions or out.decodes or not self.running:
+            if decisions or out.decodes:
+                break
+            self._check_progress(started, len(out.decodes))  # nothing runs: the policy must pick something
+            if not self.running:
                 break
             self._preempt_newest(out)  # only partly prefilled prompts run and none can grow
-        if not decisions and not out.decodes and self.waiting:
-            raise RuntimeError(f"scheduler policy {type(self.policy).__name__} admitted nothing although the cache is "
-                               f"empty and {len(self.waiting)} request(s) wait: the engine would never progress")
         for seq, n in decisions:
             if seq.is_waiting:
                 self.waiting.remove(seq)
@@ -163,6 +165,35 @@ class Scheduler:
             self.waiting.remove(seq)
         self.bm.free(seq)
         seq.status = Status.FINISHED
+
+    def _budget(self, num_decodes: int) -> Budget:
+        return Budget(self.max_num_batched_tokens - num_decodes, self.max_num_seqs - self._num_slots_used(), self.bm,
+                      self.chunked_prefill)
+
+    def _next_chunk(self, seq: Sequence, budget: Budget) -> int:
+        """The tokens FCFS would give seq now: all it needs, or with chunked prefill what the budget has left."""
+        return min(seq.num_uncomputed_tokens, budget.tokens) if self.chunked_prefill else seq.num_uncomputed_tokens
+
+    def _check_progress(self, started: list[Sequence], num_decodes: int) -> None:
+        """The policy scheduled nothing and no decode runs: without a pick this step would do nothing, and
+        every later one the same (a notebook would hang). That is the policy's fault, unless the cache is
+        what stops the oldest started prompt (then the engine preempts); raise, naming the fault."""
+        name = type(self.policy).__name__
+        budget = self._budget(num_decodes)
+        if started:
+            seq = started[0]
+            n = self._next_chunk(seq, budget)
+            if budget.fits(seq, n):
+                raise RuntimeError(
+                    f"scheduler policy {name} starved a started prompt: it scheduled nothing although nothing else "
+                    f"runs and the next chunk of {seq!r} ({n} of its {seq.num_uncomputed_tokens} uncomputed tokens) "
+                    "fits the budget. A prompt already being prefilled (candidate with is_waiting False) must get "
+                    "its next chunk, or the engine never progresses")
+        elif self.waiting:
+            raise RuntimeError(
+                f"scheduler policy {name} admitted nothing although nothing runs, the cache is empty and "
+                f"{len(self.waiting)} request(s) wait (the first one fits the budget): the engine would never "
+                "progress")
 
     def _num_slots_used(self) -> int:
         return sum(s.num_slots for s in self.running)

@@ -115,9 +115,9 @@ def choose_budget(cost: dict, itl_slo_s: float, prompt_len: int, num_decodes: in
     Returns {"budget": B, "num_steps": int, "ttft_s": float, "max_step_s": float}.
 
     >>> c = {"overhead_s": 0.01, "per_token_s": 1e-4, "per_attn_s": 0.0}
-    >>> r = choose_budget(c, 0.03, 1000, 8, 100)
+    >>> r = choose_budget(c, 0.03055, 1000, 8, 100)  # budget 205: 0.0305 s a step; 206: 0.0306 s
     >>> r["budget"], r["num_steps"], round(r["ttft_s"], 4)
-    (200, 6, 0.1648)
+    (205, 6, 0.1648)
     """
     ### BEGIN SOLUTION
     for budget in range(num_decodes + prompt_len, num_decodes, -1):

@@ -6,7 +6,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from reference_engine.block_manager import BlockAllocator, BlockManager
+from reference_engine.block_manager import BlockAllocator, BlockManager, ConsistencyError
 
 
 def seq(i):
@@ -51,6 +51,24 @@ def test_copy_on_write_only_for_a_partly_filled_shared_block():
     for s in (parent, child, full):
         bm.free(s)
     assert bm.num_free() == 8
+
+
+def test_inconsistencies_raise_consistency_error():
+    """A real exception (a RuntimeError), not `assert`: python -O must not silence a leak."""
+    bm = BlockManager(BlockAllocator(4), block_size=4, num_blocks=4)
+    s = seq(0)
+    bm.reserve(s, 6)
+    with pytest.raises(ConsistencyError, match="block .*: ref count 1, held by 0"):
+        bm.check_consistency([])  # s's blocks leak when it is forgotten
+    bm.check_consistency([s])
+    s.block_table.append(s.block_table[0])
+    with pytest.raises(ConsistencyError, match="holds a block twice"):
+        bm.check_consistency([s])
+    s.block_table.pop()
+    bm.allocator._free.append(s.block_table[0])  # a held block also on the free list
+    with pytest.raises(ConsistencyError, match="free blocks, expected"):
+        bm.check_consistency([s])
+    assert issubclass(ConsistencyError, RuntimeError)
 
 
 ops = st.lists(st.tuples(st.sampled_from(["new", "grow", "fork", "free"]), st.integers(0, 1000), st.integers(1, 40)),

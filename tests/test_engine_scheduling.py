@@ -236,8 +236,55 @@ def test_broken_scheduler_policies_fail_loudly(model_dir):
     llm = LLM(model_dir, scheduler_policy=OverBudget(), max_num_batched_tokens=64)
     with pytest.raises(RuntimeError, match="max_num_batched_tokens"):
         llm.generate(prompts([50, 50]), SamplingParams(max_tokens=2))
-    with pytest.raises(RuntimeError, match="never progress"):
+    with pytest.raises(RuntimeError, match="Idle admitted nothing.*never progress"):
         LLM(model_dir, scheduler_policy=Idle()).generate([1, 2, 3], SamplingParams(max_tokens=2))
+
+
+class WaitingOnly(FCFSPolicy):
+    """Never continues a prompt it started: only waiting candidates."""
+
+    def schedule(self, candidates, budget):
+        return super().schedule([s for s in candidates if s.is_waiting], budget)
+
+
+class StaticNoChunk(FCFSPolicy):
+    """Static batching that forgets started prompts: nothing at all while any slot is taken."""
+
+    def schedule(self, candidates, budget):
+        return super().schedule(candidates, budget) if budget.slots == 4 else []
+
+
+@pytest.mark.parametrize("policy", [WaitingOnly, StaticNoChunk])
+def test_policy_that_starves_a_started_prompt_raises_instead_of_spinning(model_dir, policy):
+    """With chunked prefill, a prompt's next chunk that is never scheduled once nothing else runs used to
+    be preempted and re-prefilled forever (a hung notebook); now the engine names the fault."""
+    llm = LLM(model_dir, scheduler_policy=policy, max_num_seqs=4, max_num_batched_tokens=8)
+    with pytest.raises(RuntimeError, match=f"{policy.__name__} starved a started prompt.*is_waiting False"):
+        llm.generate(prompts([30, 5]), SamplingParams(max_tokens=3, **GREEDY))
+    assert len(llm.engine.step_stats) < 10
+
+
+class HalfEach(FCFSPolicy):
+    """Starts two prompts at once, half the budget each: partly prefilled prompts can fill the cache."""
+
+    def schedule(self, candidates, budget):
+        picked, share = [], max(1, budget.tokens // 2)
+        for seq in candidates:
+            n = min(seq.num_uncomputed_tokens, share)
+            if not budget.try_take(seq, n):
+                break
+            picked.append((seq, n))
+        return picked
+
+
+def test_a_full_cache_still_preempts_instead_of_blaming_the_policy(model_dir):
+    """Two half-prefilled prompts fill the cache and neither can grow: picking nothing is the cache's
+    fault, so the newest is preempted (not an error)."""
+    ps = prompts([60, 60], seed=4)
+    llm = LLM(model_dir, scheduler_policy=HalfEach, num_blocks=5, block_size=16, max_num_seqs=2,
+              max_num_batched_tokens=32)
+    assert run(llm, ps, (4, 4)) == one_at_a_time(model_dir, ps, (4, 4))
+    assert sum(s.num_preempted for s in llm.engine.step_stats) > 0
 
 
 def test_custom_block_allocator_is_used(model_dir, reference):

@@ -7,6 +7,9 @@ import random
 import pytest
 
 from autograder.checks import l03_continuous_batching as checks
+from autograder.compare import compare
+from autograder.core import Trial
+from autograder.engine_harness import run_engine
 from solutions import l03_continuous_batching as S
 
 R = S.Request
@@ -68,3 +71,58 @@ def test_engine_steps_equal_the_simulations():
     assert cont["slots_used"] == S.simulate_continuous(sim, 4)["slots_used"]
     assert stat["slots_used"] == S.simulate_static(sim, 4)["slots_used"]
     assert stat["tokens"] == cont["tokens"]
+
+
+# -- every mistake a check names shows in a visible case (so on every seed) ------------------------------
+
+def _exercised(cases, expected_fn, mistakes_fn) -> set:
+    """The mistakes whose value differs from the expected one on at least one of `cases`."""
+    seen = set()
+    for _, args in cases:
+        expected = expected_fn(*args)
+        seen |= {name for name, wrong in mistakes_fn(*args).items() if compare(wrong, expected, rtol=1e-9)}
+    return seen
+
+
+def test_every_named_simulation_mistake_shows_in_a_visible_case():
+    static = _exercised(checks.STATIC_CASES, S.simulate_static, lambda reqs, B: {
+        name: checks.static_variant(reqs, B, **kw) for name, kw in checks.STATIC_MISTAKES.items()})
+    assert static == set(checks.STATIC_MISTAKES)
+    step = _exercised(checks.STEP_CASES, S.continuous_step, lambda *a: {
+        name: checks.step_variant(*a, v) for name, v in checks.STEP_MISTAKES.items()})
+    assert step == set(checks.STEP_MISTAKES)
+    cont = _exercised(checks.CONTINUOUS_CASES, S.simulate_continuous, checks.continuous_mistakes)
+    assert cont == set(checks.continuous_mistakes(*checks.CONTINUOUS_CASES[0][1]))
+    emax = _exercised(checks.EMAX_CASES, S.expected_max, checks.emax_mistakes)
+    assert emax == set(checks.emax_mistakes(*checks.EMAX_CASES[0][1]))
+    for part, key in ((0, "gain"), (1, "padding_waste")):
+        seen = _exercised(checks.GAIN_CASES, lambda pmf, B, key=key: S.batching_gain(pmf, B)[key],
+                          lambda pmf, B, part=part: checks.gain_mistakes(pmf, B)[part])
+        assert seen == set(checks.gain_mistakes({1: 1.0}, 1)[part])
+
+
+def test_check_step_variants_leave_their_arguments_alone():
+    running, waiting = [(0, 0), (1, 2)], [2, 3]
+    for v in [""] + list(checks.STEP_MISTAKES.values()):
+        checks.step_variant(running, waiting, [R(0, 1), R(0, 3), R(0, 3), R(9, 1)], 2, 4, v)
+    assert running == [(0, 0), (1, 2)] and waiting == [2, 3]
+
+
+def _visible_engine_cases():
+    return checks.engine_cases(Trial(None, None, 0, False, visible_only=True))
+
+
+@pytest.mark.parametrize("static", [False, True])
+def test_every_wrong_policy_shows_in_a_visible_engine_case(static):
+    """Each named wrong policy changes the run (schedule, or an engine error) of a visible case, and the
+    chunked visible case makes a static policy keep chunking the prompt its batch started."""
+    variants = checks.STATIC_VARIANTS if static else checks.CONTINUOUS_VARIANTS
+    seen = set()
+    for _, (prompts, lens, kw) in _visible_engine_cases():
+        expected = checks._static_reference(S, prompts, lens, kw) if static else run_engine(prompts, lens, kw)
+        assert expected["finished"] and expected["leak"] is None
+        for name, v in variants.items():
+            run = checks._variant_run(prompts, lens, kw, 10_000, v(kw["max_num_seqs"]))
+            if checks._outcome(run) != checks._outcome(expected):
+                seen.add(name)
+    assert seen == set(variants)

@@ -4,30 +4,32 @@ output lengths, and scheduler policies run inside the reference engine.
 Simulation cases are small hand-made request sets plus hidden ones drawn from t.rng (skewed output
 lengths like a trace: many short, a few long; arrivals bunched and spread). Wrong answers are named
 by running the usual wrong algorithms (variants below) on the same inputs. The engine checks run the
-shipped target model with the learner's policy and with the reference one on the same prompts
-(greedy, few KV blocks so that requests get preempted) and compare the per-step schedule, the tokens,
-and that every KV block is free afterwards.
+shipped target model with the learner's policy (in the learner's process, `engine_harness.run_engine`)
+and here with the reference one on the same prompts (greedy, few KV blocks so that requests get
+preempted, with and without chunked prefill), and compare the per-step schedule, the tokens, and
+that every KV block is free afterwards; a wrong schedule is named by running the usual wrong
+policies here.
 """
 from __future__ import annotations
 
 import numbers
+import random
+from functools import partial
+from typing import NamedTuple
 
-import torch
-
-from autograder.compare import compare
-from autograder.core import check
-
-# The engine builds its model on the meta device, which makes torch import its compiler stack
-# (seconds). Do it once here, in the grader's parent process, so each forked check starts warm.
-with torch.device("meta"):
-    torch.nn.Embedding(1, 1)
+from autograder.core import CaseFailed, check
+from autograder.engine_harness import POLICY_ERRORS, run_engine, stopped, stub_guard
 
 # -- request sets -----------------------------------------------------------------------------------
 
 
-def R(arrival, output_len):
-    from solutions.l03_continuous_batching import Request
-    return Request(arrival, output_len)
+class Request(NamedTuple):
+    """The lesson's Request; sent to the learner's code it arrives as their module's Request."""
+    arrival: int
+    output_len: int
+
+
+R = Request
 
 
 def random_requests(rng, n: int, spread: int) -> list:
@@ -35,18 +37,6 @@ def random_requests(rng, n: int, spread: int) -> list:
     arrivals = sorted(rng.randint(0, spread) for _ in range(n))
     lens = [min(24, max(1, int(rng.expovariate(1 / 6)) + 1)) for _ in range(n)]
     return [R(a, l) for a, l in zip(arrivals, lens)]
-
-
-def merged(mistakes: dict) -> dict:
-    """Mistakes that give the same wrong value on this case are named together (either may be it)."""
-    out: dict = {}
-    for name, wrong in mistakes.items():
-        same = next((k for k, v in out.items() if compare(wrong, v, rtol=1e-9) is None), None)
-        if same is None:
-            out[name] = wrong
-        else:
-            out[f"{same}; or your code {name}"] = out.pop(same)
-    return out
 
 
 def describe(reqs, B) -> str:
@@ -62,8 +52,8 @@ def expect_result(t, got, expected, mistakes: dict):
     for key in ("total_steps", "finish", "slots_used", "occupancy"):
         # A mistake that would have shown in a key already passed does not explain this one.
         t.expect(got[key], expected[key], f'"{key}"', rtol=1e-9,
-                 mistakes=merged({name: wrong[key] for name, wrong in mistakes.items()
-                                  if wrong[key] != expected[key] and all(wrong[k] == expected[k] for k in done)}))
+                 mistakes={name: wrong[key] for name, wrong in mistakes.items()
+                           if all(wrong[k] == expected[k] for k in done)})
         done.append(key)
     t.expect_true(isinstance(got["total_steps"], numbers.Integral),
                   f'"total_steps" should be an int, got {type(got["total_steps"]).__name__}')
@@ -74,6 +64,12 @@ def _result(finish, slots_used, reqs, B, total=None):
     return {"finish": finish, "total_steps": total,
             "occupancy": sum(r.output_len for r in reqs) / (B * total) if total else 0.0,
             "slots_used": slots_used}
+
+
+def random_case(rng):
+    """A hidden simulation case: (requests, B)."""
+    B = rng.choice([2, 3, 4, 8])
+    return random_requests(rng, rng.randint(B + 1, 4 * B), rng.choice([0, 10, 40])), B
 
 
 # -- 1.1 static batching ----------------------------------------------------------------------------
@@ -112,17 +108,17 @@ STATIC_MISTAKES = {
     "leaves the idle steps (waiting for arrivals) out of the occupancy's denominator": dict(occ="busy"),
 }
 
+STATIC_CASES = [
+    ("visible: the docstring example", ([R(0, 1), R(0, 3), R(0, 2)], 2)),
+    ("visible: the second batch waits for an arrival", ([R(0, 2), R(0, 4), R(1, 1), R(9, 3), R(9, 2)], 2)),
+    ("visible: short last batch", ([R(0, 5), R(0, 1), R(0, 1), R(0, 2), R(0, 3)], 4)),
+]
+
 
 @check(points=3, section="1.1")
 def simulate_static(t):
     """Finish steps, total steps, slot occupancy and per-step useful slots of static batching."""
-    cases = [("visible: the docstring example", [R(0, 1), R(0, 3), R(0, 2)], 2),
-             ("visible: the second batch waits for an arrival", [R(0, 2), R(0, 4), R(1, 1), R(9, 3), R(9, 2)], 2),
-             ("visible: short last batch", [R(0, 5), R(0, 1), R(0, 1), R(0, 2), R(0, 3)], 4)]
-    for _ in range(3):
-        B = t.rng.choice([2, 3, 4, 8])
-        cases.append(("hidden", random_requests(t.rng, t.rng.randint(B + 1, 4 * B), t.rng.choice([0, 10, 40])), B))
-    for label, reqs, B in cases:
+    for label, (reqs, B) in t.cases(visible=STATIC_CASES, hidden=random_case, n=3):
         with t.case(f"{label}: {describe(reqs, B)}"):
             expected = t.ref.simulate_static(reqs, B)
             got = t.call("simulate_static", reqs, B)
@@ -132,13 +128,19 @@ def simulate_static(t):
 # -- 2.1 / 2.2 continuous batching ------------------------------------------------------------------
 
 def step_variant(running, waiting, reqs, B, step, variant=""):
-    """The reference step and its usual wrong versions."""
+    """The reference step (variant "") and its usual wrong versions; the arguments are left as they are."""
+    running, waiting = list(running), list(waiting)
     retired = [rid for rid, left in running if left == 0]
     if variant != "retire_after":
         running = [(rid, left) for rid, left in running if left > 0]
-    waiting = list(waiting)
     cap = B + 1 if variant == "beyond_B" else B
-    while waiting and len(running) < cap and (variant == "no_arrival" or reqs[waiting[0]].arrival <= step):
+
+    def arrived(rid):
+        if variant == "no_arrival":
+            return True
+        return reqs[rid].arrival < step if variant == "strict_arrival" else reqs[rid].arrival <= step
+
+    while waiting and len(running) < cap and arrived(waiting[0]):
         if variant == "static" and running:
             break
         rid = waiting.pop(0)
@@ -153,78 +155,93 @@ STEP_MISTAKES = {
     "retires finished requests after admitting, so a freed slot stays empty for a step": "retire_after",
     "admits beyond B slots (more than B requests run at once)": "beyond_B",
     "ignores arrival times (admits a request before it has arrived)": "no_arrival",
+    "admits only requests that arrived before this step (arrival < step); one arriving at this very step "
+    "may join (arrival <= step)": "strict_arrival",
 }
 
 
-def drive(reqs, B, variant="", count_last=False):
-    """simulate_continuous over step_variant."""
+def drive(reqs, B, variant="", count_last=False, finish_shift=0):
+    """simulate_continuous over step_variant; finish_shift=-1 records the step of the last token."""
     running, waiting, finish, used, step = [], list(range(len(reqs))), [0] * len(reqs), [], 0
     while (running or waiting) and step < 10_000:
         running, waiting, retired = step_variant(running, waiting, reqs, B, step, variant)
         for rid in retired:
-            finish[rid] = step
+            finish[rid] = step + finish_shift
         if running or waiting or count_last:
             used.append(len(running))
         step += 1
     return _result(finish, used, reqs, B)
 
 
-def reachable_state(t, reqs, B):
-    """Run the reference a random number of steps: a state the scheduler can really be in."""
+def reachable_state(rng, reqs, B):
+    """Run the (grader's copy of the) reference step a random number of steps: a state the scheduler
+    can really be in. Drawn without t.ref, so hidden cases can be drawn in a student's copy too."""
     running, waiting = [], list(range(len(reqs)))
-    stop = t.rng.randint(1, max(2, sum(r.output_len for r in reqs) // B))
+    stop = rng.randint(1, max(2, sum(r.output_len for r in reqs) // B))
     for step in range(stop):
         if not (running or waiting):
             return running, waiting, step
-        running, waiting, _ = t.ref.continuous_step(running, waiting, reqs, B, step)
+        running, waiting, _ = step_variant(running, waiting, reqs, B, step)
     return running, waiting, stop
+
+
+def random_step_case(rng):
+    B = rng.choice([2, 3, 4])
+    reqs = random_requests(rng, rng.randint(B + 2, 4 * B), rng.choice([0, 8, 20]))
+    running, waiting, step = reachable_state(rng, reqs, B)
+    return running, waiting, reqs, B, step
+
+
+STEP_CASES = [
+    ("visible: the docstring example", ([(0, 0), (1, 2)], [2, 3], [R(0, 1), R(0, 3), R(0, 3), R(9, 1)], 2, 4)),
+    ("visible: one slot frees, one request joins", ([(0, 0), (1, 3), (2, 1)], [3, 4],
+                                                    [R(0, 1), R(0, 5), R(0, 2), R(0, 2), R(0, 2)], 3, 1)),
+    ("visible: a full batch admits nobody", ([(0, 2), (1, 1)], [2], [R(0, 3), R(0, 2), R(0, 1)], 2, 1)),
+    ("visible: the next request has not arrived", ([(0, 0)], [1, 2], [R(0, 1), R(5, 2), R(6, 1)], 4, 1)),
+    ("visible: a request arriving at this very step joins", ([(0, 0)], [1, 2], [R(0, 1), R(3, 2), R(4, 1)], 3, 3)),
+    ("visible: empty batch, first step", ([], [0, 1, 2], [R(0, 2), R(0, 1), R(0, 4)], 2, 0)),
+]
 
 
 @check(points=3, section="2.1")
 def continuous_step(t):
     """One scheduler step: retire, admit FCFS into free slots (arrived only, at most B), decode."""
-    reqs = [R(0, 1), R(0, 3), R(0, 3), R(9, 1)]
-    cases = [("visible: the docstring example", [(0, 0), (1, 2)], [2, 3], reqs, 2, 4),
-             ("visible: one slot frees, one request joins", [(0, 0), (1, 3), (2, 1)], [3, 4],
-              [R(0, 1), R(0, 5), R(0, 2), R(0, 2), R(0, 2)], 3, 1),
-             ("visible: a full batch admits nobody", [(0, 2), (1, 1)], [2], [R(0, 3), R(0, 2), R(0, 1)], 2, 1),
-             ("visible: the next request has not arrived", [(0, 0)], [1, 2], [R(0, 1), R(5, 2), R(6, 1)], 4, 1),
-             ("visible: empty batch, first step", [], [0, 1, 2], [R(0, 2), R(0, 1), R(0, 4)], 2, 0)]
-    for _ in range(3):
-        B = t.rng.choice([2, 3, 4])
-        hreqs = random_requests(t.rng, t.rng.randint(B + 2, 4 * B), t.rng.choice([0, 8, 20]))
-        running, waiting, step = reachable_state(t, hreqs, B)
-        cases.append(("hidden: a state reached by the scheduler", running, waiting, hreqs, B, step))
-    for label, running, waiting, rq, B, step in cases:
+    for label, (running, waiting, rq, B, step) in t.cases(visible=STEP_CASES, hidden=random_step_case, n=3):
         with t.case(f"{label}: running {running}, waiting {waiting}, B={B}, step={step}, "
                     f"(arrival, output_len) = {[tuple(r) for r in rq]}"):
             expected = t.ref.continuous_step(running, waiting, rq, B, step)
             got = t.call("continuous_step", running, waiting, rq, B, step)
             t.expect_true(isinstance(got, (tuple, list)) and len(got) == 3,
                           "return a tuple (running, waiting, retired)")
-            wrong = {name: step_variant(running, waiting, rq, B, step, v) for name, v in STEP_MISTAKES.items()}
             t.expect(tuple(got), expected, "(running, waiting, retired)",
-                     mistakes=merged({n: w for n, w in wrong.items() if w != expected}))
+                     mistakes={name: step_variant(running, waiting, rq, B, step, v) for name, v in STEP_MISTAKES.items()})
+
+
+CONTINUOUS_CASES = [
+    ("visible: the docstring example", ([R(0, 1), R(0, 3), R(0, 2)], 2)),
+    ("visible: idle steps before a late arrival", ([R(0, 2), R(0, 1), R(6, 2)], 2)),
+    ("visible: more requests than slots", ([R(0, 5), R(0, 1), R(0, 1), R(0, 2), R(1, 3)], 2)),
+]
+
+
+def continuous_mistakes(reqs, B) -> dict:
+    mistakes = {name: drive(reqs, B, v) for name, v in STEP_MISTAKES.items()}
+    mistakes["counts the last, empty step (it only retires; total_steps = max(finish))"] = \
+        drive(reqs, B, count_last=True)
+    mistakes["records the step of a request's last token as its finish; a request retired at step s " \
+             "finished at the end of step s - 1, so its finish is s"] = drive(reqs, B, finish_shift=-1)
+    mistakes["is static batching (simulate_static), not continuous"] = static_variant(reqs, B)
+    return mistakes
 
 
 @check(points=2, section="2.2")
 def simulate_continuous(t):
     """The driver: finish steps, total steps, occupancy and slots used of continuous batching."""
-    cases = [("visible: the docstring example", [R(0, 1), R(0, 3), R(0, 2)], 2),
-             ("visible: idle steps before a late arrival", [R(0, 2), R(0, 1), R(6, 2)], 2),
-             ("visible: more requests than slots", [R(0, 5), R(0, 1), R(0, 1), R(0, 2), R(1, 3)], 2)]
-    for _ in range(3):
-        B = t.rng.choice([2, 3, 4, 8])
-        cases.append(("hidden", random_requests(t.rng, t.rng.randint(B + 1, 4 * B), t.rng.choice([0, 10, 40])), B))
-    for label, reqs, B in cases:
+    for label, (reqs, B) in t.cases(visible=CONTINUOUS_CASES, hidden=random_case, n=3):
         with t.case(f"{label}: {describe(reqs, B)}"):
             expected = t.ref.simulate_continuous(reqs, B)
             got = t.call("simulate_continuous", reqs, B)
-            mistakes = {name: drive(reqs, B, v) for name, v in STEP_MISTAKES.items()}
-            mistakes["counts the last, empty step (it only retires; total_steps = max(finish))"] = \
-                drive(reqs, B, count_last=True)
-            mistakes["is static batching (simulate_static), not continuous"] = t.ref.simulate_static(reqs, B)
-            expect_result(t, got, expected, mistakes)
+            expect_result(t, got, expected, continuous_mistakes(reqs, B))
 
 
 # -- 3.1 / 3.2 the closed form ----------------------------------------------------------------------
@@ -234,6 +251,10 @@ def random_pmf(rng) -> dict:
     ks = sorted(rng.sample(range(1, 200), rng.randint(2, 6)))
     ws = [rng.random() / k ** 0.5 for k in ks]
     return {k: w / sum(ws) for k, w in zip(ks, ws)}
+
+
+def random_pmf_case(rng):
+    return random_pmf(rng), rng.choice([2, 4, 8, 16, 32])
 
 
 def cdf_sum(pmf, B, shift: int):
@@ -252,57 +273,72 @@ def emax_mistakes(pmf, B) -> dict:
             "computes the expected minimum (1 - (1 - F)^B is the min's CDF; the max's is F^B)": emin}
 
 
+def gain_mistakes(pmf, B) -> tuple[dict, dict]:
+    """The usual wrong "gain" values, and the usual wrong "padding_waste" values."""
+    mean, emax = sum(k * p for k, p in pmf.items()), cdf_sum(pmf, B, 0)
+    return ({"inverts the gain: continuous over static is E[max] / E[L], not E[L] / E[max]": mean / emax,
+             "uses E[L] for the static batch's length (no gain); a batch lasts its longest request": 1.0},
+            {"divides the wasted slot-steps by E[L]; the waste is a share of all slot-steps, E[max] per slot":
+                (emax - mean) / mean,
+             "returns the useful fraction E[L] / E[max], not the wasted one": mean / emax})
+
+
+EMAX_CASES = [("visible: the docstring example", ({1: 0.5, 3: 0.5}, 2)),
+              ("visible: B=1 is the mean", ({2: 0.2, 5: 0.5, 9: 0.3}, 1)),
+              ("visible: a rare long request", ({4: 0.9, 100: 0.1}, 8))]
+GAIN_CASES = [EMAX_CASES[0], EMAX_CASES[2]]
+
+
+def _pmf_label(label, pmf, B) -> str:
+    return f"{label}: B={B}, pmf {{{', '.join(f'{k}: {p:.3g}' for k, p in pmf.items())}}}"
+
+
 @check(points=2, section="3.1")
 def expected_max(t):
     """Exact E[max of B i.i.d. lengths] for a discrete length distribution."""
-    cases = [("visible: the docstring example", {1: 0.5, 3: 0.5}, 2),
-             ("visible: B=1 is the mean", {2: 0.2, 5: 0.5, 9: 0.3}, 1),
-             ("visible: a rare long request", {4: 0.9, 100: 0.1}, 8)]
-    for _ in range(3):
-        cases.append(("hidden", random_pmf(t.rng), t.rng.choice([2, 4, 8, 16, 32])))
-    for label, pmf, B in cases:
-        with t.case(f"{label}: B={B}, pmf {{{', '.join(f'{k}: {p:.3g}' for k, p in pmf.items())}}}"):
+    for label, (pmf, B) in t.cases(visible=EMAX_CASES, hidden=random_pmf_case, n=3):
+        with t.case(_pmf_label(label, pmf, B)):
             expected = t.ref.expected_max(pmf, B)
             got = t.call("expected_max", pmf, B)
-            t.expect(got, expected, "E[max]", mistakes=merged(emax_mistakes(pmf, B)), rtol=1e-9,
+            t.expect(got, expected, "E[max]", mistakes=emax_mistakes(pmf, B), rtol=1e-9,
                      hint="Compute it exactly from the CDF (no sampling).")
 
 
 @check(points=2, section="3.2")
 def batching_gain(t):
     """Padding waste of static batching and the throughput gain of continuous batching."""
-    cases = [("visible: the docstring example", {1: 0.5, 3: 0.5}, 2),
-             ("visible: a rare long request", {4: 0.9, 100: 0.1}, 8)]
-    for _ in range(3):
-        cases.append(("hidden", random_pmf(t.rng), t.rng.choice([2, 4, 8, 16, 32])))
-    for label, pmf, B in cases:
-        with t.case(f"{label}: B={B}, pmf {{{', '.join(f'{k}: {p:.3g}' for k, p in pmf.items())}}}"):
+    for label, (pmf, B) in t.cases(visible=GAIN_CASES, hidden=random_pmf_case, n=3):
+        with t.case(_pmf_label(label, pmf, B)):
             expected = t.ref.batching_gain(pmf, B)
             got = t.call("batching_gain", pmf, B)
             t.expect_true(isinstance(got, dict), f"return a dict, got {type(got).__name__}")
             missing = [k for k in expected if k not in got]
             t.expect_true(not missing, f"the dict is missing key(s) {missing}")
-            mean, emax = sum(k * p for k, p in pmf.items()), t.ref.expected_max(pmf, B)
-            t.expect(got["gain"], expected["gain"], '"gain"', rtol=1e-9, mistakes={
-                "inverts the gain: continuous over static is E[max] / E[L], not E[L] / E[max]": mean / emax,
-                "uses E[L] for the static batch's length (no gain); a batch lasts its longest request": 1.0})
-            t.expect(got["padding_waste"], expected["padding_waste"], '"padding_waste"', rtol=1e-9, mistakes={
-                "divides the wasted slot-steps by E[L]; the waste is a share of all slot-steps, "
-                "E[max] per slot": (emax - mean) / mean,
-                "returns the useful fraction E[L] / E[max], not the wasted one": mean / emax})
+            gain, waste = gain_mistakes(pmf, B)
+            t.expect(got["gain"], expected["gain"], '"gain"', rtol=1e-9, mistakes=gain)
+            t.expect(got["padding_waste"], expected["padding_waste"], '"padding_waste"', rtol=1e-9, mistakes=waste)
 
 
 # -- 4.1 / 4.2 policies in the engine ---------------------------------------------------------------
 
 class _Fcfs:
-    def __init__(self, static_slots=None, skip=False, chunk=True):
+    """The reference rule and its usual wrong versions, as engine policies run here (trusted code).
+
+    static_slots: admit only into an empty batch (static batching); skip: let later candidates overtake
+    one that does not fit; chunk=False: never chunk; started=False: never continue a started prompt;
+    starve: (static) schedule nothing at all while the batch runs, started prompts included."""
+
+    def __init__(self, static_slots=None, skip=False, chunk=True, started=True, starve=False):
         self.static_slots, self.skip, self.chunk = static_slots, skip, chunk
+        self.started, self.starve = started, starve
 
     def schedule(self, candidates, budget):
         empty = self.static_slots is None or budget.slots == self.static_slots
         picked = []
         for seq in candidates:
-            if seq.is_waiting and not empty:
+            if not seq.is_waiting and not self.started:
+                continue
+            if not empty and (seq.is_waiting or self.starve):
                 break
             n = seq.num_uncomputed_tokens
             if budget.chunked_prefill and self.chunk:
@@ -315,98 +351,141 @@ class _Fcfs:
         return picked
 
 
-def engine_cases(t, chunked: bool):
-    """(label, prompts, output lengths, engine kwargs): few KV blocks so that requests get preempted."""
-    import random
-
-    def prompts(rng, n):  # short and long prompts mixed, so a long one at the head may not fit
-        return [[rng.randrange(1, 2048) for _ in range(rng.choice([rng.randint(8, 20), rng.randint(50, 100)]))]
-                for _ in range(n)]
-
-    vis = random.Random(0)
-    cases = [("visible: 8 prompts, B=4, 8 KV blocks of 16 tokens", prompts(vis, 8),
-              [vis.randint(4, 16) for _ in range(8)], dict(max_num_seqs=4, num_blocks=8)),
-             ("hidden", prompts(t.rng, 6), [t.rng.randint(4, 16) for _ in range(6)],
-              dict(max_num_seqs=t.rng.choice([3, 4]), num_blocks=t.rng.choice([8, 10])))]
-    if chunked:  # the first prompt (45 tokens) is longer than the 32-token budget: it must be chunked
-        first = [t.rng.randrange(1, 2048) for _ in range(45)]
-        cases.append(("hidden: chunked prefill, 32-token budget", [first] + prompts(t.rng, 5),
-                      [t.rng.randint(4, 16) for _ in range(6)],
-                      dict(max_num_seqs=t.rng.choice([3, 4]), num_blocks=t.rng.choice([10, 12]),
-                           enable_chunked_prefill=True, max_num_batched_tokens=32)))
-    for _, _, _, kw in cases:
-        kw.setdefault("enable_chunked_prefill", False)
-        kw.setdefault("max_num_batched_tokens", 4096)
-    return cases
+def _prompts(rng, n):
+    """Short and long prompts mixed, so that a long one at the head may not fit."""
+    return [[rng.randrange(1, 2048) for _ in range(rng.choice([rng.randint(8, 20), rng.randint(50, 100)]))]
+            for _ in range(n)]
 
 
-def run_policy(policy, prompts, lens, kw):
-    """One engine run; returns (schedule per step, tokens per request, leak message or None)."""
-    from reference_engine import SamplingParams
-    from solutions.l03_continuous_batching import engine_dir
-    from reference_engine.llm import LLM
-
-    torch.set_num_threads(1)
-    llm = LLM(model=str(engine_dir() / "checkpoints" / "target"), scheduler_policy=policy,
-              dtype=torch.float32, **kw)
-    params = [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True) for n in lens]
-    outs = llm.generate(prompts, params)
-    eng = llm.engine
-    sched = [(s.num_prefill_seqs, s.num_prefill_tokens, s.num_decode_seqs, s.num_preempted) for s in eng.step_stats]
-    leak = None
-    try:
-        eng.block_manager.check_consistency([])
-        if eng.scheduler.has_unfinished():
-            leak = "requests are still queued after every request finished"
-    except AssertionError as e:
-        leak = f"KV blocks leaked or miscounted after the run: {e}"
-    return sched, [o.token_ids for o in outs], leak
+def _chunked_prompts(rng, n):
+    """The first prompt (45 tokens) is longer than the 32-token budget: it must be chunked."""
+    return [[rng.randrange(1, 2048) for _ in range(45)]] + _prompts(rng, n - 1)
 
 
-def learner_run(t, make, prompts, lens, kw):
-    """The engine with the learner's policy; their exceptions fail the case with their traceback."""
-    with t.learner_code("the engine, running your policy,"):
-        return run_policy(make(), prompts, lens, kw)
+NO_CHUNK = dict(enable_chunked_prefill=False, max_num_batched_tokens=4096)
+CHUNK_32 = dict(enable_chunked_prefill=True, max_num_batched_tokens=32)
 
 
-SCHEDULE_HINT = ("Each entry is one engine step: (prompts prefilled, prefill tokens, decodes, preemptions).")
+def _visible(seed, prompts, kw):
+    rng = random.Random(seed)
+    ps = prompts(rng, 8 if prompts is _prompts else 6)
+    return ps, [rng.randint(3, 10) for _ in ps], kw
 
 
-def policy_check(t, cls_name: str, make_ref, mistakes: dict, chunked: bool):
-    for label, prompts, lens, kw in engine_cases(t, chunked):
-        with t.case(f"{label}: prompt lengths {[len(p) for p in prompts]}, output lengths {lens}"):
-            cls = t.fn(cls_name)
-            make = (lambda: cls(kw["max_num_seqs"])) if cls_name == "StaticPolicy" else cls
-            sched, tokens, leak = learner_run(t, make, prompts, lens, kw)  # first: a stub stops here
-            ref_sched, ref_tokens, _ = run_policy(make_ref(kw), prompts, lens, kw)
-            if sched != ref_sched:  # name the mistake: run the usual wrong policies (only when needed)
-                wrong = {}
-                for name, policy in mistakes.items():
-                    try:
-                        wrong[name] = run_policy(policy(kw), prompts, lens, kw)[0]
-                    except RuntimeError:
-                        pass
-                t.expect(sched, ref_sched, "the per-step schedule", mistakes=merged(wrong), hint=SCHEDULE_HINT)
-            t.expect(tokens, ref_tokens, "generated token ids per request")
-            t.expect_true(leak is None, leak or "")
+def engine_cases(t):
+    """(label, (prompts, output lengths, engine kwargs)): few KV blocks, so that requests get preempted;
+    without chunked prefill, and with it and a prompt longer than the budget (visible), then a hidden
+    chunked case drawn from t.rng."""
+    visible = [("visible: 8 prompts, B=4, 8 KV blocks of 16 tokens",
+                _visible(0, _prompts, dict(max_num_seqs=4, num_blocks=8, **NO_CHUNK))),
+               ("visible: chunked prefill, 32-token budget, B=4, 10 KV blocks",
+                _visible(1, _chunked_prompts, dict(max_num_seqs=4, num_blocks=10, **CHUNK_32)))]
+
+    def hidden(rng):
+        kw = dict(max_num_seqs=rng.choice([3, 4]), num_blocks=rng.choice([10, 12]), **CHUNK_32)
+        return _chunked_prompts(rng, 6), [rng.randint(3, 10) for _ in range(6)], kw
+
+    return t.cases(visible=visible, hidden=hidden, n=1)
+
+
+def _describe(prompts, lens, kw) -> str:
+    chunking = f"chunked prefill, {kw['max_num_batched_tokens']}-token budget" if kw["enable_chunked_prefill"] \
+        else "no chunked prefill"
+    return (f"prompt lengths {[len(p) for p in prompts]}, output lengths {lens}, B={kw['max_num_seqs']}, "
+            f"{kw['num_blocks']} KV blocks of 16, {chunking}")
+
+
+def _outcome(run) -> tuple:
+    """How a run ended ("finished", "unfinished", or "stopped: " what stopped the engine), then its schedule."""
+    if run["error"] is None:
+        return ("finished" if run["finished"] else "unfinished"), run["schedule"]
+    msg = run["error"]["message"]
+    return "stopped: " + next((p for p, _ in POLICY_ERRORS if p in msg), run["error"]["type"]), run["schedule"]
+
+
+def _first_difference(got: list, expected: list) -> str:
+    for k, (g, e) in enumerate(zip(got, expected)):
+        if tuple(g) != tuple(e):
+            return f"; step {k}: yours {tuple(g)}, the reference {tuple(e)}"
+    return f"; yours has {len(got)} steps, the reference {len(expected)}"
+
+
+def judge_run(t, run: dict, expected: dict, variants: dict):
+    """The learner's run against the reference run. A wrong schedule, or an engine error, is named by the
+    one usual wrong policy (`variants`: name -> its run, made here, only now) that does the same; an
+    error no variant explains by what the engine's error says the policy did (POLICY_ERRORS)."""
+    if _outcome(run) != _outcome(expected):
+        wrong = {name: _outcome(make()) for name, make in variants.items()}
+        if run["error"] is not None:
+            hint = next((f"Looks like your code {m}." for p, m in POLICY_ERRORS if p in run["error"]["message"]), "")
+            try:
+                t.expect(_outcome(run), _outcome(expected), "how your run ended", mistakes=wrong, hint=hint)
+            except CaseFailed as e:
+                t.fail(f"{e}\n{stopped(run)}")
+        t.expect_true(run["finished"], f"the requests did not finish in {run['steps']} steps (the reference needs "
+                                       f"{expected['steps']}): does your policy make progress?")
+        t.expect(run["schedule"], expected["schedule"],
+                 "the per-step schedule (each step: prompts prefilled, prefill tokens, decodes, preemptions)"
+                 + _first_difference(run["schedule"], expected["schedule"]),
+                 mistakes={name: sched for name, (end, sched) in wrong.items() if end == "finished"})
+    t.expect(run["tokens"], expected["tokens"], "generated token ids per request")
+    t.expect_true(run["leak"] is None, run["leak"] or "")
+
+
+def _static_reference(ref, prompts, lens, kw):
+    """The engine run with the reference StaticPolicy (for t.reference: plain data in and out)."""
+    return run_engine(prompts, lens, kw, make={"scheduler_policy": (ref.StaticPolicy, kw["max_num_seqs"])}, catch=True)
+
+
+def policy_check(t, cls_name: str, static: bool, variants: dict):
+    """Run the learner's policy class in the engine on each case and judge it against the reference."""
+    stub_guard(t, cls_name, *((4,) if static else ()))
+    for label, (prompts, lens, kw) in engine_cases(t):
+        with t.case(f"{label}: {_describe(prompts, lens, kw)}"):
+            B = kw["max_num_seqs"]
+            expected = t.reference(_static_reference, prompts, lens, kw) if static else \
+                run_engine(prompts, lens, kw, catch=True)  # the engine's own FCFSPolicy
+            steps = 4 * expected["steps"] + 20
+            run = t.run(run_engine, prompts, lens, kw, what="the engine, running your policy,",
+                        make={"scheduler_policy": (t.learner(cls_name), *((B,) if static else ()))},
+                        max_steps=steps, catch=True)
+            judge_run(t, run, expected, {name: partial(_variant_run, prompts, lens, kw, steps, v(B))
+                                         for name, v in variants.items()})
+
+
+def _variant_run(prompts, lens, kw, max_steps, policy_kwargs):
+    """The engine run, here, with one of the usual wrong policies: _Fcfs(**policy_kwargs)."""
+    return run_engine(prompts, lens, kw, max_steps=max_steps, catch=True,
+                      make={"scheduler_policy": (partial(_Fcfs, **policy_kwargs),)})
+
+
+NO_NEXT_CHUNK = "never continues a started prompt: candidates with is_waiting False (partly prefilled) need their next chunk"
+OVERTAKE = "lets a later request overtake one that does not fit (FCFS stops at the first that does not fit)"
+NEVER_CHUNKS = "never chunks a prompt: with budget.chunked_prefill a prompt takes at most budget.tokens"
+STARVES = ("schedules nothing while the batch runs, not even the next chunk of a prompt the batch already "
+           "started (candidates with is_waiting False); only new requests wait for an empty batch")
+
+CONTINUOUS_VARIANTS = {  # mistake -> _Fcfs arguments, given B
+    "admits only when nothing is running (that is static batching)": lambda B: dict(static_slots=B),
+    OVERTAKE: lambda B: dict(skip=True),
+    NEVER_CHUNKS: lambda B: dict(chunk=False),
+    NO_NEXT_CHUNK: lambda B: dict(started=False)}
+
+STATIC_VARIANTS = {
+    "admits while requests are still running (that is continuous batching)": lambda B: dict(),
+    OVERTAKE: lambda B: dict(static_slots=B, skip=True),
+    STARVES: lambda B: dict(static_slots=B, starve=True),
+    NEVER_CHUNKS: lambda B: dict(static_slots=B, chunk=False)}
 
 
 @check(points=3, section="4.1", timeout=90)
 def continuous_policy(t):
     """ContinuousPolicy in the engine: same schedule and tokens as the engine's FCFS, no leaked blocks."""
-    policy_check(t, "ContinuousPolicy", lambda kw: None, {  # None: the engine's own FCFSPolicy
-        "admits only when nothing is running (that is static batching)":
-            lambda kw: _Fcfs(static_slots=kw["max_num_seqs"]),
-        "lets a later request overtake one that does not fit (FCFS stops at the first that does not fit)":
-            lambda kw: _Fcfs(skip=True),
-        "never chunks a prompt: with chunked prefill a prompt takes at most budget.tokens":
-            lambda kw: _Fcfs(chunk=False)}, chunked=True)
+    policy_check(t, "ContinuousPolicy", static=False, variants=CONTINUOUS_VARIANTS)
 
 
 @check(points=2, section="4.2", timeout=90)
 def static_policy(t):
-    """StaticPolicy in the engine: admits only into an empty batch; same schedule as the reference."""
-    policy_check(t, "StaticPolicy", lambda kw: t.ref.StaticPolicy(kw["max_num_seqs"]), {
-        "admits while requests are still running (that is continuous batching)": lambda kw: _Fcfs(),
-        "lets a later request overtake one that does not fit (FCFS stops at the first that does not fit)":
-            lambda kw: _Fcfs(static_slots=kw["max_num_seqs"], skip=True)}, chunked=False)
+    """StaticPolicy in the engine: admits only into an empty batch, yet keeps chunking the prompts it
+    started; same schedule as the reference."""
+    policy_check(t, "StaticPolicy", static=True, variants=STATIC_VARIANTS)

@@ -3,16 +3,19 @@ policy, the per-step cost model, and the budget that meets an ITL SLO.
 
 plan_step is driven through whole simulated runs (requests arrive, prefill in chunks, decode, leave)
 and compared with the reference at every step; its wrong variants below name the usual mistakes.
-The policy runs inside the engine on the shipped target model: each call is replayed against the
-reference rule on a copy of the same budget, and the generated tokens and the KV pool are compared
-with a run of the engine's own FCFS policy.
+The policy runs inside the engine on the shipped target model, in the learner's process
+(`engine_harness.run_engine`), which records what each schedule() call was given (the budget, the
+candidates) and what it picked, as data. Here every recorded call is judged with the reference rule
+on the same inputs, and the usual wrong rules name a wrong pick; the generated tokens, the budget and
+the KV pool are compared with a run of the engine's own FCFS policy, made here.
 """
 from __future__ import annotations
 
-import copy
-from pathlib import Path
+import random
+from types import SimpleNamespace
 
-from autograder.core import LearnerRaised, NotStarted, check, learner_traceback
+from autograder.core import CaseFailed, check
+from autograder.engine_harness import POLICY_ERRORS, run_engine, stopped, stub_guard
 
 # -- 1.1 plan_step -----------------------------------------------------------------------------------
 
@@ -21,12 +24,14 @@ def _fcfs(queue):
     return sorted(queue, key=lambda r: r["arrival"])
 
 
-def _chunks(order, left, need):
+def _chunks(order, left, need, zeros=False):
+    """min(need, left) tokens each, in `order`, until the budget is spent (zeros: keep listing prompts
+    that get 0 tokens once it is)."""
     plan = []
     for r in order:
-        if left <= 0:
+        if left <= 0 and not zeros:
             break
-        n = min(need(r), left)
+        n = min(need(r), max(left, 0))
         plan.append((r["id"], n))
         left -= n
     return plan
@@ -56,6 +61,10 @@ def plan_mistakes(decodes, queue, budget) -> dict:
             dec + whole,
         "serves prompts in queue order instead of arrival order (FCFS: sort by \"arrival\")":
             dec + _chunks(queue, budget - len(decodes), remaining),
+        "breaks ties in arrival by id; equal arrivals keep their queue order (sorted() is stable)":
+            dec + _chunks(sorted(queue, key=lambda r: (r["arrival"], r["id"])), budget - len(decodes), remaining),
+        "lists prompts that get 0 tokens once the budget is spent (leave them out of the plan)":
+            dec + _chunks(_fcfs(queue), budget - len(decodes), remaining, zeros=True),
     }
 
 
@@ -73,87 +82,140 @@ def _invariant_hint(got, decodes, budget) -> str:
     return ""
 
 
-def scenario(rng, budget: int, n_decoding: int, n_prompts: int, max_len: int):
-    """Requests: a few short ones already decoding, then prompts arriving over the first steps."""
+def scenario(rng):
+    """A hidden run: a few short requests already decoding, then prompts arriving over the first steps.
+    At most 9 requests decode at once, under the budget (>= 10): the docstring's budget >= decodes."""
+    budget = rng.randint(10, 32)
     reqs = [{"id": f"d{i}", "prompt_len": rng.randint(2, 6), "arrive": 0, "decode": rng.randint(3, 10)}
-            for i in range(n_decoding)]
-    for i in range(n_prompts):
-        reqs.append({"id": f"p{i}", "prompt_len": rng.randint(3, max_len), "arrive": rng.randint(0, 4),
+            for i in range(rng.randint(1, 4))]
+    for i in range(rng.randint(3, 5)):
+        reqs.append({"id": f"p{i}", "prompt_len": rng.randint(3, 3 * budget), "arrive": rng.randint(0, 4),
                      "decode": rng.randint(1, 6)})
     return budget, reqs
 
 
-def simulate(t, budget: int, reqs: list[dict]):
-    """Drive a run with the learner's plan_step, checking each step against the reference."""
+def plan_queue(reqs, computed, step, rng) -> list[dict]:
+    """The prompts that have arrived and still need tokens, shuffled; never in arrival order when their
+    arrivals differ, so that queue order and arrival order disagree on every seed, and equal arrivals in
+    descending id order."""
+    queue = [{"id": r["id"], "prompt_len": r["prompt_len"], "computed": computed[r["id"]],
+              "arrival": float(r["arrive"])} for r in reqs
+             if r["arrive"] <= step and computed[r["id"]] < r["prompt_len"]]
+    rng.shuffle(queue)
+    if queue == _fcfs(queue) and len({r["arrival"] for r in queue}) > 1:
+        queue.reverse()
+    for arrival in {r["arrival"] for r in queue}:  # ties in descending id order: a tie broken by id shows
+        at = [i for i, r in enumerate(queue) if r["arrival"] == arrival]
+        for i, r in zip(at, sorted((queue[i] for i in at), key=lambda r: r["id"], reverse=True)):
+            queue[i] = r
+    return queue
+
+
+def simulate(budget: int, reqs: list[dict], rng, plan):
+    """Drive a run with `plan(decoding, queue, budget, step)` (which checks each step), following the
+    plans it returns; returns the tokens each prompt got in all."""
     by_id = {r["id"]: r for r in reqs}
     computed = {r["id"]: 0 for r in reqs}
-    chunk_sum = {r["id"]: 0 for r in reqs}
     left_to_decode = {r["id"]: r["decode"] for r in reqs}
     decoding: list[str] = []
     for step in range(200):
-        queue = [{"id": r["id"], "prompt_len": r["prompt_len"], "computed": computed[r["id"]],
-                  "arrival": float(r["arrive"])} for r in reqs
-                 if r["arrive"] <= step and computed[r["id"]] < r["prompt_len"]]
-        t.rng.shuffle(queue)  # queue order is not arrival order
+        queue = plan_queue(reqs, computed, step, rng)
         if not queue and not decoding:
             if all(computed[r["id"]] == r["prompt_len"] for r in reqs):
                 break
             continue
-        expected = t.ref.plan_step(list(decoding), queue, budget)
-        got = t.call("plan_step", list(decoding), queue, budget)
-        t.expect(got, expected, f"step {step} (budget {budget}, decodes {decoding}, queue {queue})",
-                 mistakes=plan_mistakes(decoding, queue, budget), hint=_invariant_hint(got, decoding, budget))
-        for rid, n in expected:
+        for rid, n in plan(list(decoding), queue, budget, step):
             if rid in decoding:
                 left_to_decode[rid] -= 1
                 if left_to_decode[rid] == 0:
                     decoding.remove(rid)
             else:
                 computed[rid] += n
-                chunk_sum[rid] += n
                 if computed[rid] == by_id[rid]["prompt_len"]:
                     decoding.append(rid)
-    bad = [rid for rid, r in by_id.items() if chunk_sum[rid] != r["prompt_len"]]
+    return computed
+
+
+def check_plans(t, budget: int, reqs: list[dict]):
+    """The learner's plan_step at every step of a run, against the reference (whose plans drive the run)."""
+    def plan(decoding, queue, budget, step):
+        expected = t.ref.plan_step(decoding, queue, budget)
+        got = t.call("plan_step", decoding, queue, budget)
+        t.expect(got, expected, f"step {step} (budget {budget}, decodes {decoding}, queue {queue})",
+                 mistakes=plan_mistakes(decoding, queue, budget), hint=_invariant_hint(got, decoding, budget))
+        return expected
+
+    computed = simulate(budget, reqs, t.rng, plan)
+    bad = [r["id"] for r in reqs if computed[r["id"]] != r["prompt_len"]]
     t.expect_true(not bad, f"prompts {bad} were not prefilled exactly once (sum of chunks != prompt_len)")
+
+
+PLAN_CASES = [
+    ("visible: budget 16, two decodes, prompts of 40, 7 and 25 tokens",
+     (16, [{"id": "d0", "prompt_len": 3, "arrive": 0, "decode": 6},
+           {"id": "d1", "prompt_len": 4, "arrive": 0, "decode": 9},
+           {"id": "p0", "prompt_len": 40, "arrive": 1, "decode": 3},
+           {"id": "p1", "prompt_len": 7, "arrive": 2, "decode": 2},
+           {"id": "p2", "prompt_len": 25, "arrive": 2, "decode": 4}])),
+    ("visible: budget 8, one long prompt among three decodes",
+     (8, [{"id": f"d{i}", "prompt_len": 2, "arrive": 0, "decode": 12} for i in range(3)]
+      + [{"id": "long", "prompt_len": 30, "arrive": 1, "decode": 2}])),
+]
 
 
 @check(points=3, section="1.1")
 def plan_step(t):
     """Decodes first, then FCFS chunks, never over the budget, every prompt prefilled exactly once."""
-    cases = [("visible: budget 16, two decodes, prompts of 40, 7 and 25 tokens",
-              (16, [{"id": "d0", "prompt_len": 3, "arrive": 0, "decode": 6},
-                    {"id": "d1", "prompt_len": 4, "arrive": 0, "decode": 9},
-                    {"id": "p0", "prompt_len": 40, "arrive": 1, "decode": 3},
-                    {"id": "p1", "prompt_len": 7, "arrive": 2, "decode": 2},
-                    {"id": "p2", "prompt_len": 25, "arrive": 2, "decode": 4}])),
-             ("visible: budget 8, one long prompt among three decodes",
-              (8, [{"id": f"d{i}", "prompt_len": 2, "arrive": 0, "decode": 12} for i in range(3)]
-               + [{"id": "long", "prompt_len": 30, "arrive": 1, "decode": 2}]))]
-    for k in range(2):
-        budget = t.rng.randint(6, 32)
-        cases.append((f"hidden run {k + 1}: budget {budget}",
-                      scenario(t.rng, budget, t.rng.randint(1, 4), t.rng.randint(3, 5), 3 * budget)))
-    for label, (budget, reqs) in cases:
-        with t.case(label):
-            simulate(t, budget, reqs)
+    for label, (budget, reqs) in t.cases(visible=PLAN_CASES, hidden=scenario, n=2):
+        with t.case(f"{label} (budget {budget})" if label.startswith("hidden") else label):
+            check_plans(t, budget, reqs)
 
 
 # -- 1.2 the policy in the engine ------------------------------------------------------------------
 
-TARGET = Path(__file__).resolve().parents[2] / "reference_engine" / "checkpoints" / "target"
+class _Blocks:
+    """What the engine's Budget asks of a block manager, answered from a recorded call."""
+
+    def __init__(self, free: int, block_size: int):
+        self.free, self.block_size = free, block_size
+
+    def num_free(self) -> int:
+        return self.free
+
+    def blocks_needed(self, seq, n: int) -> int:
+        return -(-(seq.computed + n) // self.block_size) - seq.blocks + seq.cow
 
 
-def _ref_policy(candidates, budget, need=lambda s: s.num_uncomputed_tokens, skip=False, whole=False):
-    picked = []
+def replay(call: dict, block_size: int):
+    """A recorded schedule() call's candidates, and a fresh engine Budget with its limits, for a rule."""
+    from reference_engine.scheduler import Budget
+    seqs = [SimpleNamespace(seq_id=c["seq_id"], num_uncomputed_tokens=c["uncomputed"], num_prompt_tokens=c["prompt"],
+                            is_waiting=c["waiting"], num_slots=c["slots"], computed=c["computed"],
+                            blocks=c["blocks"], cow=c["cow"]) for c in call["candidates"]]
+    return seqs, Budget(call["tokens"], call["slots"], _Blocks(call["free_blocks"], block_size), call["chunked"])
+
+
+def rule(candidates, budget, need=lambda s: s.num_uncomputed_tokens, skip=False, whole=False, started=True,
+         tokens_only=False):
+    """The reference rule (FCFS, chunks of what the budget has left) and its usual wrong versions:
+    skip (overtaking), need (what a prompt asks for), whole (never chunks), started=False (never
+    continues a started prompt), tokens_only (counts tokens itself instead of budget.try_take)."""
+    picked, left = [], budget.tokens
     for seq in candidates:
+        if not started and not seq.is_waiting:
+            continue
         n = need(seq)
         if budget.chunked_prefill and not whole:
-            n = min(n, budget.tokens)
-        if not budget.try_take(seq, n):
+            n = min(n, left if tokens_only else budget.tokens)
+        if tokens_only:
+            if not 0 < n <= left:
+                break
+            left -= n
+        elif not budget.try_take(seq, n):
             if skip:
                 continue
             break
-        picked.append((seq, n))
+        picked.append((seq.seq_id, n))
     return picked
 
 
@@ -165,104 +227,90 @@ POLICY_MISTAKES = {
         dict(need=lambda s: s.num_prompt_tokens),
     "admits a prompt whole even when it is larger than the budget left (take min(num_uncomputed_tokens, "
     "budget.tokens) when budget.chunked_prefill)": dict(whole=True),
+    "never continues a started prompt: candidates with is_waiting False (partly prefilled) come first and "
+    "need their next chunk": dict(started=False),
+    "counts only tokens, without budget.try_take: free KV blocks and batch slots limit a step too":
+        dict(tokens_only=True),
 }
 
-ENGINE_ERRORS = [  # (phrase in the engine's RuntimeError, the mistake it reveals)
-    ("> max_num_batched_tokens", "admits more tokens than the budget left after the decodes (budget.tokens)"),
-    ("but chunked prefill is off", "chunks prompts although budget.chunked_prefill is False"),
-    ("KV blocks, only", "schedules tokens without checking the free KV blocks (use budget.try_take)"),
-    ("tokens to", "gives a prompt more tokens than it still needs (num_uncomputed_tokens)"),
-    ("admitted nothing", "never schedules a prompt that is larger than the budget left (chunk it)"),
-]
+def _call_label(i: int, call: dict) -> str:
+    cands = [(c["seq_id"], c["uncomputed"], c["prompt"], c["waiting"]) for c in call["candidates"]]
+    return (f"schedule() call {i + 1} (engine step {call['step']}): budget.tokens={call['tokens']}, "
+            f"budget.slots={call['slots']}, budget.free_blocks={call['free_blocks']}, "
+            f"budget.chunked_prefill={call['chunked']}, candidates (seq_id, num_uncomputed_tokens, "
+            f"num_prompt_tokens, is_waiting) {cands}")
 
 
-class _Recorder:
-    """Wraps the learner's policy: replays each call against the reference on a copy of the budget."""
-
-    def __init__(self, policy):
-        self.policy, self.first_mismatch = policy, None
-
-    def schedule(self, candidates, budget):
-        ref = [(s.seq_id, n) for s, n in _ref_policy(candidates, copy.copy(budget))]
-        wrong = {m: [(s.seq_id, n) for s, n in _ref_policy(candidates, copy.copy(budget), **kw)]
-                 for m, kw in POLICY_MISTAKES.items()}
-        tokens = budget.tokens
-        picked = self.policy.schedule(list(candidates), budget)
+def judge_calls(t, run: dict):
+    """Every recorded schedule() call the policy returned from, against the reference rule on the same
+    inputs; the first wrong pick fails the case, named by the one wrong rule that picks the same."""
+    hint = next((f"Looks like your code {m}." for p, m in POLICY_ERRORS
+                 if run["error"] is not None and p in run["error"]["message"]), "")
+    for i, call in enumerate(run["policy_calls"]):
+        if call["picks"] is None and i == len(run["policy_calls"]) - 1 and run["error"] is not None:
+            return  # it raised, or returned no list of pairs: the engine's error says which
+        expected = rule(*replay(call, run["block_size"]))
+        if call["picks"] == expected:
+            continue
+        wrong = {name: rule(*replay(call, run["block_size"]), **kw) for name, kw in POLICY_MISTAKES.items()}
         try:
-            got = [(s.seq_id, n) for s, n in picked]
-        except Exception:  # noqa: BLE001 - let the engine's own validation report the shape
-            got = None
-        if got != ref and self.first_mismatch is None:
-            named = next((m for m, w in wrong.items() if w == got), None)
-            self.first_mismatch = (tokens, ref, got, named)
-        return picked
+            t.expect(call["picks"], expected, f"{_call_label(i, call)}: your policy returned (seq_id, num_tokens) "
+                     f"{call['picks']}, expected {expected}", mistakes=wrong, hint=hint)
+        except CaseFailed as e:
+            t.fail(f"{e}\n{stopped(run)}" if run["error"] is not None else str(e))
+
+
+def engine_case(t, llm_kwargs: dict, prompts: list, max_tokens: int):
+    expected = run_engine(prompts, max_tokens, llm_kwargs)  # the engine's own FCFSPolicy, here
+    run = t.run(run_engine, prompts, max_tokens, llm_kwargs, what="the engine, running your policy,",
+                make={"scheduler_policy": (t.learner("ChunkedPrefillPolicy"),)},
+                max_steps=4 * expected["steps"] + 20, record_policy=True, catch=True)
+    judge_calls(t, run)
+    if run["error"] is not None:
+        t.fail(stopped(run, POLICY_ERRORS))
+    t.expect_true(run["finished"], f"the requests did not finish in {run['steps']} steps (FCFS needs "
+                                   f"{expected['steps']}): does your policy make progress?")
+    t.expect(run["tokens"], expected["tokens"], "generated token ids (greedy) vs the engine's own policy")
+    limit = run["max_num_batched_tokens"]
+    over = [k for k, n in enumerate(run["step_tokens"]) if n > limit]
+    t.expect_true(not over, f"steps {over} computed more than max_num_batched_tokens={limit} tokens")
+    t.expect(sum(s[1] for s in run["schedule"]), sum(s[1] for s in expected["schedule"]),
+             "prompt tokens prefilled in all")
+    t.expect_true(run["leak"] is None, run["leak"] or "")
 
 
 def _prompts(rng, n, lo, hi):
     return [[rng.randrange(1, 2048) for _ in range(rng.randint(lo, hi))] for _ in range(n)]
 
 
-def _run(llm_kwargs, prompts, policy, max_tokens, max_steps=10_000):
-    """Run the prompts to completion (at most max_steps steps); returns the engine and token ids."""
-    from reference_engine import LLM, SamplingParams
-    engine = LLM(str(TARGET), scheduler_policy=policy, **llm_kwargs).engine
-    params = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)
-    ids = [engine.add_request(p, params) for p in prompts]
-    done = {}
-    while engine.has_unfinished() and len(engine.step_stats) < max_steps:
-        for out in engine.step():
-            if out.output is not None:
-                done[out.request_id] = out.output.token_ids
-    return engine, [done.get(i) for i in ids]
+def _visible_prompts(seed: int, lens) -> list:
+    rng = random.Random(seed)
+    return [[rng.randrange(1, 2048) for _ in range(n)] for n in lens]
 
 
-def engine_case(t, llm_kwargs, prompts, max_tokens):
-    from reference_engine.scheduler import FCFSPolicy
-    ref_engine, ref_tokens = _run(llm_kwargs, prompts, FCFSPolicy(), max_tokens)
-    learner = t.call("ChunkedPrefillPolicy")
-    rec = _Recorder(learner)
-    try:
-        engine, tokens = _run(llm_kwargs, prompts, rec, max_tokens, max_steps=4 * len(ref_engine.step_stats) + 20)
-    except NotImplementedError as e:
-        raise NotStarted(str(e)) from None
-    except Exception as e:  # noqa: BLE001 - the engine refused the policy's decisions, or the policy raised
-        named = (rec.first_mismatch or (0, 0, 0, None))[3] or \
-            next((m for phrase, m in ENGINE_ERRORS if phrase in str(e)), None)
-        t.fail(("Looks like your code " + named + ".\n" if named else "") +
-               f"The engine stopped with your policy:\n{learner_traceback(e, ())}")
-    stuck = engine.has_unfinished()
-    if rec.first_mismatch:
-        tokens_left, ref, got, named = rec.first_mismatch
-        t.fail(f"with budget.tokens={tokens_left} your policy returned (seq_id, tokens) {got}, expected {ref}."
-               + (f" Looks like your code {named}." if named else "")
-               + (f" The run did not finish in {len(engine.step_stats)} steps (FCFS needs "
-                  f"{len(ref_engine.step_stats)})." if stuck else ""))
-    t.expect_true(not stuck, f"the requests did not finish in {len(engine.step_stats)} steps (FCFS needs "
-                  f"{len(ref_engine.step_stats)}): does your policy make progress?")
-    t.expect(tokens, ref_tokens, "generated token ids (greedy) vs the engine's own policy")
-    limit = engine.max_num_batched_tokens
-    over = [s.step for s in engine.step_stats if s.num_prefill_tokens + s.num_decode_tokens > limit]
-    t.expect_true(not over, f"steps {over} computed more than max_num_batched_tokens={limit} tokens")
-    t.expect(sum(s.num_prefill_tokens for s in engine.step_stats),
-             sum(s.num_prefill_tokens for s in ref_engine.step_stats), "prompt tokens prefilled in all")
-    bm = engine.block_manager
-    t.expect(bm.num_free(), engine.num_blocks, "free KV blocks after every request finished (a leak?)")
-    bm.check_consistency([])
+ENGINE_CASES = [
+    ("visible: chunked, budget 16, 6 KV blocks of 16 (forces preemption)",
+     (dict(num_blocks=6, max_num_seqs=4, max_num_batched_tokens=16), _visible_prompts(0, (36, 12, 40, 21, 17)))),
+    ("visible: chunked prefill off, budget 96, 6 KV blocks of 16",
+     (dict(num_blocks=6, max_num_seqs=4, max_num_batched_tokens=96, enable_chunked_prefill=False),
+      _visible_prompts(1, (30, 30, 40, 12)))),
+]
+
+
+def random_engine_case(rng):
+    budget = rng.randint(8, 24)
+    return (dict(num_blocks=rng.randint(6, 10), max_num_seqs=rng.randint(3, min(6, budget)),
+                 max_num_batched_tokens=budget), _prompts(rng, rng.randint(4, 6), 8, 40))
 
 
 @check(points=3, section="1.2", timeout=60)
 def chunked_policy_in_engine(t):
-    """The policy in the engine: reference tokens, budget held, no re-prefill, no leaked blocks."""
-    cases = [("visible: chunked, budget 16, 6 KV blocks of 16 (forces preemption)",
-              dict(num_blocks=6, max_num_seqs=4, max_num_batched_tokens=16), _prompts(t.rng, 5, 10, 40)),
-             ("visible: chunked prefill off, budget 96, 6 KV blocks of 16",
-              dict(num_blocks=6, max_num_seqs=4, max_num_batched_tokens=96, enable_chunked_prefill=False),
-              [p[:n] for p, n in zip(_prompts(t.rng, 4, 40, 40), (30, 30, 40, 12))])]
-    budget = t.rng.randint(8, 24)
-    cases.append((f"hidden: chunked, budget {budget}",
-                  dict(num_blocks=t.rng.randint(6, 10), max_num_seqs=t.rng.randint(3, min(6, budget)),
-                       max_num_batched_tokens=budget), _prompts(t.rng, t.rng.randint(4, 6), 8, 40)))
-    for label, kwargs, prompts in cases:
+    """The policy in the engine: the reference pick at every call, reference tokens, budget held, no
+    re-prefill, no leaked blocks."""
+    stub_guard(t, "ChunkedPrefillPolicy")
+    for label, (kwargs, prompts) in t.cases(visible=ENGINE_CASES, hidden=random_engine_case, n=1):
+        if label.startswith("hidden"):
+            label = f"{label}: chunked, budget {kwargs['max_num_batched_tokens']}"
         with t.case(f"{label}, prompts of {[len(p) for p in prompts]} tokens"):
             engine_case(t, kwargs, prompts, max_tokens=6)
 
@@ -275,31 +323,50 @@ def random_cost(rng) -> dict:
             "per_attn_s": rng.choice([0.0, rng.uniform(1e-9, 1e-7)])}
 
 
+def cost_model(cost, d, ctx, chunk, start) -> float:
+    """The docstring's formula (the grader's copy, for the wrong budgets below)."""
+    pairs = d * ctx + chunk * start + chunk * (chunk + 1) // 2
+    return cost["overhead_s"] + cost["per_token_s"] * (d + chunk) + cost["per_attn_s"] * pairs
+
+
 def step_time_mistakes(cost, d, ctx, chunk, start) -> dict:
     o, a, b = cost["overhead_s"], cost["per_token_s"], cost["per_attn_s"]
     causal = chunk * start + chunk * (chunk + 1) // 2
     return {"forgets the decode tokens in the step (they cost per-token and attention time too)":
                 o + a * chunk + b * causal,
+            "charges per_token_s only for the chunk's tokens; the decode tokens go through the weights too":
+                o + a * chunk + b * (d * ctx + causal),
+            "leaves out the decodes' attention (num_decodes * decode_context (query, key) pairs)":
+                o + a * (d + chunk) + b * causal,
+            "counts the decodes' attention once, not once per decode (num_decodes * decode_context pairs)":
+                o + a * (d + chunk) + b * (ctx + causal),
+            "lets each decode attend decode_context + 1 keys; decode_context already counts every key it attends":
+                o + a * (d + chunk) + b * (d * (ctx + 1) + causal),
             "lets each chunk token attend only the chunk itself, not the context computed before it":
                 o + a * (d + chunk) + b * (d * ctx + chunk * (chunk + 1) // 2),
             "lets every chunk token attend the whole chunk (not causal: position p attends p + 1 keys)":
                 o + a * (d + chunk) + b * (d * ctx + chunk * (start + chunk)),
+            "is off by one in the causal sum: the token at position p attends p + 1 keys (itself too), not p":
+                o + a * (d + chunk) + b * (d * ctx + chunk * start + chunk * (chunk - 1) // 2),
             "leaves out the fixed per-step overhead": a * (d + chunk) + b * (d * ctx + causal)}
+
+
+STEP_BASE = {"overhead_s": 0.01, "per_token_s": 1e-4, "per_attn_s": 1e-8}
+STEP_CASES = [("visible: 8 decodes, a 56-token chunk at the start", (STEP_BASE, 8, 100, 56, 0)),
+              ("visible: 4 decodes, a 100-token chunk after 300 computed", (STEP_BASE, 4, 250, 100, 300)),
+              ("visible: decode-only step", (STEP_BASE, 16, 40, 0, 0))]
+
+
+def random_step_case(rng):
+    c = random_cost(rng)
+    c["per_attn_s"] = c["per_attn_s"] or 3e-8
+    return c, rng.randint(1, 64), rng.randint(1, 4000), rng.randint(1, 2048), rng.randint(0, 8000)
 
 
 @check(points=2, section="2.1")
 def step_time(t):
     """Overhead + per-token cost of decode and chunk tokens + causal attention pairs."""
-    base = {"overhead_s": 0.01, "per_token_s": 1e-4, "per_attn_s": 1e-8}
-    cases = [("visible: 8 decodes, a 56-token chunk at the start", (base, 8, 100, 56, 0)),
-             ("visible: 4 decodes, a 100-token chunk after 300 computed", (base, 4, 250, 100, 300)),
-             ("visible: decode-only step", (base, 16, 40, 0, 0))]
-    for k in range(2):
-        c = random_cost(t.rng)
-        c["per_attn_s"] = c["per_attn_s"] or 3e-8
-        cases.append((f"hidden {k + 1}", (c, t.rng.randint(1, 64), t.rng.randint(1, 4000),
-                                          t.rng.randint(1, 2048), t.rng.randint(0, 8000))))
-    for label, args in cases:
+    for label, args in t.cases(visible=STEP_CASES, hidden=random_step_case, n=2):
         with t.case(f"{label}: decodes={args[1]}, decode_context={args[2]}, chunk={args[3]}, start={args[4]}"):
             expected = t.ref.step_time(*args)
             got = t.call("step_time", *args)
@@ -309,55 +376,73 @@ def step_time(t):
 # -- 2.2 the budget --------------------------------------------------------------------------------
 
 
-def _wrong_choice(t, cost, slo, P, d, ctx, floor=False, mean=False, no_decodes=False):
-    for budget in range(d + P, d, -1):
+def wrong_choice(cost, slo, P, d, ctx, floor=False, mean=False, no_decodes=False, smallest=False,
+                 strict=False, first_only=False, start0=False, ttft_max=False, no_top=False):
+    """choose_budget with one usual mistake (None where that version would raise)."""
+    top = d + P - 1 if no_top else d + P
+    for budget in (range(d + 1, top + 1) if smallest else range(top, d, -1)):
         share = budget if no_decodes else budget - d
-        if no_decodes and share > P:
+        if share > P:
             continue
         starts = range(0, share * (P // share), share) if floor else range(0, P, share)
-        times = [t.ref.step_time(cost, d, ctx, min(share, P - s), s) for s in starts]
+        times = [cost_model(cost, d, ctx, min(share, P - s), 0 if start0 else s) for s in starts]
         if not times:
             continue
-        worst = sum(times) / len(times) if mean else max(times)
-        if worst <= slo:
-            return {"budget": budget, "num_steps": len(times), "ttft_s": sum(times), "max_step_s": max(times)}
+        worst = times[0] if first_only else sum(times) / len(times) if mean else max(times)
+        if worst < slo if strict else worst <= slo:
+            ttft = len(times) * max(times) if ttft_max else sum(times)
+            return {"budget": budget, "num_steps": len(times), "ttft_s": ttft, "max_step_s": max(times)}
     return None
 
 
-def budget_case(rng, P_max):
+BUDGET_MISTAKES = {
+    "rounds the number of chunks down (a partial last chunk is still a step: use ceil)": dict(floor=True),
+    "checks the mean step time against the SLO instead of the slowest step": dict(mean=True),
+    "forgets the decode tokens in the budget (each step's chunk is budget - num_decodes)": dict(no_decodes=True),
+    "returns the smallest budget that meets the SLO; the largest one gives the lowest TTFT": dict(smallest=True),
+    "rejects a budget whose slowest step takes exactly the SLO (meeting it means <=)": dict(strict=True),
+    "checks only the first chunk's step against the SLO; later chunks attend the earlier ones and are "
+    "slower": dict(first_only=True),
+    "times every chunk as if it started at position 0; a later chunk attends the chunks before it":
+        dict(start0=True),
+    "takes the TTFT as num_steps times the slowest step; it is the sum of the steps' times": dict(ttft_max=True),
+    "never tries the largest budget, num_decodes + prompt_len (the whole prompt in one step)": dict(no_top=True),
+}
+
+LINEAR = {"overhead_s": 0.01, "per_token_s": 1e-4, "per_attn_s": 0.0}
+ATTN = {"overhead_s": 0.008, "per_token_s": 5e-5, "per_attn_s": 2e-8}
+# Powers of two: every step time is exact in binary floating point, whatever the order of the sum, so
+# an SLO equal to a step time is met exactly (the boundary case), by any correct implementation.
+EXACT = {"overhead_s": 2.0 ** -7, "per_token_s": 2.0 ** -14, "per_attn_s": 2.0 ** -27}
+EXACT_SLO = max(cost_model(EXACT, 4, 256, min(100, 512 - s), s) for s in range(0, 512, 100))  # budget 104's
+
+BUDGET_CASES = [
+    ("visible: linear cost, SLO 30.55 ms, 1000-token prompt, 8 decodes", (LINEAR, 0.03055, 1000, 8, 100)),
+    ("visible: with attention cost, SLO 25 ms, 3000-token prompt, 16 decodes", (ATTN, 0.025, 3000, 16, 500)),
+    ("visible: the slowest step takes exactly the SLO (it is met)", (EXACT, EXACT_SLO, 512, 4, 256)),
+    ("visible: a generous SLO, the whole prompt in one step", (ATTN, 0.05, 300, 8, 100)),
+]
+
+
+def budget_case(rng):
     cost = random_cost(rng)
-    d, ctx, P = rng.randint(2, 32), rng.randint(10, 400), rng.randint(50, P_max)
-    slo = cost["overhead_s"] + cost["per_token_s"] * (d + rng.randint(8, 300)) + cost["per_attn_s"] * d * ctx
+    d, ctx, P = rng.randint(2, 32), rng.randint(10, 400), rng.randint(50, 3000)
+    # half a token past a whole number of tokens: no budget's step lands on the SLO to within rounding
+    slo = cost["overhead_s"] + cost["per_token_s"] * (d + rng.randint(8, 300) + 0.5) + cost["per_attn_s"] * d * ctx
     return cost, slo, P, d, ctx
 
 
 @check(points=3, section="2.2")
 def choose_budget(t):
     """The largest budget whose every step meets the ITL SLO; its steps, TTFT and worst step."""
-    lin = {"overhead_s": 0.01, "per_token_s": 1e-4, "per_attn_s": 0.0}
-    attn = {"overhead_s": 0.008, "per_token_s": 5e-5, "per_attn_s": 2e-8}
-    cases = [("visible: linear cost, SLO 31 ms, 1000-token prompt, 8 decodes", (lin, 0.031, 1000, 8, 100)),
-             ("visible: with attention cost, SLO 25 ms, 3000-token prompt, 16 decodes", (attn, 0.025, 3000, 16, 500))]
-    cases += [(f"hidden {k + 1}", budget_case(t.rng, 3000)) for k in range(2)]
-    for label, (cost, slo, P, d, ctx) in cases:
-        with t.case(f"{label} (cost {cost}, slo {slo:.4g} s, prompt {P}, decodes {d}, context {ctx})"):
+    for label, (cost, slo, P, d, ctx) in t.cases(visible=BUDGET_CASES, hidden=budget_case, n=2):
+        with t.case(f"{label} (cost {cost}, slo {slo:.6g} s, prompt {P}, decodes {d}, context {ctx})"):
             expected = t.ref.choose_budget(cost, slo, P, d, ctx)
             got = t.call("choose_budget", cost, slo, P, d, ctx)
             t.expect_true(isinstance(got, dict), f"choose_budget() must return a dict, got {type(got).__name__}")
-            args = (cost, slo, P, d, ctx)
-            mistakes = {"rounds the number of chunks down (a partial last chunk is still a step: use ceil)":
-                            _wrong_choice(t, *args, floor=True),
-                        "checks the mean step time against the SLO instead of the slowest step":
-                            _wrong_choice(t, *args, mean=True),
-                        "forgets the decode tokens in the budget (each step's chunk is budget - num_decodes)":
-                            _wrong_choice(t, *args, no_decodes=True)}
-            mistakes = {k: v for k, v in mistakes.items() if v is not None}
-            t.expect(got, expected, "choose_budget result", rtol=1e-6, mistakes=mistakes)
+            mistakes = {name: wrong_choice(cost, slo, P, d, ctx, **kw) for name, kw in BUDGET_MISTAKES.items()}
+            t.expect(got, expected, "choose_budget result", rtol=1e-6,
+                     mistakes={k: v for k, v in mistakes.items() if v is not None})
     with t.case("an SLO below a decode-only step raises ValueError"):
-        try:
-            t.call("choose_budget", lin, 0.005, 100, 4, 10)
-        except LearnerRaised as e:
-            if not isinstance(e.exc, ValueError):
-                raise
-        else:
-            t.fail("choose_budget() returned a result for an SLO no step can meet; raise ValueError")
+        t.expect_raises(ValueError, "choose_budget", LINEAR, 0.005, 100, 4, 10,
+                        why="no budget meets an SLO that even a decode-only step misses")

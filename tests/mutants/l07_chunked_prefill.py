@@ -1,11 +1,15 @@
-"""Wrong answers to lesson 07 that its checks must catch, one per typical mistake."""
+"""Wrong answers to lesson 07 that its checks must catch, one per typical mistake.
+
+Graded as source (see tests/mutants/__init__.py): `sol` is the right answer's namespace, helpers here
+are prefixed `_m_`, and a wrong policy class is given as a factory function of the class's name (the
+engine harness calls it as it would call the class)."""
 import math
 
 from solutions import l07_chunked_prefill as sol
 from tests.mutants import mutant
 
 
-def _by_arrival(queue):
+def _m_by_arrival(queue):
     return sorted(queue, key=lambda r: r["arrival"])
 
 
@@ -14,7 +18,7 @@ def _by_arrival(queue):
 @mutant(check="plan_step", message="prefill chunks before the running decodes")
 def plan_step(decode_ids, prefill_queue, budget):
     plan, left = [], budget
-    for r in _by_arrival(prefill_queue):
+    for r in _m_by_arrival(prefill_queue):
         if left <= 0:
             break
         n = min(r["prompt_len"] - r["computed"], left)
@@ -26,7 +30,7 @@ def plan_step(decode_ids, prefill_queue, budget):
 @mutant(check="plan_step", message="prefills them again")
 def plan_step(decode_ids, prefill_queue, budget):  # noqa: F811 - each mutant is its own wrong answer
     plan, left = [(d, 1) for d in decode_ids], budget - len(decode_ids)
-    for r in _by_arrival(prefill_queue):
+    for r in _m_by_arrival(prefill_queue):
         if left <= 0:
             break
         n = min(r["prompt_len"], left)
@@ -44,7 +48,7 @@ def plan_step(decode_ids, prefill_queue, budget):  # noqa: F811
 @mutant(check="plan_step", message="admits a prompt whole")
 def plan_step(decode_ids, prefill_queue, budget):  # noqa: F811
     plan, left = [(d, 1) for d in decode_ids], budget - len(decode_ids)
-    for r in _by_arrival(prefill_queue):
+    for r in _m_by_arrival(prefill_queue):
         if left <= 0:
             break
         plan.append((r["id"], r["prompt_len"] - r["computed"]))
@@ -58,9 +62,25 @@ def plan_step(decode_ids, prefill_queue, budget):  # noqa: F811
     return sol.plan_step(decode_ids, queue, budget)
 
 
+@mutant(check="plan_step", message="breaks ties in arrival by id")
+def plan_step(decode_ids, prefill_queue, budget):  # noqa: F811
+    queue = sorted(prefill_queue, key=lambda r: (r["arrival"], r["id"]))  # reorders equal arrivals
+    return sol.plan_step(decode_ids, queue, budget)
+
+
+@mutant(check="plan_step", message="lists prompts that get 0 tokens")
+def plan_step(decode_ids, prefill_queue, budget):  # noqa: F811
+    plan, left = [(d, 1) for d in decode_ids], budget - len(decode_ids)
+    for r in _m_by_arrival(prefill_queue):  # no early stop: the budget runs out, prompts still listed
+        n = min(r["prompt_len"] - r["computed"], left)
+        plan.append((r["id"], n))
+        left -= n
+    return plan
+
+
 # -- 1.2 the engine policy --------------------------------------------------------------------------
 
-class _SkipAhead:
+class _m_SkipAhead:
     def schedule(self, candidates, budget):
         picked = []
         for seq in candidates:
@@ -70,7 +90,7 @@ class _SkipAhead:
         return picked
 
 
-class _FullPrompt:
+class _m_FullPrompt:
     def schedule(self, candidates, budget):
         picked = []
         for seq in candidates:
@@ -81,7 +101,7 @@ class _FullPrompt:
         return picked
 
 
-class _NoChunking:
+class _m_NoChunking:
     def schedule(self, candidates, budget):
         picked = []
         for seq in candidates:
@@ -91,8 +111,9 @@ class _NoChunking:
         return picked
 
 
-class _IgnoresBudgetLeft:
+class _m_IgnoresBudgetLeft:
     """Takes tokens without asking the budget (as if the decodes had not spent any of it)."""
+
     def schedule(self, candidates, budget):
         picked, left = [], budget.tokens + 4
         for seq in candidates:
@@ -104,14 +125,36 @@ class _IgnoresBudgetLeft:
         return picked
 
 
-mutant(check="chunked_policy_in_engine", message="overtake one that does not fit")(
-    type("ChunkedPrefillPolicy", (_SkipAhead,), {}))
-mutant(check="chunked_policy_in_engine", message="instead of what is still uncomputed")(
-    type("ChunkedPrefillPolicy", (_FullPrompt,), {}))
-mutant(check="chunked_policy_in_engine", message="admits a prompt whole")(
-    type("ChunkedPrefillPolicy", (_NoChunking,), {}))
-mutant(check="chunked_policy_in_engine", message="more tokens than the budget left")(
-    type("ChunkedPrefillPolicy", (_IgnoresBudgetLeft,), {}))
+class _m_WaitingOnly:
+    """Serves the waiting queue only: a prompt it started never gets its next chunk."""
+
+    def schedule(self, candidates, budget):
+        return sol.ChunkedPrefillPolicy().schedule([s for s in candidates if s.is_waiting], budget)
+
+
+@mutant(check="chunked_policy_in_engine", message="overtake one that does not fit")
+def ChunkedPrefillPolicy():
+    return _m_SkipAhead()
+
+
+@mutant(check="chunked_policy_in_engine", message="instead of what is still uncomputed")
+def ChunkedPrefillPolicy():  # noqa: F811
+    return _m_FullPrompt()
+
+
+@mutant(check="chunked_policy_in_engine", message="admits a prompt whole")
+def ChunkedPrefillPolicy():  # noqa: F811
+    return _m_NoChunking()
+
+
+@mutant(check="chunked_policy_in_engine", message="more tokens than the budget left")
+def ChunkedPrefillPolicy():  # noqa: F811
+    return _m_IgnoresBudgetLeft()
+
+
+@mutant(check="chunked_policy_in_engine", message="never continues a started prompt")
+def ChunkedPrefillPolicy():  # noqa: F811
+    return _m_WaitingOnly()
 
 
 # -- 2.1 step_time ----------------------------------------------------------------------------------
@@ -132,10 +175,23 @@ def step_time(cost, num_decodes, decode_context, chunk, chunk_start):  # noqa: F
     return sol.step_time(cost, num_decodes, decode_context, chunk, 0)
 
 
+@mutant(check="step_time", message="off by one in the causal sum")
+def step_time(cost, num_decodes, decode_context, chunk, chunk_start):  # noqa: F811
+    pairs = num_decodes * decode_context + sum(range(chunk_start, chunk_start + chunk))  # p keys, not p + 1
+    return cost["overhead_s"] + cost["per_token_s"] * (num_decodes + chunk) + cost["per_attn_s"] * pairs
+
+
+@mutant(check="step_time", message="counts the decodes' attention once")
+def step_time(cost, num_decodes, decode_context, chunk, chunk_start):  # noqa: F811
+    pairs = decode_context + chunk * chunk_start + chunk * (chunk + 1) // 2
+    return cost["overhead_s"] + cost["per_token_s"] * (num_decodes + chunk) + cost["per_attn_s"] * pairs
+
+
 # -- 2.2 choose_budget ------------------------------------------------------------------------------
 
-def _choose(cost, slo, P, d, ctx, floor=False, mean=False, share_of=lambda b, d: b - d):
-    for budget in range(d + P, d, -1):
+def _m_choose(cost, slo, P, d, ctx, floor=False, mean=False, share_of=lambda b, d: b - d, budgets=None,
+              meets=lambda worst, slo: worst <= slo, ttft=sum):
+    for budget in budgets or range(d + P, d, -1):
         share = share_of(budget, d)
         if share > P:
             continue
@@ -143,21 +199,62 @@ def _choose(cost, slo, P, d, ctx, floor=False, mean=False, share_of=lambda b, d:
         times = [sol.step_time(cost, d, ctx, min(share, P - k * share), k * share) for k in range(n)]
         if not times:
             continue
-        if (sum(times) / len(times) if mean else max(times)) <= slo:
-            return {"budget": budget, "num_steps": n, "ttft_s": sum(times), "max_step_s": max(times)}
+        if meets(sum(times) / len(times) if mean else max(times), slo):
+            return {"budget": budget, "num_steps": n, "ttft_s": ttft(times), "max_step_s": max(times)}
     raise ValueError("no budget meets the SLO")
 
 
 @mutant(check="choose_budget", message="rounds the number of chunks down")
 def choose_budget(cost, itl_slo_s, prompt_len, num_decodes, decode_context):
-    return _choose(cost, itl_slo_s, prompt_len, num_decodes, decode_context, floor=True)
+    return _m_choose(cost, itl_slo_s, prompt_len, num_decodes, decode_context, floor=True)
 
 
 @mutant(check="choose_budget", message="mean step time")
 def choose_budget(cost, itl_slo_s, prompt_len, num_decodes, decode_context):  # noqa: F811
-    return _choose(cost, itl_slo_s, prompt_len, num_decodes, decode_context, mean=True)
+    return _m_choose(cost, itl_slo_s, prompt_len, num_decodes, decode_context, mean=True)
 
 
 @mutant(check="choose_budget", message="forgets the decode tokens in the budget")
 def choose_budget(cost, itl_slo_s, prompt_len, num_decodes, decode_context):  # noqa: F811
-    return _choose(cost, itl_slo_s, prompt_len, num_decodes, decode_context, share_of=lambda b, d: b)
+    return _m_choose(cost, itl_slo_s, prompt_len, num_decodes, decode_context, share_of=lambda b, d: b)
+
+
+@mutant(check="choose_budget", message="returns the smallest budget")
+def choose_budget(cost, itl_slo_s, prompt_len, num_decodes, decode_context):  # noqa: F811
+    return _m_choose(cost, itl_slo_s, prompt_len, num_decodes, decode_context,
+                     budgets=range(num_decodes + 1, num_decodes + prompt_len + 1))
+
+
+@mutant(check="choose_budget", message="takes exactly the SLO")
+def choose_budget(cost, itl_slo_s, prompt_len, num_decodes, decode_context):  # noqa: F811
+    return _m_choose(cost, itl_slo_s, prompt_len, num_decodes, decode_context, meets=lambda w, slo: w < slo)
+
+
+@mutant(check="choose_budget", message="num_steps times the slowest step")
+def choose_budget(cost, itl_slo_s, prompt_len, num_decodes, decode_context):  # noqa: F811
+    return _m_choose(cost, itl_slo_s, prompt_len, num_decodes, decode_context, ttft=lambda ts: len(ts) * max(ts))
+
+
+@mutant(check="choose_budget", message="never tries the largest budget")
+def choose_budget(cost, itl_slo_s, prompt_len, num_decodes, decode_context):  # noqa: F811
+    return _m_choose(cost, itl_slo_s, prompt_len, num_decodes, decode_context,
+                     budgets=range(num_decodes + prompt_len - 1, num_decodes, -1))
+
+
+@mutant(check="choose_budget", message="as if it started at position 0")
+def choose_budget(cost, itl_slo_s, prompt_len, num_decodes, decode_context):  # noqa: F811
+    for budget in range(num_decodes + prompt_len, num_decodes, -1):
+        share = budget - num_decodes
+        times = [sol.step_time(cost, num_decodes, decode_context, min(share, prompt_len - s), 0)
+                 for s in range(0, prompt_len, share)]
+        if max(times) <= itl_slo_s:
+            return {"budget": budget, "num_steps": len(times), "ttft_s": sum(times), "max_step_s": max(times)}
+    raise ValueError("no budget meets the SLO")
+
+
+@mutant(check="choose_budget", message="instead of raising ValueError")
+def choose_budget(cost, itl_slo_s, prompt_len, num_decodes, decode_context):  # noqa: F811
+    try:
+        return sol.choose_budget(cost, itl_slo_s, prompt_len, num_decodes, decode_context)
+    except ValueError:
+        return None  # "no budget" as a value instead of the documented ValueError
