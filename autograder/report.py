@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import textwrap
-
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # the table code needs no torch: `course list` stays instant

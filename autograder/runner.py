@@ -17,7 +17,7 @@ import zlib
 from pathlib import Path
 
 from . import core, reference, runtime, scan, zygote
-from .core import (CRASHED, ERROR, FAILED, NOT_GRADED, NOT_STARTED, PASSED, REJECTED, TIMEOUT, CheckSpec, Part)
+from .core import CRASHED, ERROR, FAILED, NOT_GRADED, NOT_STARTED, PASSED, REJECTED, TIMEOUT, CheckSpec, Part
 from .sandbox import LearnerGone, LearnerProcess, LearnerRaised
 
 ROOT = Path(__file__).resolve().parent.parent

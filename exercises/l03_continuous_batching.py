@@ -175,6 +175,7 @@ def load_llm(policy=None, max_num_seqs: int = 8, num_blocks: int | None = None, 
     """The shipped ~3M-parameter target model, fp32, no chunked prefill and a token budget that admits
     a whole batch of prompts in one step (so one engine step = one step of the simulations above)."""
     import torch
+
     from reference_engine.llm import LLM
 
     torch.set_num_threads(threads)

@@ -10,8 +10,6 @@ max_num_batched_tokens).
 """
 from __future__ import annotations
 
-
-
 # -- 1. scheduling with a token budget ---------------------------------------------------------------
 
 def plan_step(decode_ids: list[str], prefill_queue: list[dict], budget: int) -> list[tuple[str, int]]:

@@ -14,7 +14,6 @@ import math
 
 import torch
 
-
 # -- 1. packing ----------------------------------------------------------------------------------
 
 def pack_prompts(prompts: list[list[int]]) -> dict:

@@ -82,7 +82,9 @@ class SchedulerPolicy(Protocol):
         Rules (the scheduler raises RuntimeError naming the broken one): each pair's seq is a
         candidate, at most once; 1 <= num_tokens <= seq.num_uncomputed_tokens; num_tokens is all of
         it when chunked prefill is off; totals stay within the budget. Returning nothing while
-        nothing else runs and requests wait is an error too (the engine would never progress).
+        nothing else runs and requests wait is an error too (the engine would never progress), and
+        so is leaving out a started prompt whose next chunk fits while nothing else runs (it would
+        starve: preempted and prefilled again forever).
         """
 
 

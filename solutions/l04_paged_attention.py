@@ -16,12 +16,11 @@ from collections import deque
 from dataclasses import dataclass
 
 import torch
+import triton  # noqa: E402
+import triton.language as tl  # noqa: E402
 
 import reference_engine  # noqa: F401 - on CPU this switches Triton to its interpreter, before the @triton.jit below
 from reference_engine.kernels.launch import launch
-
-import triton  # noqa: E402
-import triton.language as tl  # noqa: E402
 
 # ---------------------------------------------------------------- 1. the waste, on a trace
 

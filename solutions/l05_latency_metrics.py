@@ -266,6 +266,7 @@ def engine_dir() -> Path:
 def load_llm(max_num_seqs: int = 16, threads: int = 1):
     """The shipped ~3M-parameter target model in the reference engine, fp32, on the CPU/GPU default."""
     import torch
+
     from reference_engine.llm import LLM
 
     torch.set_num_threads(threads)

@@ -57,7 +57,7 @@ def test_cli_grade_json(tmp_path):
     data = json.loads(out.read_text())
     assert data["seed"] == 9 and set(READY) == set(data["lessons"])
     assert data["earned"] == data["possible"] > 0
-    for stem, lesson in data["lessons"].items():
+    for lesson in data["lessons"].values():
         assert sum(c["points"] for c in lesson["checks"] if c["status"] != "not graded here") == lesson["possible"]
 
 

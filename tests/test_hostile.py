@@ -164,7 +164,7 @@ def test_int_subclass_whose_eq_lies_gets_nothing(tmp_path, isolation):
 
 def test_object_with_reduce_never_runs_in_the_grader(tmp_path, isolation):
     marker = tmp_path / "pwned"
-    r = _graded(_target(tmp_path, f"""
+    r = _graded(_target(tmp_path, """
         class Evil:
             def __reduce__(self):
                 return (print, ("pwned",))

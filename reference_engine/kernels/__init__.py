@@ -7,9 +7,9 @@ slot block_id * block_size + offset of the cache viewed as [num_blocks * block_s
 The Triton kernels live in *_triton modules and are imported lazily, after ensure_triton_mode(),
 so that importing the engine on a CPU machine never touches triton.
 """
+from .cache import write_kv_torch
 from .paged_attention import paged_decode_torch
 from .prefill_attention import prefill_torch
-from .cache import write_kv_torch
 
 __all__ = ["paged_decode_torch", "prefill_torch", "write_kv_torch", "triton_kernels"]
 

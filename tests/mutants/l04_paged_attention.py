@@ -1,11 +1,10 @@
 """Plausible wrong answers for lesson 04 (PagedAttention)."""
 import torch
+import triton  # noqa: E402
+import triton.language as tl  # noqa: E402
 
 from solutions import l04_paged_attention as sol  # sets TRITON_INTERPRET on CPU first
 from tests.mutants import mutant
-
-import triton  # noqa: E402
-import triton.language as tl  # noqa: E402
 
 _m_Base = sol.PagedBlockAllocator
 

@@ -1,12 +1,10 @@
 """Plausible wrong answers for lesson 15 (attention layouts)."""
 import torch
-
-from solutions import l15_attention_layouts as sol  # sets TRITON_INTERPRET on CPU first
-from tests.mutants import mutant
-
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
+from solutions import l15_attention_layouts as sol  # sets TRITON_INTERPRET on CPU first
+from tests.mutants import mutant
 
 # ---------------------------------------------------------------- 1. bytes per token
 
