@@ -235,6 +235,13 @@ class Trial:
         """A reference to the learner's `name` to pass to a harness function (`t.run`)."""
         return wire.LearnerRef(name)
 
+    def both(self, name: str, *args, **kwargs) -> tuple[Any, Any]:
+        """`(got, expected)`: the learner's `name(*args)` (over there, argument changes checked) and the
+        reference's (here), for the commonest case, where expected is just the reference on the same
+        arguments. The reference runs first: a broken case is the grader's bug, not the learner's."""
+        expected = getattr(self.ref, name)(*args, **kwargs)
+        return self.call(name, *args, **kwargs), expected
+
     def call(self, name: str, *args, **kwargs) -> Any:
         """Call learner function `name` over there, and notice if it mutates its arguments."""
         return self.call_fn(self.fn(name), *args, what=name, **kwargs)

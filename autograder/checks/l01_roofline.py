@@ -65,8 +65,7 @@ def matmul_cost(t):
     for label, (m, n, k, dtype) in t.cases(visible, hidden, n=3):
         label = f"{label}: [{m}, {k}] @ [{k}, {n}] in {dtype}"
         with t.case(label):
-            expected = t.ref.matmul_cost(m, n, k, dtype)
-            got = t.call("matmul_cost", m, n, k, dtype)
+            got, expected = t.both("matmul_cost", m, n, k, dtype)
             f, b, elems = expected["flops"], _nbytes(t, dtype), m * k + k * n + m * n
             t.expect(got, expected, f"matmul_cost({m}, {n}, {k}, {dtype!r})", rtol=1e-9, mistakes={
                 "counts a multiply-add as one FLOP (it is two: a multiply and an add)":
@@ -102,8 +101,7 @@ def attention_flops(t):
     """Attention score/value FLOPs under the causal mask, with a KV cache."""
     for label, model, new, cached in _pass_cases(t, ["decode", "chunk", "prefill"]):
         with t.case(label):
-            expected = t.ref.attention_flops(model, new, cached)
-            got = t.call("attention_flops", model, new, cached)
+            got, expected = t.both("attention_flops", model, new, cached)
             L, h, kvh, d = model["layers"], model["heads"], model["kv_heads"], model["head_dim"]
             causal = new * cached + new * (new + 1) // 2
             t.expect(got, expected, f"attention_flops({model['name']}, {new}, {cached})", rtol=1e-9, mistakes={
@@ -126,8 +124,7 @@ def forward_flops(t):
     """Total FLOPs of one forward pass: weight matmuls plus attention."""
     for label, model, new, cached in _pass_cases(t, ["decode", "chunk"]):
         with t.case(label):
-            expected = t.ref.forward_flops(model, new, cached)
-            got = t.call("forward_flops", model, new, cached)
+            got, expected = t.both("forward_flops", model, new, cached)
             P, attn = model["params"], t.ref.attention_flops(model, new, cached)
             t.expect(got, expected, f"forward_flops({model['name']}, {new}, {cached})", rtol=1e-9, mistakes={
                 "counts a multiply-add as one FLOP in the weight matmuls (2 * params * tokens)": P * new + attn,
@@ -152,8 +149,7 @@ def forward_bytes(t):
              for label, (m, new, cached, wd, kd) in t.cases(visible, hidden, n=3)]
     for label, model, new, cached, wd, kd in cases:
         with t.case(label):
-            expected = t.ref.forward_bytes(model, new, cached, wd, kd)
-            got = t.call("forward_bytes", model, new, cached, wd, kd)
+            got, expected = t.both("forward_bytes", model, new, cached, wd, kd)
             W, K = model["params"] * _nbytes(t, wd), _kv_per_token(t, model, kd)
             t.expect(got, expected, f"forward_bytes({model['name']}, {new}, {cached}, {wd!r}, {kd!r})",
                      rtol=1e-9, mistakes={
@@ -186,8 +182,7 @@ def ridge_point(t):
     """Ridge point of a chip, from its dense peak and HBM bandwidth."""
     for label, chip in t.cases([(name, _named(t, name)) for name in t.ref.CHIPS], _random_chip, n=2):
         with t.case(f"{label}: {_fmt_chip(chip)}"):
-            expected = t.ref.ridge_point(chip)
-            got = t.call("ridge_point", chip)
+            got, expected = t.both("ridge_point", chip)
             dense, sparse, gbs = chip["dense_tflops"], chip["sparse_tflops"], chip["hbm_gb_per_s"]
             t.expect(got, expected, "ridge point (FLOP/byte)", rtol=1e-9, mistakes={
                 "uses the sparse TFLOP/s: that figure assumes 2:4 structured sparsity, dense matmuls "
@@ -264,8 +259,7 @@ def decode_step_cost(t):
                ("batch 32, fp8 weights", (m70, 32, 1000, "fp8", "bf16"))]
     for label, (model, batch, ctx, wd, kd) in t.cases(visible, _random_step, n=3):
         with t.case(f"{label}: {_fmt_model(model)}, batch {batch}, {ctx} cached, {wd} weights, {kd} KV"):
-            expected = t.ref.decode_step_cost(model, batch, ctx, wd, kd)
-            got = t.call("decode_step_cost", model, batch, ctx, wd, kd)
+            got, expected = t.both("decode_step_cost", model, batch, ctx, wd, kd)
             f, b = expected["flops"], expected["bytes"]
             W, K = model["params"] * _nbytes(t, wd), _kv_per_token(t, model, kd)
             t.expect(got, expected, "decode_step_cost(...)", rtol=1e-9, mistakes={

@@ -120,8 +120,7 @@ def simulate_static(t):
     """Finish steps, total steps, slot occupancy and per-step useful slots of static batching."""
     for label, (reqs, B) in t.cases(visible=STATIC_CASES, hidden=random_case, n=3):
         with t.case(f"{label}: {describe(reqs, B)}"):
-            expected = t.ref.simulate_static(reqs, B)
-            got = t.call("simulate_static", reqs, B)
+            got, expected = t.both("simulate_static", reqs, B)
             expect_result(t, got, expected, {name: static_variant(reqs, B, **kw) for name, kw in STATIC_MISTAKES.items()})
 
 
@@ -209,8 +208,7 @@ def continuous_step(t):
     for label, (running, waiting, rq, B, step) in t.cases(visible=STEP_CASES, hidden=random_step_case, n=3):
         with t.case(f"{label}: running {running}, waiting {waiting}, B={B}, step={step}, "
                     f"(arrival, output_len) = {[tuple(r) for r in rq]}"):
-            expected = t.ref.continuous_step(running, waiting, rq, B, step)
-            got = t.call("continuous_step", running, waiting, rq, B, step)
+            got, expected = t.both("continuous_step", running, waiting, rq, B, step)
             t.expect_true(isinstance(got, (tuple, list)) and len(got) == 3,
                           "return a tuple (running, waiting, retired)")
             t.expect(tuple(got), expected, "(running, waiting, retired)",
@@ -239,8 +237,7 @@ def simulate_continuous(t):
     """The driver: finish steps, total steps, occupancy and slots used of continuous batching."""
     for label, (reqs, B) in t.cases(visible=CONTINUOUS_CASES, hidden=random_case, n=3):
         with t.case(f"{label}: {describe(reqs, B)}"):
-            expected = t.ref.simulate_continuous(reqs, B)
-            got = t.call("simulate_continuous", reqs, B)
+            got, expected = t.both("simulate_continuous", reqs, B)
             expect_result(t, got, expected, continuous_mistakes(reqs, B))
 
 
@@ -298,8 +295,7 @@ def expected_max(t):
     """Exact E[max of B i.i.d. lengths] for a discrete length distribution."""
     for label, (pmf, B) in t.cases(visible=EMAX_CASES, hidden=random_pmf_case, n=3):
         with t.case(_pmf_label(label, pmf, B)):
-            expected = t.ref.expected_max(pmf, B)
-            got = t.call("expected_max", pmf, B)
+            got, expected = t.both("expected_max", pmf, B)
             t.expect(got, expected, "E[max]", mistakes=emax_mistakes(pmf, B), rtol=1e-9,
                      hint="Compute it exactly from the CDF (no sampling).")
 
@@ -309,8 +305,7 @@ def batching_gain(t):
     """Padding waste of static batching and the throughput gain of continuous batching."""
     for label, (pmf, B) in t.cases(visible=GAIN_CASES, hidden=random_pmf_case, n=3):
         with t.case(_pmf_label(label, pmf, B)):
-            expected = t.ref.batching_gain(pmf, B)
-            got = t.call("batching_gain", pmf, B)
+            got, expected = t.both("batching_gain", pmf, B)
             t.expect_true(isinstance(got, dict), f"return a dict, got {type(got).__name__}")
             missing = [k for k in expected if k not in got]
             t.expect_true(not missing, f"the dict is missing key(s) {missing}")

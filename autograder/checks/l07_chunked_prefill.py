@@ -139,8 +139,7 @@ def simulate(budget: int, reqs: list[dict], rng, plan):
 def check_plans(t, budget: int, reqs: list[dict]):
     """The learner's plan_step at every step of a run, against the reference (whose plans drive the run)."""
     def plan(decoding, queue, budget, step):
-        expected = t.ref.plan_step(decoding, queue, budget)
-        got = t.call("plan_step", decoding, queue, budget)
+        got, expected = t.both("plan_step", decoding, queue, budget)
         t.expect(got, expected, f"step {step} (budget {budget}, decodes {decoding}, queue {queue})",
                  mistakes=plan_mistakes(decoding, queue, budget), hint=_invariant_hint(got, decoding, budget))
         return expected
@@ -368,8 +367,7 @@ def step_time(t):
     """Overhead + per-token cost of decode and chunk tokens + causal attention pairs."""
     for label, args in t.cases(visible=STEP_CASES, hidden=random_step_case, n=2):
         with t.case(f"{label}: decodes={args[1]}, decode_context={args[2]}, chunk={args[3]}, start={args[4]}"):
-            expected = t.ref.step_time(*args)
-            got = t.call("step_time", *args)
+            got, expected = t.both("step_time", *args)
             t.expect(got, expected, "step time (s)", rtol=1e-6, mistakes=step_time_mistakes(*args))
 
 
@@ -437,8 +435,7 @@ def choose_budget(t):
     """The largest budget whose every step meets the ITL SLO; its steps, TTFT and worst step."""
     for label, (cost, slo, P, d, ctx) in t.cases(visible=BUDGET_CASES, hidden=budget_case, n=2):
         with t.case(f"{label} (cost {cost}, slo {slo:.6g} s, prompt {P}, decodes {d}, context {ctx})"):
-            expected = t.ref.choose_budget(cost, slo, P, d, ctx)
-            got = t.call("choose_budget", cost, slo, P, d, ctx)
+            got, expected = t.both("choose_budget", cost, slo, P, d, ctx)
             t.expect_true(isinstance(got, dict), f"choose_budget() must return a dict, got {type(got).__name__}")
             mistakes = {name: wrong_choice(cost, slo, P, d, ctx, **kw) for name, kw in BUDGET_MISTAKES.items()}
             t.expect(got, expected, "choose_budget result", rtol=1e-6,

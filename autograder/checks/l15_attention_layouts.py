@@ -12,6 +12,7 @@ import time
 
 import torch
 
+from autograder.checks._configs import shape
 from autograder.core import LearnerRaised, check
 
 # ---------------------------------------------------------------- 1. bytes per token
@@ -50,9 +51,8 @@ def _rand_dense_config(rng, kind: str) -> dict:
 
 
 def _kv_mistakes(cfg: dict, b: int) -> dict:
-    L, heads, hidden = cfg["num_hidden_layers"], cfg["num_attention_heads"], cfg["hidden_size"]
-    kv = cfg.get("num_key_value_heads") or heads
-    d = cfg.get("head_dim") or hidden // heads
+    s = shape(cfg)  # absent or null fields: their defaults
+    L, heads, hidden, kv, d = s.layers, s.heads, cfg["hidden_size"], s.kv_heads, s.head_dim
     if cfg.get("kv_lora_rank"):
         r, rope = cfg["kv_lora_rank"], cfg["qk_rope_head_dim"]
         return {
