@@ -161,6 +161,8 @@ class LLMEngine:
             for s in so.prefills:
                 if s.seq.metrics.first_scheduled_time is None:
                     s.seq.metrics.first_scheduled_time = t0
+            if hasattr(self.clock, "advance"):  # modeled GPU time (gpu_model.ModeledClock): the step's cost is
+                self.clock.advance(so)  # read from the schedule here, before num_computed_tokens moves on
             sampling = [s.seq for s in so.scheduled if s.samples]
             logits = self.runner.execute(so)
             for s in so.scheduled:
