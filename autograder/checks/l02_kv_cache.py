@@ -13,6 +13,7 @@ import math
 import torch
 import torch.nn.functional as F
 
+from autograder.checks import _attention
 from autograder.checks._configs import NULL_FIELDS_7B, call, describe, non_default, random_config, shape
 from autograder.core import LearnerRaised, check
 
@@ -277,16 +278,6 @@ def _qkv(t, T, S, H, H_kv, D):
             torch.randn(S, H_kv, D, generator=t.gen))
 
 
-def bf16_qkv():
-    """A fixed bf16 case (the same on every seed) whose keys share a large common component, as real
-    keys often do: the exact softmax cancels it, but scores of that size keep only 2-3 significant
-    digits in bf16, so attention computed in bf16 is visibly off."""
-    g = torch.Generator().manual_seed(7)
-    q, k, v = torch.randn(2, 4, 32, generator=g), torch.randn(16, 1, 32, generator=g), torch.randn(16, 1, 32, generator=g)
-    u = q.mean(dim=(0, 1))
-    return q.bfloat16(), (k + 64 * u / u.norm()).bfloat16(), v.bfloat16()
-
-
 @check(points=3, section="2.4")
 def decode_attention(t):
     """GQA attention of the T newest queries over S cached keys and values, causal; bf16 in, bf16 out."""
@@ -304,7 +295,7 @@ def decode_attention(t):
             t.expect(t.call("decode_attention", q, k, v), expected, "attention output",
                      mistakes=attention_mistakes(q, k, v))
     with t.case("bf16 q, k, v: T=2, S=16, heads=4, kv_heads=1, head_dim=32, keys with a large common part"):
-        q, k, v = bf16_qkv()
+        q, k, v = _attention.bf16_qkv(2)
         exact = sdpa_reference(q.float(), k.float(), v.float())
         t.expect(t.call("decode_attention", q, k, v), exact.bfloat16(), "attention output", mistakes={
             "computes the scores and the softmax in bf16: upcast q, k and v to float32 first (bf16 keeps "

@@ -14,6 +14,7 @@ import numbers
 import torch
 import torch.nn.functional as F
 
+from autograder.checks import _attention
 from autograder.checks._configs import NULL_FIELDS_7B, call, describe, non_default, random_config, shape
 from autograder.core import LearnerRaised, check
 
@@ -191,7 +192,7 @@ def packed_attention(t):
             t.expect(got, expected, "packed attention vs each sequence alone",
                      mistakes=attention_mistakes(q, k, v, cu, scale))
     with t.case("bf16 q, k, v: lengths [10, 6], heads 4, kv heads 1, head_dim 32, keys with a large common part"):
-        q, k, v = bf16_qkv()
+        q, k, v = _attention.bf16_qkv(16)
         cu = cu_of([10, 6])
         exact = per_sequence_sdpa(q.double(), k.double(), v.double(), cu)
         t.expect(t.call("packed_attention", q, k, v, cu), exact.bfloat16(), "packed attention vs each sequence alone",
@@ -199,16 +200,6 @@ def packed_attention(t):
                            "keeps 2-3 significant digits: a score near 100 is off by up to 0.25), and cast the "
                            "output back": masked_attention(q, k, v, varlen_mask(cu), 32 ** -0.5, acc=torch.bfloat16),
                            "returns float32: cast the output back to q's dtype": exact.float()})
-
-
-def bf16_qkv():
-    """A fixed bf16 case (the same on every seed) whose keys share a large common component, as real
-    keys often do: the exact softmax cancels it, but scores of that size keep only 2-3 significant
-    digits in bf16, so attention computed in bf16 is visibly off."""
-    g = torch.Generator().manual_seed(7)
-    q, k, v = torch.randn(16, 4, 32, generator=g), torch.randn(16, 1, 32, generator=g), torch.randn(16, 1, 32, generator=g)
-    u = q.mean(dim=(0, 1))
-    return q.bfloat16(), (k + 64 * u / u.norm()).bfloat16(), v.bfloat16()
 
 
 def varlen_mask(cu: torch.Tensor) -> torch.Tensor:
