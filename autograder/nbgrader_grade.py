@@ -45,8 +45,10 @@ def _test_call(source: str) -> tuple[str, str] | None:
 
 
 def strip_magics(source: str) -> str:
-    """IPython lines (`%matplotlib`, `!pip`) have no meaning in a module: comment them out."""
-    return "\n".join(("# " + line) if line.lstrip().startswith(("%", "!")) else line
+    """A notebook cell as code that can follow the lesson's header in one module: IPython lines
+    (`%matplotlib`, `!pip`) have no meaning there, and `from __future__` is legal only at a module's top
+    (the header has it), so both are commented out."""
+    return "\n".join(("# " + line) if line.lstrip().startswith(("%", "!", "from __future__ ")) else line
                      for line in source.splitlines())
 
 
