@@ -19,6 +19,7 @@ children and cannot outlive the check.
 """
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import signal
@@ -271,6 +272,7 @@ def get() -> Zygote:
     if _ZYGOTE is not None and _ZYGOTE.alive():
         return _ZYGOTE
     _ZYGOTE = _start_forked() if can_fork_clean() else _start_spawned()
+    atexit.register(shutdown)  # close the socket: the zygote then kills what is left and exits
     return _ZYGOTE
 
 
