@@ -11,6 +11,7 @@ import torch.nn.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from autograder.checks import _attention
 from autograder.checks import l19_offline_batch as checks
 from autograder.runner import Target, grade_lesson
 from solutions import l19_offline_batch as sol
@@ -236,7 +237,7 @@ def test_named_mistakes_differ_from_the_right_answers():
 
 def test_the_bf16_case_tells_attention_in_bf16_apart_on_every_seed():
     from autograder.compare import compare
-    q, k, v = checks.bf16_qkv()  # fixed: the same tensors on every seed
+    q, k, v = _attention.bf16_qkv(16)  # fixed: the same tensors on every seed
     cu = checks.cu_of([10, 6])
     exact = checks.per_sequence_sdpa(q.double(), k.double(), v.double(), cu).bfloat16()
     assert compare(sol.packed_attention(q, k, v, cu), exact) is None
