@@ -356,7 +356,7 @@ def step_time(shape: ModelShape, chip: Chip, composition: Composition, *, tp: in
 class ModeledClock:
     """A clock for LLMEngine(clock=...): calling it returns modeled seconds (from `start`). The engine calls
     advance() once per step that runs a forward, which moves time on by step_time of that step; nothing else
-    moves it (idle time between arrivals is not modeled: a caller that waits on the clock must advance it).
+    moves it but advance_to(), which a caller waiting for the next arrival uses to pass idle time (replay.py).
     `steps` keeps every StepTime, in order."""
 
     def __init__(self, shape: ModelShape, chip: Chip, *, tp: int = 1, overhead_s: float = STEP_OVERHEAD_S,
@@ -379,6 +379,10 @@ class ModeledClock:
         self.now += st.time_s
         self.steps.append(st)
         return st
+
+    def advance_to(self, t: float) -> None:
+        """Idle time: move now on to t (never back; the GPU idles, no step runs)."""
+        self.now = max(self.now, float(t))
 
     def __repr__(self):
         return f"ModeledClock({self.shape.name} on {self.chip.name}, tp={self.tp}, now={self.now:.6f} s)"

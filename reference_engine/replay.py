@@ -11,7 +11,7 @@ def replay(engine, requests, prompts) -> tuple[list, float, float]:
 
     Between steps, every request whose arrival time has passed is added, stamped with its
     scheduled arrival, so time spent waiting for a running step counts against its TTFT; idle
-    gaps are slept through. Greedy with EOS ignored: each request produces exactly its
+    gaps are slept through, or on a modeled clock (gpu_model.ModeledClock) skipped with advance_to. Greedy with EOS ignored: each request produces exactly its
     output_tokens. Returns (outputs in request order, clock at the start, wall seconds).
     """
     index, done, nxt = {}, {}, 0
@@ -27,5 +27,14 @@ def replay(engine, requests, prompts) -> tuple[list, float, float]:
                 if out.output is not None and out.request_id in index:
                     done[index[out.request_id]] = out.output
         elif nxt < len(requests):
-            time.sleep(max(0.0, requests[nxt].arrival - (engine.clock() - t0)))
+            _wait_until(engine.clock, t0 + requests[nxt].arrival)
     return [done[i] for i in range(len(requests))], t0, engine.clock() - t0
+
+
+def _wait_until(clock, t: float) -> None:
+    """Idle until the clock reads t: a modeled clock jumps there (only steps move it otherwise, so waiting on
+    it would never end); the wall clock is slept through."""
+    if hasattr(clock, "advance_to"):
+        clock.advance_to(t)
+    else:
+        time.sleep(max(0.0, t - clock()))

@@ -207,6 +207,10 @@ def test_clock_moves_only_by_advance():
     assert clock() == 5.0 + st.time_s and clock.steps == [st]
     with pytest.raises(ValueError):
         Composition(prefills=((0, 3),))
+    clock.advance_to(1.0)  # idle time never moves the clock back
+    assert clock() == 5.0 + st.time_s and len(clock.steps) == 1
+    clock.advance_to(100.0)
+    assert clock() == 100.0 and len(clock.steps) == 1
 
 
 # ---------------------------------------------------------------- the engine on the modeled clock
@@ -264,6 +268,26 @@ def test_ttft_and_tpot_come_out_in_modeled_h100_seconds(modeled_run):
         assert 5e-3 < ttft < 0.1  # one to a few steps of ~6 ms
         assert 5e-3 < tpot < 8e-3, f"TPOT {tpot * 1e3:.2f} ms: Llama-3-8B weights over H100 bandwidth is ~5.4 ms"
         assert all(4e-3 < b - a < 12e-3 for a, b in zip(m.token_times, m.token_times[1:]))  # ITL
+
+
+def test_replay_skips_idle_gaps_on_the_modeled_clock():
+    """A 1000 s gap between two arrivals: on the modeled clock replay jumps over it (it would wait forever, or
+    sleep 1000 s of wall time); the second request is served from its arrival, so its TTFT is one prefill step."""
+    import time
+
+    from reference_engine.replay import replay
+    from reference_engine.trace import Request
+    with pytest.warns(UserWarning, match="capped"):
+        kw = G.engine_kwargs(LLAMA_3_8B, H100, max_blocks=256)
+    llm = LLM(TARGET, max_num_seqs=4, max_num_batched_tokens=64, **kw)
+    reqs = [Request(arrival=0.0, prompt_tokens=20, output_tokens=3), Request(arrival=1000.0, prompt_tokens=20,
+                                                                            output_tokens=3)]
+    start = time.perf_counter()
+    outs, t0, span = replay(llm.engine, reqs, _prompts([20, 20]))
+    assert time.perf_counter() - start < 60 and span > 1000
+    second = outs[1].metrics
+    assert second.arrival_time == t0 + 1000.0
+    assert second.first_token_time - second.arrival_time == pytest.approx(kw["clock"].steps[3].time_s)
 
 
 def test_single_request_compositions_are_prefill_then_growing_decodes():
