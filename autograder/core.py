@@ -324,15 +324,22 @@ class Trial:
     # -- expectations ---------------------------------------------------------------------------------
     def expect(self, got, expected, what: str, mistakes: dict[str, Any] | None = None,
                rtol: float | None = None, atol: float | None = None, check_dtype: bool = True,
-               hint: str = ""):
+               hint: str = "", count: bool = False):
         """Fail the case unless `got` matches `expected`.
 
         `mistakes` maps a mistake's name (read after "your code ...") to the value that mistake gives.
         A mistake whose value equals the expected one is ignored; mistakes with the same value are
-        named together ("X; or your code Y"), since the output cannot tell them apart."""
+        named together ("X; or your code Y"), since the output cannot tell them apart.
+        `count=True`: `expected` is a count of whole things (users, blocks), so `got` must be an int, not a
+        float of the same value (a caller uses it as a count: range(n), a list size)."""
         distinct = self._distinct_mistakes(mistakes or {}, expected, rtol, atol, check_dtype)
         for name in distinct:
             self.offered.update(name.split("; or your code "))
+        if count and isinstance(expected, int) and not (isinstance(got, int) and not isinstance(got, bool)):
+            if isinstance(got, float) and got == expected:
+                self.fail(f"{what}: got the float {got!r}, expected the int {expected}. Looks like your code returns "
+                          "a float count: floor division of floats (70e9 // per_user) is a float too; a count of "
+                          "whole things is an int (wrap it in int())")
         msg = cmp.compare(got, expected, rtol, atol, check_dtype)
         if msg is None:
             return

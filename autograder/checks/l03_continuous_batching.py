@@ -17,6 +17,7 @@ import random
 from functools import partial
 from typing import NamedTuple
 
+from autograder.compare import compare
 from autograder.core import CaseFailed, check
 from autograder.engine_harness import POLICY_ERRORS, run_engine, stopped, stub_guard
 
@@ -48,13 +49,13 @@ def expect_result(t, got, expected, mistakes: dict):
     t.expect_true(isinstance(got, dict), f"return a dict, got {type(got).__name__}")
     missing = [k for k in expected if k not in got]
     t.expect_true(not missing, f"the dict is missing key(s) {missing}")
-    done = []
-    for key in ("total_steps", "finish", "slots_used", "occupancy"):
-        # A mistake that would have shown in a key already passed does not explain this one.
+    keys = ("total_steps", "finish", "slots_used", "occupancy")
+    # A mistake that would have shown in a key the learner got right does not explain a wrong one.
+    right = [k for k in keys if compare(got[k], expected[k], rtol=1e-9) is None]
+    fits = {name: wrong for name, wrong in mistakes.items() if all(wrong[k] == expected[k] for k in right)}
+    for key in keys:
         t.expect(got[key], expected[key], f'"{key}"', rtol=1e-9,
-                 mistakes={name: wrong[key] for name, wrong in mistakes.items()
-                           if all(wrong[k] == expected[k] for k in done)})
-        done.append(key)
+                 mistakes={name: wrong[key] for name, wrong in fits.items()})
     t.expect_true(isinstance(got["total_steps"], numbers.Integral),
                   f'"total_steps" should be an int, got {type(got["total_steps"]).__name__}')
 
@@ -74,13 +75,13 @@ def random_case(rng):
 
 # -- 1.1 static batching ----------------------------------------------------------------------------
 
-def static_variant(reqs, B, wait_arrivals=True, own_end=False, busy_slots=False, occ="B"):
+def static_variant(reqs, B, wait_arrivals=True, own_end=False, busy_slots=False, occ="B", idle=True):
     finish, used, end, busy_steps, slot_steps = [0] * len(reqs), [], 0, 0, 0
     for k in range(0, len(reqs), B):
         batch = range(k, min(k + B, len(reqs)))
         start = max(end, max(reqs[i].arrival for i in batch)) if wait_arrivals else end
         longest = max(reqs[i].output_len for i in batch)
-        used += [0] * (start - end)
+        used += [0] * (start - end) * idle
         used += [len(batch) if busy_slots else sum(reqs[i].output_len > s for i in batch) for s in range(longest)]
         end = start + longest
         busy_steps += longest
@@ -106,6 +107,8 @@ STATIC_MISTAKES = {
     "divides by the slots of each batch actually filled; a short last batch still holds B slots":
         dict(occ="batch"),
     "leaves the idle steps (waiting for arrivals) out of the occupancy's denominator": dict(occ="busy"),
+    "records no step while a batch waits for its last arrival (slots_used needs a 0 for each idle step, "
+    "and total_steps counts them)": dict(idle=False),
 }
 
 STATIC_CASES = [
@@ -261,10 +264,22 @@ def cdf_sum(pmf, B, shift: int):
     return sum(1 - F(k - 1 + shift) ** B for k in range(1, top + 1))
 
 
+def dict_order_sum(pmf, B) -> float:
+    """The CDF-step sum taken in the dict's own order, as if its keys were sorted."""
+    total, cdf, prev = 0.0, 0.0, 0
+    for k in pmf:
+        total += (k - prev) * (1.0 - cdf ** B)
+        cdf += pmf[k]
+        prev = k
+    return total
+
+
 def emax_mistakes(pmf, B) -> dict:
     mean = sum(k * p for k, p in pmf.items())
     emin = sum((1 - sum(p for k, p in pmf.items() if k <= j - 1)) ** B for j in range(1, max(pmf) + 1))
-    return {"returns E[L], ignoring that a batch waits for its longest request": mean,
+    return {"walks the pmf in its dict order, not by increasing length (sort the lengths first)":
+                dict_order_sum(pmf, B),
+            "returns E[L], ignoring that a batch waits for its longest request": mean,
             "returns the largest possible length, not the expected maximum": float(max(pmf)),
             "is off by one: sums 1 - F(k)^B, which is P(M > k), not P(M >= k)": cdf_sum(pmf, B, 1),
             "computes the expected minimum (1 - (1 - F)^B is the min's CDF; the max's is F^B)": emin}
@@ -282,7 +297,9 @@ def gain_mistakes(pmf, B) -> tuple[dict, dict]:
 
 EMAX_CASES = [("visible: the docstring example", ({1: 0.5, 3: 0.5}, 2)),
               ("visible: B=1 is the mean", ({2: 0.2, 5: 0.5, 9: 0.3}, 1)),
-              ("visible: a rare long request", ({4: 0.9, 100: 0.1}, 8))]
+              ("visible: a rare long request", ({4: 0.9, 100: 0.1}, 8)),
+              ("visible: lengths not in increasing order (a dict keeps insertion order)",
+               ({9: 0.3, 2: 0.2, 5: 0.5}, 3))]
 GAIN_CASES = [EMAX_CASES[0], EMAX_CASES[2]]
 
 

@@ -214,8 +214,49 @@ class _Drive:
                           "twice and is later handed to two sequences")
 
 
+    def must_raise(self, op: str, *args, why: str):
+        """op(*args) must raise RuntimeError (the interface's error) and change nothing."""
+        self.log.append(f"{op}({', '.join(map(repr, args))}) (must raise)")
+        try:
+            self.t.call_fn(self.method(op), *args, what=f"PagedBlockAllocator.{op}")
+        except LearnerRaised as e:
+            if e.info.get("not_implemented"):
+                raise
+            if not e.is_a(RuntimeError):
+                self.fail(f"{op}({', '.join(map(repr, args))}) raised {e.type_name}, expected RuntimeError. Looks "
+                          f"like your code lets {e.type_name} escape ({why}): the BlockAllocator interface "
+                          "raises RuntimeError, which is what a caller catches")
+            self.check(f"a refused {op}")
+            return
+        self.fail(f"{op}({', '.join(map(repr, args))}) did not raise: {why}")
+
+    def exhaust(self):
+        """allocate() on an empty pool raises RuntimeError."""
+        self.must_raise("allocate", why="no block is free; check can_allocate() first")
+
+    def incref_free(self):
+        """incref of a block no table holds raises RuntimeError."""
+        held = self.held()
+        a = next(b for b in range(self.n) if b not in held)
+        self.must_raise("incref", a, why="incref of a free block would make a block with no owner look held, "
+                        "and it would never return to the pool (or be handed out while counted as held)")
+
+
+def fork_aliasing(allocator_cls) -> dict:
+    """(A harness: runs in the learner's process under `t.run`.) fork a two-block table, then copy-on-write
+    the child's last block through append_slot, which edits the child's list in place. Returns whether fork
+    returned the parent's own list object and the parent's table afterwards (it must be unchanged)."""
+    a = allocator_cls(4)
+    parent = [a.allocate(), a.allocate()]
+    before = list(parent)
+    child = a.fork(parent)
+    same = child is parent
+    a.append_slot(child)
+    return {"same_object": same, "parent_before": before, "parent_after": list(parent)}
+
+
 SCRIPTS = ["fork, then write into the shared last block (copy-on-write)", "free after fork drops one reference",
-           "can_allocate at the boundary; allocate until empty", "freeing a free block raises"]
+           "can_allocate at the boundary; allocate until empty", "freeing or incref'ing a free block raises"]
 
 
 def _scripted(d: _Drive, which: str):
@@ -238,11 +279,13 @@ def _scripted(d: _Drive, which: str):
         d.new(d.n - 2)
         d.grow(0)
         d.grow(0)
+        d.exhaust()
         d.free_table(0)
     elif which == SCRIPTS[3]:
         d.new(2)
         mt, rt = d.free_table(0)
         d.double_free(mt, rt)
+        d.incref_free()
 
 
 def _random_ops(d: _Drive, rng: random.Random, steps: int):
@@ -279,6 +322,16 @@ def block_allocator(t):
     # does not change what the later cases draw.
     cases = t.cases(visible=[(f"visible: {w}", ("script", w, 8)) for w in SCRIPTS],
                     hidden=lambda rng: ("random", rng.randrange(2**31), rng.randint(4, 24)), n=3)
+    with t.case("visible: fork returns a new list (the child's table is not the parent's)"):
+        got = t.run(fork_aliasing, t.learner("PagedBlockAllocator"), what="fork, then append_slot on the child,")
+        if not isinstance(got, dict) or got.get("same_object") is not False:
+            t.fail("fork(parent_table) returned the parent's own list object. Looks like your code returns the "
+                   "parent's own list from fork: the two sequences then share ONE table, so the child's "
+                   "copy-on-write (append_slot edits the table in place) rewrites the parent's table too. "
+                   "Return a new list, list(block_table)")
+        if got["parent_after"] != got["parent_before"]:
+            t.fail(f"copy-on-write on the child changed the parent's table {got['parent_before']} -> "
+                   f"{got['parent_after']}: the child's table must be a separate list")
     for label, (kind, what, n) in cases:
         name = label if kind == "script" else f"{label}: 60 random operations on {n} blocks"
         with t.case(name):

@@ -323,6 +323,10 @@ def _expect_row(t, got_row, exp_row, metric, wrong_rows, percentiles, default):
             if {k for k in got_row if k.startswith("p")} == {f"p{q:g}" for q in default}:
                 t.fail(f"[{metric!r}]: missing key {key!r} (asked for percentiles={tuple(percentiles)}). Looks like "
                        "your code ignores the percentiles argument and uses PERCENTILES")
+            plain = {f"p{q}" for q in percentiles}
+            if plain - {f"p{q:g}" for q in percentiles} and plain <= set(got_row):
+                t.fail(f"[{metric!r}]: missing key {key!r}; your keys are {sorted(got_row)}. Looks like your code "
+                       "names the keys with f'p{q}', which writes 50.0 as 'p50.0': use f'p{q:g}' ('p50', 'p99.9')")
             t.fail(f"[{metric!r}]: missing key {key!r} (keys are 'count', 'mean' and f'p{{q:g}}' per percentile)")
         wrong = {name: row[key] for name, row in wrong_rows.items() if row is not None and key in row}
         if key == "p50":
@@ -341,6 +345,7 @@ def latency_summary(t):
     default = tuple(t.ref.PERCENTILES)
     visible = [("five requests, one of them a single token", (SUMMARY_TRACE, default)),
                ("the same five requests, percentiles=(50, 95, 99.9)", (SUMMARY_TRACE, (50, 95, 99.9))),
+               ("the same five requests, float percentiles=(50.0, 90.0, 99.5)", (SUMMARY_TRACE, (50.0, 90.0, 99.5))),
                ("every request has one output token (no TPOT, no ITL)", ([ONE_TOKEN, R(8.0, [8.25], scheduled=8.0)], default)),
                ("an empty trace", ([], default))]
     hidden = [(random_trace(t.rng, t.rng.randint(6, 20)), default),

@@ -239,7 +239,7 @@ def _users_case(t, label, cfg, mem, n, ctx, wd, kd, util, reserve):
         t.expect(got["users"], exp["users"], "users",
                  mistakes={"does not round the user count down to a whole number": exact,
                            "rounds the user count to the nearest integer; a partial user does not fit":
-                               round(exact)})
+                               round(exact)}, count=True)
         _expect_reason(t, got, exp, ctx)
 
 

@@ -195,16 +195,17 @@ def replay(call: dict, block_size: int):
 
 
 def rule(candidates, budget, need=lambda s: s.num_uncomputed_tokens, skip=False, whole=False, started=True,
-         tokens_only=False):
+         tokens_only=False, always_chunk=False):
     """The reference rule (FCFS, chunks of what the budget has left) and its usual wrong versions:
     skip (overtaking), need (what a prompt asks for), whole (never chunks), started=False (never
-    continues a started prompt), tokens_only (counts tokens itself instead of budget.try_take)."""
+    continues a started prompt), tokens_only (counts tokens itself instead of budget.try_take),
+    always_chunk (chunks even when budget.chunked_prefill is False)."""
     picked, left = [], budget.tokens
     for seq in candidates:
         if not started and not seq.is_waiting:
             continue
         n = need(seq)
-        if budget.chunked_prefill and not whole:
+        if (budget.chunked_prefill or always_chunk) and not whole:
             n = min(n, left if tokens_only else budget.tokens)
         if tokens_only:
             if not 0 < n <= left:
@@ -230,6 +231,8 @@ POLICY_MISTAKES = {
     "need their next chunk": dict(started=False),
     "counts only tokens, without budget.try_take: free KV blocks and batch slots limit a step too":
         dict(tokens_only=True),
+    "chunks a prompt although budget.chunked_prefill is False (with chunking off a prompt is scheduled whole "
+    "or waits for a later step)": dict(always_chunk=True),
 }
 
 def _call_label(i: int, call: dict) -> str:
@@ -293,6 +296,9 @@ ENGINE_CASES = [
     ("visible: chunked prefill off, budget 96, 6 KV blocks of 16",
      (dict(num_blocks=6, max_num_seqs=4, max_num_batched_tokens=96, enable_chunked_prefill=False),
       _visible_prompts(1, (30, 30, 40, 12)))),
+    ("visible: chunked prefill off, budget 64, plenty of KV blocks (a prompt larger than the budget left waits)",
+     (dict(num_blocks=40, max_num_seqs=4, max_num_batched_tokens=64, max_model_len=64, enable_chunked_prefill=False),
+      _visible_prompts(2, (40, 30, 20, 50)))),
 ]
 
 

@@ -2,9 +2,10 @@
 the batching window's added latency, and the largest batch that fits in memory.
 
 Packed attention is checked against its definition, independently of the reference: causal SDPA run
-on each sequence alone, the outputs concatenated. Batches are checked by their properties (every
-request once, the budget held, no more batches than first-fit decreasing needs), so any packing at
-least as good as FFD passes; a worse one is compared against the usual wrong algorithms to name it.
+on each sequence alone, the outputs concatenated. Batches are checked by their properties first (every
+request once, the budget held, no more batches than first-fit decreasing needs), then against the
+docstring's assignment (first-fit decreasing, ties by lower index): a packing with as few batches but
+another grouping (best-fit, other tie order) is named, and so is a worse one.
 """
 from __future__ import annotations
 
@@ -100,7 +101,17 @@ def mask_mistakes(cu: torch.Tensor) -> dict:
             "also be block-diagonal: same sequence only)": causal,
             "is block-diagonal but not causal: tokens see later tokens of their own sequence": block,
             "is transposed: token i sees tokens j >= i (the future) instead of j <= i": block & causal.T,
-            "leaves out the diagonal: a token must attend to itself (j <= i, not j < i)": block & causal.tril(-1)}
+            "leaves out the diagonal: a token must attend to itself (j <= i, not j < i)": block & causal.tril(-1),
+            "puts each sequence's first token into the sequence before it (an off-by-one at the boundaries: "
+            "position p belongs to the sequence i with cu_seqlens[i] <= p < cu_seqlens[i + 1])":
+                boundary_shifted(cu) & causal}
+
+
+def boundary_shifted(cu: torch.Tensor) -> torch.Tensor:
+    """Same-sequence mask with position cu[i] counted in sequence i - 1 (searchsorted without right=True)."""
+    pos = torch.arange(int(cu[-1]))
+    seq = torch.searchsorted(cu[1:].long().contiguous(), pos)
+    return seq[:, None] == seq[None, :]
 
 
 def random_lengths(rng, n_max=6, len_max=10) -> list[int]:
@@ -181,7 +192,7 @@ def packed_attention(t):
         return random_lengths(rng, 5, 10), H_kv * group, H_kv, rng.choice([8, 16, 32]), None
     for label, (lengths, H, H_kv, D, scale) in t.cases(visible, hidden, n=2):
         with t.case(f"{label}: lengths {lengths}, heads {H}, kv heads {H_kv}, head_dim {D}"
-                    + (f", scale {scale}" if scale else "")):
+                    + (f", scale {scale}" if scale is not None else "")):
             T = sum(lengths)
             q = torch.randn(T, H, D, generator=t.gen)
             k, v = torch.randn(T, H_kv, D, generator=t.gen), torch.randn(T, H_kv, D, generator=t.gen)
@@ -215,21 +226,23 @@ def _cost(costs, batch, padded):
 
 
 def _pack(costs, budget, padded, order="decreasing", fit="first", strict=False, cost_padded=None):
-    """First/next-fit with a choice of order: the reference's algorithm and its usual variants."""
+    """First/next/best-fit with a choice of order: the reference's algorithm and its usual variants."""
     cost_padded = padded if cost_padded is None else cost_padded
     idx = list(range(len(costs)))
     if order == "decreasing":
         idx.sort(key=lambda i: (-costs[i], i))
+    elif order == "decreasing, ties by higher index":
+        idx.sort(key=lambda i: (-costs[i], -i))
     elif order == "increasing":
         idx.sort(key=lambda i: (costs[i], i))
     batches = []
     for i in idx:
-        open_ = batches if fit == "first" else batches[-1:]
-        for b in open_:
-            c = _cost(costs, b + [i], cost_padded)
-            if c < budget or (not strict and c == budget):
-                b.append(i)
-                break
+        open_ = batches if fit in ("first", "best") else batches[-1:]
+        fits = [b for b in open_ if (c := _cost(costs, b + [i], cost_padded)) < budget or (not strict and c == budget)]
+        if fit == "best" and fits:  # the batch left with the least room
+            fits.sort(key=lambda b: budget - _cost(costs, b + [i], cost_padded))
+        if fits:
+            fits[0].append(i)
         else:
             batches.append([i])
     return batches
@@ -246,6 +259,14 @@ def batching_mistakes(costs, budget, padded) -> dict:
     if not padded:
         wrong["uses the padded size len(batch) * max cost in packed mode"] = _pack(costs, budget, False, cost_padded=True)
     return wrong
+
+
+def assignment_mistakes(costs, budget, padded) -> dict:
+    """Variants that need no more batches than first-fit decreasing but put requests elsewhere."""
+    return {"puts each request into the batch it fills best (best-fit); first-fit takes the first batch opened "
+            "that has room": _pack(costs, budget, padded, fit="best"),
+            "breaks cost ties by the higher index first; equal costs go lower index first":
+            _pack(costs, budget, padded, "decreasing, ties by higher index")}
 
 
 def canonical(batches) -> list:
@@ -265,6 +286,7 @@ def form_batches(t):
     """Every request once, each batch within the budget, no more batches than first-fit decreasing."""
     visible = [("packed", ([4, 4, 4, 6, 6, 6], 10, False)), ("padded", ([4, 4, 4, 6, 6, 6], 12, True)),
                ("exact fits", ([5, 5, 5, 5, 2, 8], 10, False)),
+               ("first-fit and best-fit part ways", ([2, 8, 4, 5, 1, 7], 10, False)),
                ("a request larger than the budget", ([3, 15, 5, 2, 7], 10, False))]
     hidden = []
     for padded, oversize in [(False, False), (False, True), (True, False)]:
@@ -289,6 +311,14 @@ def form_batches(t):
                         t.fail(f"{len(got)} batches where first-fit decreasing needs {len(ref)}. "
                                f"Looks like your code {name}.")
                 t.fail(f"{len(got)} batches where first-fit decreasing needs {len(ref)}: {ref}")
+            if canonical(got) != canonical(ref):  # as few batches, but not the docstring's assignment
+                mine = canonical(got)
+                named = [name for name, wrong in assignment_mistakes(costs, budget, padded).items()
+                         if canonical(wrong) == mine and canonical(wrong) != canonical(ref)]
+                t.fail(f"batches {[list(b) for b in got]}; first-fit decreasing gives {ref}"
+                       + (f". Looks like your code {named[0]}." if len(named) == 1 else
+                          " (the requests are grouped differently: visit costs largest first, ties lower index "
+                          "first, each into the first batch opened that has room)"))
     for label, costs, budget in [("a budget of 0", [3, 2], 0), ("a cost of 0", [3, 0, 2], 10)]:
         with t.case(f"{label} is refused with ValueError"):
             t.expect_raises(ValueError, "form_batches", costs, budget,
@@ -427,6 +457,8 @@ def memory_mistakes(cfg, nbytes, free, p, o, act, bs) -> dict:
              "rounds to the nearest whole number; a batch must fit whole, so round down": fit(rounding=round)}
     if bs > 1:
         wrong["does not round each sequence up to whole blocks of block_size tokens"] = fit(tokens=p + o)
+        wrong["rounds each sequence DOWN to whole blocks; a partly filled block still takes a whole block"] = \
+            fit(tokens=(p + o) // bs * bs)
     if act:
         wrong["ignores the activations"] = fit(act_tokens=0)
         wrong["counts activations for the output tokens too (only the prefill holds prompt_len tokens' "

@@ -122,6 +122,11 @@ def max_users(config, dtype, context_len, free_bytes):  # noqa: F811
     return int(free_bytes // sol.kv_cache_bytes(config, dtype, 1, context_len))
 
 
+@mutant(check="max_users", message="returns a float count")
+def max_users(config, dtype, context_len, free_bytes):  # noqa: F811 - floor division of a float is a float
+    return max(0, free_bytes // sol.kv_cache_bytes(config, dtype, 1, context_len))
+
+
 # -- 2.3 -----------------------------------------------------------------------------------------
 
 @mutant(check="users_per_gpu", message="forgets to subtract the weights")
@@ -211,6 +216,13 @@ class _m_Overwrites(sol.KVCache):
         self.lengths[layer] = n
 
 
+class _m_RefusesFull(sol.KVCache):
+    def append(self, layer, k, v):  # off by one: refuses to reach max_tokens exactly
+        if self.lengths[layer] + k.shape[0] >= self.k.shape[1]:
+            raise ValueError("cache full")
+        sol.KVCache.append(self, layer, k, v)
+
+
 class _m_ReadsPast(sol.KVCache):
     def read(self, layer):
         return self.k[layer], self.v[layer]
@@ -235,6 +247,11 @@ class _m_NewOnly(sol.KVCache):
 @mutant(check="kv_cache", message="overwrites the cache instead of appending")
 def KVCache(*args, **kwargs):
     return _m_Overwrites(*args, **kwargs)
+
+
+@mutant(check="kv_cache", message="refuses to fill the cache to exactly max_tokens")
+def KVCache(*args, **kwargs):  # noqa: F811
+    return _m_RefusesFull(*args, **kwargs)
 
 
 @mutant(check="kv_cache", message="reads past the filled length")

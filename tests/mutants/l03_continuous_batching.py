@@ -45,6 +45,20 @@ def simulate_static(requests, B):  # noqa: F811
     return res
 
 
+@mutant(check="simulate_static", message="records no step while a batch waits for its last arrival")
+def simulate_static(requests, B):  # noqa: F811
+    finish, slots_used, end = [0] * len(requests), [], 0
+    for k in range(0, len(requests), B):
+        batch = range(k, min(k + B, len(requests)))
+        start = max(end, max(requests[i].arrival for i in batch))
+        longest = max(requests[i].output_len for i in batch)
+        slots_used += [sum(requests[i].output_len > s for i in batch) for s in range(longest)]  # no idle 0s
+        end = start + longest
+        for i in batch:
+            finish[i] = end
+    return _result(finish, slots_used, requests, B)
+
+
 @mutant(check="simulate_static", message="a short last batch still holds B slots")
 def simulate_static(requests, B):  # noqa: F811
     res = sol.simulate_static(requests, B)
@@ -160,6 +174,16 @@ def expected_max(pmf, B):  # noqa: F811
     total, cdf, prev = 0.0, 0.0, 0
     for k in sorted(pmf):
         total += (k - prev) * (1.0 - cdf) ** B
+        cdf += pmf[k]
+        prev = k
+    return total
+
+
+@mutant(check="expected_max", message="walks the pmf in its dict order")
+def expected_max(pmf, B):  # noqa: F811
+    total, cdf, prev = 0.0, 0.0, 0
+    for k in pmf:  # assumes the keys come sorted
+        total += (k - prev) * (1.0 - cdf ** B)
         cdf += pmf[k]
         prev = k
     return total

@@ -75,6 +75,40 @@ class _m_DoubleFreeSilent(_m_Base):
             self._free.append(block_id)
 
 
+class _m_ForkAliases(_m_Base):
+    def fork(self, block_table):  # increfs, but hands back the parent's own list
+        for b in block_table:
+            self.incref(b)
+        return block_table
+
+
+class _m_IncrefFree(_m_Base):
+    def incref(self, block_id):  # no check that the block is held
+        self._ref[block_id] += 1
+
+
+class _m_EmptyIndexError(_m_Base):
+    def allocate(self):  # pops an empty deque: IndexError, not the interface's RuntimeError
+        block = self._free.popleft()
+        self._ref[block] = 1
+        return block
+
+
+@mutant(check="block_allocator", message="returns the parent's own list from fork")
+def PagedBlockAllocator(num_blocks):  # noqa: F811
+    return _m_ForkAliases(num_blocks)
+
+
+@mutant(check="block_allocator", message="incref of a free block")
+def PagedBlockAllocator(num_blocks):  # noqa: F811
+    return _m_IncrefFree(num_blocks)
+
+
+@mutant(check="block_allocator", message="lets IndexError escape")
+def PagedBlockAllocator(num_blocks):  # noqa: F811
+    return _m_EmptyIndexError(num_blocks)
+
+
 @mutant(check="block_allocator", message="frees a shared block")
 def PagedBlockAllocator(num_blocks):
     return _m_FreesShared(num_blocks)

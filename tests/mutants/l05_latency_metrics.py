@@ -141,6 +141,15 @@ def latency_summary(requests, percentiles=sol.PERCENTILES):
     return {k: _m_row(v, percentiles, center=mean) for k, v in values.items()}
 
 
+@mutant(check="latency_summary", message="names the keys with f'p{q}'")
+def latency_summary(requests, percentiles=sol.PERCENTILES):  # noqa: F811
+    out = sol.latency_summary(requests, percentiles)
+    for row in out.values():
+        for q in percentiles if row is not None else ():
+            row[f"p{q}"] = row.pop(f"p{q:g}")  # 50.0 -> "p50.0"
+    return out
+
+
 @mutant(check="latency_summary", message="instead of pooling every gap")
 def latency_summary(requests, percentiles=sol.PERCENTILES):  # noqa: F811
     out = sol.latency_summary(requests, percentiles)

@@ -114,7 +114,7 @@ def _m_users(config, gpu_mem_bytes, n_gpus, context_len, weight_dtype, kv_dtype,
     kv_token = _m_kv(config, kv_dtype, n_gpus if split_kv else 1)
     free = gpu_mem_bytes * util - weights - reserve_gib * reserve_unit
     users = free / (kv_token * context_len)
-    users = math.floor(users) if floor else users
+    users = (free // (kv_token * context_len) if floor == "//" else math.floor(users)) if floor else users
     users = max(0, users) if clamp else users
     fails = users <= 0 if reason_when is None else reason_when(free, users)
     return {"weight_bytes_per_gpu": weights, "kv_bytes_per_token_per_gpu": kv_token,
@@ -127,6 +127,13 @@ def max_users(config, gpu_mem_bytes, n_gpus, context_len, weight_dtype="bf16", k
               gpu_memory_utilization=0.9, reserve_gib=2.0):
     return _m_users(config, gpu_mem_bytes, n_gpus, context_len, weight_dtype, kv_dtype,
                   gpu_memory_utilization, reserve_gib, floor=False)
+
+
+@mutant(check="max_users", message="returns a float count")
+def max_users(config, gpu_mem_bytes, n_gpus, context_len, weight_dtype="bf16", kv_dtype="bf16",  # noqa: F811
+              gpu_memory_utilization=0.9, reserve_gib=2.0):
+    return _m_users(config, gpu_mem_bytes, n_gpus, context_len, weight_dtype, kv_dtype,
+                    gpu_memory_utilization, reserve_gib, floor="//")
 
 
 @mutant(check="max_users", message="does not subtract the runtime reserve")

@@ -125,6 +125,19 @@ class _m_IgnoresBudgetLeft:
         return picked
 
 
+class _m_AlwaysChunks:
+    """Chunks whatever the switch says: with chunked prefill off, a prompt must go whole or wait."""
+
+    def schedule(self, candidates, budget):
+        picked = []
+        for seq in candidates:
+            n = min(seq.num_uncomputed_tokens, budget.tokens)
+            if not budget.try_take(seq, n):
+                break
+            picked.append((seq, n))
+        return picked
+
+
 class _m_WaitingOnly:
     """Serves the waiting queue only: a prompt it started never gets its next chunk."""
 
@@ -155,6 +168,11 @@ def ChunkedPrefillPolicy():  # noqa: F811
 @mutant(check="chunked_policy_in_engine", message="never continues a started prompt")
 def ChunkedPrefillPolicy():  # noqa: F811
     return _m_WaitingOnly()
+
+
+@mutant(check="chunked_policy_in_engine", message="chunks a prompt although budget.chunked_prefill is False")
+def ChunkedPrefillPolicy():  # noqa: F811
+    return _m_AlwaysChunks()
 
 
 # -- 2.1 step_time ----------------------------------------------------------------------------------

@@ -52,6 +52,13 @@ def varlen_causal_mask(cu_seqlens):
     return torch.ones(T, T, dtype=torch.bool).tril()
 
 
+@mutant(check="varlen_causal_mask", message="puts each sequence's first token into the sequence before it")
+def varlen_causal_mask(cu_seqlens):  # noqa: F811
+    T = int(cu_seqlens[-1])
+    seq = torch.searchsorted(cu_seqlens[1:].long().contiguous(), torch.arange(T))  # right=False: off by one
+    return (seq[:, None] == seq[None, :]) & torch.ones(T, T, dtype=torch.bool).tril()
+
+
 @mutant(check="varlen_causal_mask", message="not causal")
 def varlen_causal_mask(cu_seqlens):  # noqa: F811
     m = sol.varlen_causal_mask(cu_seqlens)
@@ -138,6 +145,24 @@ def form_batches(costs, budget, padded=False):  # noqa: F811 - checks the budget
 @mutant(check="form_batches", message="does not sort by cost first")
 def form_batches(costs, budget, padded=False):
     return _m_first_fit(costs, budget, range(len(costs)), padded)
+
+
+@mutant(check="form_batches", message="(best-fit)")
+def form_batches(costs, budget, padded=False):  # noqa: F811
+    batches = []
+    for i in _m_decreasing(costs):
+        room = [(budget - sol.batch_tokens(costs, b + [i], padded), n) for n, b in enumerate(batches)]
+        room = [(r, n) for r, n in room if r >= 0]
+        if room:
+            batches[min(room)[1]].append(i)  # the tightest fit, not the first
+        else:
+            batches.append([i])
+    return batches
+
+
+@mutant(check="form_batches", message="breaks cost ties by the higher index first")
+def form_batches(costs, budget, padded=False):  # noqa: F811
+    return _m_first_fit(costs, budget, sorted(range(len(costs)), key=lambda i: (-costs[i], -i)), padded)
 
 
 @mutant(check="form_batches", message="(next-fit)")
@@ -254,6 +279,14 @@ def max_batch_in_memory(config, dtype_bytes, free_bytes, prompt_len, output_len,
 def max_batch_in_memory(config, dtype_bytes, free_bytes, prompt_len, output_len, act_bytes_per_token=0.0,  # noqa: F811
                         block_size=1):
     return sol.max_batch_in_memory(config, dtype_bytes, free_bytes, prompt_len, output_len, act_bytes_per_token, 1)
+
+
+@mutant(check="max_batch_in_memory", message="rounds each sequence DOWN to whole blocks")
+def max_batch_in_memory(config, dtype_bytes, free_bytes, prompt_len, output_len, act_bytes_per_token=0.0,  # noqa: F811
+                        block_size=1):
+    tokens = (prompt_len + output_len) // block_size * block_size
+    per_seq = tokens * _m_kv_per_token(config, dtype_bytes) + prompt_len * act_bytes_per_token
+    return max(0, int(free_bytes // per_seq))
 
 
 @mutant(check="max_batch_in_memory", message="ignores the activations")
