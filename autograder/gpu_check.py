@@ -1,0 +1,285 @@
+"""One prepared check of the whole course on a GPU machine (and, with the GPU parts skipped, on a CPU).
+
+    PYTHONPATH=. python3 -m autograder.gpu_check [--out DIR] [--lessons 01 04 ...] [--quick]
+
+Needs only what a GPU machine already has (torch, triton; transformers for the engine benchmark's
+baseline): no network, no install. Within a few minutes it
+  1. runs `course doctor` (versions, device, a Triton self-test);
+  2. compiles and tests the engine's Triton kernels natively against their torch references, in fp32 and,
+     on CUDA, in bf16 (on a CPU: the interpreter, fp32, small sizes);
+  3. grades every ready lesson with the solutions; on CUDA the GPU-only cases are graded too;
+  4. times the engine's paged decode kernel on a Llama-3-8B-shaped decode batch and reports the bandwidth
+     it reaches as a share of the chip's HBM peak (CUDA only);
+  5. prints the modeled-vs-measured kernel table of `reference_engine.gpu_model` (CUDA only);
+  6. runs the engine benchmark (`reference_engine.bench`) on CUDA (CUDA only);
+and writes `gpu-check.json` and `gpu-check.txt` to DIR. Each part is "passed", "failed" or "skipped"
+(with the reason); a part that needs a GPU is "skipped" on a CPU, never "passed". Exit code 0 when no
+part failed.
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import json
+import platform
+import sys
+import time
+import traceback
+from pathlib import Path
+
+PASSED, FAILED, SKIPPED = "passed", "failed", "skipped"
+
+
+def _part(name: str, fn, *args) -> dict:
+    """Run one part; whatever it raises is that part's failure, never the whole run's."""
+    start, out = time.perf_counter(), io.StringIO()
+    try:
+        with contextlib.redirect_stdout(out):
+            status, detail, data = fn(*args)
+    except Exception:  # noqa: BLE001 - a broken part is reported, the next part still runs
+        status, detail, data = FAILED, traceback.format_exc(limit=6), {}
+    return {"part": name, "status": status, "detail": detail, "data": data, "output": out.getvalue(),
+            "seconds": round(time.perf_counter() - start, 2)}
+
+
+# ---------------------------------------------------------------- 1. doctor
+
+
+def doctor() -> tuple[str, str, dict]:
+    from autograder import doctor as d
+    code = d.run()
+    return (PASSED if code == 0 else FAILED), "course doctor " + ("passed" if code == 0 else f"exited {code}"), {}
+
+
+# ---------------------------------------------------------------- 2. the engine's Triton kernels
+
+
+def _cache(num_blocks, block_size, kv_heads, head_dim, dtype, device, g):
+    import torch
+    return tuple(torch.randn(num_blocks, block_size, kv_heads, head_dim, generator=g).to(device, dtype) for _ in "kv")
+
+
+def _tables(context_lens, block_size, num_blocks, device, g):
+    """Distinct shuffled blocks per sequence (non-contiguous, as after churn); padding repeats block 0."""
+    import torch
+    perm = torch.randperm(num_blocks, generator=g).tolist()
+    need = [-(-c // block_size) for c in context_lens]
+    rows, at = [], 0
+    for n in need:
+        rows.append(perm[at:at + n] + [0] * (max(need) - n))
+        at += n
+    return torch.tensor(rows, dtype=torch.int32, device=device)
+
+
+def _kernel_cases(device: str) -> list[tuple[str, object]]:
+    """(name, dtype) pairs: fp32 everywhere, bf16 only natively (the interpreter keeps bf16 out)."""
+    import torch
+    return [("fp32", torch.float32)] + ([("bf16", torch.bfloat16)] if device == "cuda" else [])
+
+
+def _tol(dtype):
+    import torch
+    return dict(atol=2e-2, rtol=2e-2) if dtype == torch.bfloat16 else dict(atol=2e-3, rtol=2e-3)
+
+
+def kernels(device: str) -> tuple[str, str, dict]:
+    """paged decode, chunked prefill and the KV write: Triton == torch reference, per dtype."""
+    import torch
+
+    from reference_engine.kernels import paged_decode_torch, prefill_torch, triton_kernels, write_kv_torch
+    tk, results = triton_kernels(), {}
+    for label, dtype in _kernel_cases(device):
+        g = torch.Generator().manual_seed(0)
+        kvh, group, d, bs, nb = 2, 4, 32, 16, 48
+        kc, vc = _cache(nb, bs, kvh, d, dtype, device, g)
+        ctx = [1, 15, 16, 17, 40, 130]
+        bt = _tables(ctx, bs, nb, device, g)
+        cl = torch.tensor(ctx, dtype=torch.int32, device=device)
+        q = torch.randn(len(ctx), kvh * group, d, generator=g).to(device, dtype)
+        ref = paged_decode_torch(q.float(), kc.float(), vc.float(), bt, cl, d ** -0.5)
+        out = tk.paged_decode_triton(q, kc, vc, bt, cl, d ** -0.5)
+        results[f"paged_decode {label}"] = _close(out.float(), ref, dtype)
+
+        chunks = [(5, 5), (7, 20), (16, 40)]  # (chunk tokens, context after the chunk)
+        ctx = [c for _, c in chunks]
+        bt = _tables(ctx, bs, nb, device, g)
+        cu = [0]
+        for n, _ in chunks:
+            cu.append(cu[-1] + n)
+        q = torch.randn(cu[-1], kvh * group, d, generator=g).to(device, dtype)
+        k = torch.randn(cu[-1], kvh, d, generator=g).to(device, dtype)
+        v = torch.randn(cu[-1], kvh, d, generator=g).to(device, dtype)
+        slots = torch.cat([bt[i, (torch.arange(c - n, c, device=device) // bs)] * bs
+                           + torch.arange(c - n, c, device=device) % bs for i, (n, c) in enumerate(chunks)])
+        kc2, vc2 = kc.clone(), vc.clone()
+        write_kv_torch(k, v, kc, vc, slots)
+        tk.write_kv_triton(k, v, kc2, vc2, slots)
+        results[f"write_kv {label}"] = "" if torch.equal(kc, kc2) and torch.equal(vc, vc2) else \
+            "the Triton KV write differs from the torch one"
+        ref = prefill_torch(q.float(), k.float(), v.float(), kc.float(), vc.float(), cu, ctx, bt, d ** -0.5)
+        out = tk.prefill_triton(q, k, v, kc, vc, cu, ctx, bt, d ** -0.5)
+        results[f"prefill {label}"] = _close(out.float(), ref, dtype)
+    bad = {k: v for k, v in results.items() if v}
+    detail = "; ".join(f"{k}: {v}" for k, v in bad.items()) or \
+        f"{len(results)} kernel cases match torch ({', '.join(results)})" + (
+            "" if device == "cuda" else "; under the Triton interpreter, fp32 only (bf16 needs a GPU)")
+    return (FAILED if bad else PASSED), detail, {"cases": {k: v or "ok" for k, v in results.items()}}
+
+
+def _close(out, ref, dtype) -> str:
+    import torch
+    try:
+        torch.testing.assert_close(out, ref, **_tol(dtype))
+        return ""
+    except AssertionError as e:
+        return str(e).splitlines()[-1] if str(e) else "mismatch"
+
+
+# ---------------------------------------------------------------- 3. every lesson, with the solutions
+
+
+def lessons_part(stems: list[str], seed: int) -> tuple[str, str, dict]:
+    from autograder import lessons
+    from autograder.runner import Target, grade_lesson
+    rows, failed, not_graded = {}, [], 0
+    for stem in stems:
+        results = grade_lesson(stem, Target.for_lesson(stem, solutions=True), seed)
+        rows[stem] = {r.name: {"status": r.status, "earned": r.earned, "points": r.points,
+                               "message": r.message[:300]} for r in results}
+        failed += [f"{stem}.{r.name}: {r.status}" for r in results if r.status not in ("passed", "not graded here")]
+        not_graded += sum(1 for r in results for p in r.parts if not getattr(p, "graded", True)) + \
+            sum(1 for r in results if r.status == "not graded here")
+    known = {lesson.stem for lesson in lessons.available()}
+    detail = (f"{len(stems)} lesson(s) of {len(known)} graded with the solutions, seed {seed}; "
+              + (f"FAILED: {'; '.join(failed)}" if failed else "every check passed")
+              + (f"; {not_graded} GPU-only case(s) or check(s) not graded here" if not_graded else ""))
+    return (FAILED if failed else PASSED), detail, {"seed": seed, "lessons": rows, "not_graded_here": not_graded}
+
+
+# ---------------------------------------------------------------- 4. paged decode vs HBM bandwidth
+
+
+def paged_decode_bandwidth(device: str, quick: bool) -> tuple[str, str, dict]:
+    """Llama-3-8B decode attention of one layer (32 query heads, 8 KV heads, head_dim 128), bf16, batch B at
+    context L: the kernel must read B * L * 8 * 128 * 2 (K and V) * 2 bytes; bandwidth = bytes / time."""
+    if device != "cuda":
+        return SKIPPED, "needs a CUDA GPU (a CPU time of the interpreter says nothing about HBM bandwidth)", {}
+    import torch
+
+    from reference_engine.gpu_model import H100, _chip_of_device
+    from reference_engine.kernels import triton_kernels
+    tk = triton_kernels()
+    chip = _chip_of_device(torch.cuda.get_device_name(0), H100)
+    rows = []
+    for batch, context in ([(64, 4096)] if quick else [(8, 4096), (64, 4096), (256, 2048)]):
+        bs, kvh, heads, d = 16, 8, 32, 128
+        nb = batch * context // bs
+        g = torch.Generator().manual_seed(0)
+        kc = torch.randn(nb, bs, kvh, d, generator=g).to("cuda", torch.bfloat16)
+        vc = torch.randn_like(kc)
+        bt = torch.randperm(nb, generator=g).view(batch, context // bs).to("cuda", torch.int32)
+        cl = torch.full((batch,), context, dtype=torch.int32, device="cuda")
+        q = torch.randn(batch, heads, d, device="cuda", dtype=torch.bfloat16)
+        for _ in range(3):
+            tk.paged_decode_triton(q, kc, vc, bt, cl, d ** -0.5)
+        torch.cuda.synchronize()
+        reps, start = 20, time.perf_counter()
+        for _ in range(reps):
+            tk.paged_decode_triton(q, kc, vc, bt, cl, d ** -0.5)
+        torch.cuda.synchronize()
+        seconds = (time.perf_counter() - start) / reps
+        nbytes = 2 * batch * context * kvh * d * 2
+        rows.append({"batch": batch, "context": context, "us": seconds * 1e6, "GB/s": nbytes / seconds / 1e9,
+                     "pct_of_peak": 100 * nbytes / seconds / chip.bandwidth})
+        del kc, vc
+    text = "; ".join(f"B={r['batch']} L={r['context']}: {r['us']:.0f} us, {r['GB/s']:.0f} GB/s = "
+                     f"{r['pct_of_peak']:.0f}% of {chip.name}'s {chip.bandwidth / 1e9:.0f} GB/s" for r in rows)
+    return PASSED, f"measured on {torch.cuda.get_device_name(0)}: {text}", {"chip": chip.name, "rows": rows}
+
+
+# ---------------------------------------------------------------- 5. the modeled clock vs measured kernels
+
+
+def calibration(device: str, quick: bool) -> tuple[str, str, dict]:
+    if device != "cuda":
+        return SKIPPED, "needs a CUDA GPU (the modeled clock is compared with measured GPU kernels)", {}
+    import torch
+
+    from reference_engine import gpu_model as gm
+    chip = gm._chip_of_device(torch.cuda.get_device_name(0), gm.H100)
+    rows = gm.calibrate(gm.LLAMA_3_8B, chip, batches=(1, 64) if quick else (1, 16, 64, 256),
+                        chunks=(512,) if quick else (256, 1024))
+    print(gm._calibration_text(rows, chip, torch.cuda.get_device_name(0)))
+    ratios = [r["measured_s"] / r["modeled_s"] for r in rows]
+    return PASSED, (f"{len(rows)} kernels timed; measured/modeled from {min(ratios):.2f} to {max(ratios):.2f} "
+                    "(the table is in the output)"), {"chip": chip.name, "rows": rows}
+
+
+# ---------------------------------------------------------------- 6. the engine benchmark
+
+
+def engine_bench(device: str, quick: bool, out_dir: Path) -> tuple[str, str, dict]:
+    if device != "cuda":
+        return SKIPPED, ("needs a CUDA GPU (on a CPU, run `python -m reference_engine.bench`: it measures this "
+                         "machine, which teaches nothing about GPU serving)"), {}
+    import importlib.util
+
+    from reference_engine import bench
+    args = ["--device", "cuda", "--num-requests", "32" if quick else "64", "--json", str(out_dir / "bench.json")]
+    if importlib.util.find_spec("transformers") is None:
+        args.append("--skip-hf")
+    report = bench.main(args)
+    return PASSED, "engine benchmark ran on cuda (bench.json)", {"report": report}
+
+
+# ---------------------------------------------------------------- the run
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m autograder.gpu_check", description=__doc__.split("\n")[0])
+    p.add_argument("--out", default="gpu-check-report", help="directory for gpu-check.json / gpu-check.txt")
+    p.add_argument("--lessons", nargs="*", help="lesson numbers or stems (default: every ready lesson)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--quick", action="store_true", help="smaller timing sweeps")
+    args = p.parse_args(argv)
+    from autograder import lessons, runtime
+    device = runtime.setup()
+    import torch
+    out_dir = Path(args.out)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    stems = [lessons.find(x).stem for x in args.lessons] if args.lessons else \
+        [lesson.stem for lesson in lessons.available()]
+    start = time.perf_counter()
+    parts = [_part("doctor", doctor), _part("triton kernels", kernels, device),
+             _part("lessons with the solutions", lessons_part, stems, args.seed),
+             _part("paged decode bandwidth", paged_decode_bandwidth, device, args.quick),
+             _part("modeled clock vs measured kernels", calibration, device, args.quick),
+             _part("engine benchmark", engine_bench, device, args.quick, out_dir)]
+    report = {"device": torch.cuda.get_device_name(0) if device == "cuda" else f"CPU ({platform.machine()})",
+              "torch": torch.__version__, "python": platform.python_version(), "seconds": 0.0, "parts": parts}
+    try:
+        import triton
+        report["triton"] = triton.__version__
+    except ImportError:
+        report["triton"] = None
+    report["seconds"] = round(time.perf_counter() - start, 1)
+    (out_dir / "gpu-check.json").write_text(json.dumps(report, indent=1, default=str))
+    text = summary(report)
+    (out_dir / "gpu-check.txt").write_text(text + "\n")
+    print(text)
+    return 1 if any(part["status"] == FAILED for part in parts) else 0
+
+
+def summary(report: dict) -> str:
+    lines = [f"gpu-check on {report['device']} (torch {report['torch']}, triton {report['triton']}, "
+             f"python {report['python']}), {report['seconds']} s"]
+    for part in report["parts"]:
+        lines.append(f"  {part['status']:<8} {part['part']:<36} {part['seconds']:>7.1f} s  {part['detail'].strip()}")
+        if part["status"] == FAILED and part["output"]:
+            lines += ["      " + line for line in part["output"].strip().splitlines()[-15:]]
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
