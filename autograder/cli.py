@@ -142,6 +142,24 @@ def cmd_nbgrader(args) -> int:
     return 0
 
 
+def cmd_interview(args) -> int:
+    from . import interview
+    try:
+        interview.require_solutions()
+        interview.resolve(args.lessons)
+    except interview.NeedsFullCourse as e:
+        print(e, file=sys.stderr)
+        return 2
+    except KeyError as e:
+        print(e.args[0], file=sys.stderr)
+        return 2
+    if args.minutes is not None and args.minutes <= 0 or args.questions is not None and args.questions < 1:
+        print("--minutes must be > 0 and --questions >= 1", file=sys.stderr)
+        return 2
+    interview.run(args.lessons, _seed(args), minutes=args.minutes, questions=args.questions, json_path=args.json)
+    return 0
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="course", description="The LLM inference course: lessons and grader.")
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -169,6 +187,13 @@ def parser() -> argparse.ArgumentParser:
     r.add_argument("dir")
     r.add_argument("lessons", nargs="*", help="default: every ready lesson")
     r.set_defaults(func=cmd_release)
+    i = sub.add_parser("interview", help="a mock interview: fresh questions from the lessons, graded, with worked answers")
+    i.add_argument("lessons", nargs="*", help="lesson numbers to draw from (default: every lesson with questions)")
+    i.add_argument("--minutes", type=float, help="stop asking new questions after this many minutes")
+    i.add_argument("--questions", type=int, help="at most this many questions (each with its follow-ups)")
+    i.add_argument("--seed", type=int, help="replay a session: the same seed asks the same questions")
+    i.add_argument("--json", help="also write the session's record to this file")
+    i.set_defaults(func=cmd_interview)
     n = sub.add_parser("nbgrader", help="(instructors) nbgrader course directory")
     nsub = n.add_subparsers(dest="nbcmd", required=True)
     b = nsub.add_parser("build", help="write nbgrader_config.py and source/<lesson>/<lesson>.ipynb")
