@@ -364,6 +364,28 @@ class Trial:
                 out[f"{same}; or your code {name}"] = out.pop(same)
         return out
 
+    def expect_dict(self, got, expected: dict, what: str, mistakes: dict[str, dict] | None = None,
+                    keys=None, rtol: float | None = None, atol: float | None = None):
+        """A dict answer, key by key (in `keys` order, default expected's): it must be a dict holding every
+        key; `mistakes` maps a mistake's name to the whole dict that mistake gives. A mistake is offered for
+        a wrong key only if it agrees with every key the learner got right (a mistake that would have shown
+        in a right key does not explain a wrong one)."""
+        keys = list(expected if keys is None else keys)
+        if not isinstance(got, dict):
+            self.fail(f"{what}: expected a dict with keys {keys}, got {cmp.describe(got)}")
+        missing = [k for k in keys if k not in got]
+        if missing:
+            self.fail(f"{what}: the dict is missing key(s) {missing} (expected keys {keys})")
+        mistakes = mistakes or {}
+        self.offered.update(name for name, wrong in mistakes.items()  # tested here: it differs on some key
+                            if not all(_same(wrong[k], expected[k], rtol, atol, True) for k in keys))
+        right = [k for k in keys if cmp.compare(got[k], expected[k], rtol, atol) is None]
+        fits = {name: wrong for name, wrong in mistakes.items()
+                if all(_same(wrong[k], expected[k], rtol, atol, True) for k in right)}
+        for k in keys:
+            self.expect(got[k], expected[k], f"{what}[{k!r}]", rtol=rtol, atol=atol,
+                        mistakes={name: wrong[k] for name, wrong in fits.items()})
+
     def expect_true(self, cond: bool, message: str):
         if cond is not True and not (isinstance(cond, bool) and cond):
             self.fail(message)

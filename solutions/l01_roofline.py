@@ -31,10 +31,20 @@ CHIPS = {
 }
 
 # Shapes from the models' config.json; "params" is the nominal parameter count (8e9, 70e9).
+# hidden (hidden_size), intermediate (intermediate_size) and vocab (vocab_size) size the weight
+# matrices one by one; only section 3.3 uses them.
 LLAMA_3_8B = {"name": "Llama-3-8B", "params": 8e9, "layers": 32, "heads": 32, "kv_heads": 8,
-              "head_dim": 128}
+              "head_dim": 128, "hidden": 4096, "intermediate": 14336, "vocab": 128256}
 LLAMA_3_70B = {"name": "Llama-3-70B", "params": 70e9, "layers": 80, "heads": 64, "kv_heads": 8,
-               "head_dim": 128}
+               "head_dim": 128, "hidden": 8192, "intermediate": 28672, "vocab": 128256}
+
+# A mixture-of-experts decoder for section 5.2, from Mixtral-8x7B's config.json (32 layers, 32 heads,
+# 8 KV heads, hidden 4096, intermediate 14336, 8 local experts, 2 per token). "expert_params" is one
+# expert's SwiGLU MLP in one layer (3 * 4096 * 14336); "params" is the total the config gives
+# (embeddings, attention, norms, routers and all experts: 46.7e9; the Mixtral paper rounds it to
+# 47B, of which 13B are active per token).
+MIXTRAL_8X7B = {"name": "Mixtral-8x7B", "params": 46_702_792_704, "layers": 32, "heads": 32, "kv_heads": 8,
+                "head_dim": 128, "experts": 8, "top_k": 2, "expert_params": 3 * 4096 * 14336}
 
 
 # ---------------------------------------------------------------- 1. the cost of a forward pass
@@ -196,6 +206,60 @@ def decode_crossover_batch(model: dict, chip: dict, context: int, weight_dtype: 
     ### END SOLUTION
 
 
+def step_kernels(model: dict, chip: dict, batch: int, context: int, weight_dtype: str, kv_dtype: str,
+                 chunk: int = 0, chunk_context: int = 0) -> dict:
+    """Exercise 3.3: one decode (or mixed) step split into its kernels, each with its own roofline.
+
+    The step holds `batch` >= 1 decode tokens, each of a sequence with `context` cached tokens, and,
+    if chunk > 0, one prefill chunk of `chunk` tokens of a prompt with `chunk_context` tokens already
+    cached. All of them, m = batch + chunk tokens, go through the weight GEMMs together:
+
+      qkv_proj      [m, hidden] @ [hidden, (heads + 2 * kv_heads) * head_dim]   once per layer
+      o_proj        [m, heads * head_dim] @ [heads * head_dim, hidden]         once per layer
+      gate_up_proj  [m, hidden] @ [hidden, 2 * intermediate]                   once per layer
+      down_proj     [m, intermediate] @ [intermediate, hidden]                 once per layer
+      lm_head       [s, hidden] @ [hidden, vocab], once per step (not per layer), on one row per
+                    sequence: s = batch + (1 if chunk else 0)
+
+    Each GEMM's FLOPs and bytes are matmul_cost(m, n, k, weight_dtype) times its calls. Attention is
+    one kernel per kind, all layers:
+      attn_decode   FLOPs batch * attention_flops(model, 1, context); bytes: each sequence reads its
+                    cached K/V and writes its new token's, batch * (context + 1) * KV bytes per token
+      attn_prefill  (only if chunk > 0) FLOPs attention_flops(model, chunk, chunk_context); bytes
+                    (chunk_context + chunk) * KV bytes per token
+    KV bytes per token as in forward_bytes (kv_dtype). Each kernel's time and bound are roofline()'s
+    on `chip` for its total FLOPs and bytes.
+
+    Returns {name: {"flops": ..., "bytes": ..., "time_s": ..., "bound": "compute" | "memory"}} with
+    the names above, in that order ("attn_prefill" only when chunk > 0). The step takes the sum of
+    the kernels' times: they run one after another.
+    Example: step_kernels(LLAMA_3_8B, CHIPS["H100 SXM"], 512, 1024, "bf16", "bf16") has every weight
+    GEMM "compute"-bound and "attn_decode" "memory"-bound (intensity 2 * 32/8 / 2 = 4 FLOP/byte).
+    """
+    ### BEGIN SOLUTION
+    h, d, layers = model["hidden"], model["head_dim"], model["layers"]
+    m = batch + chunk
+    gemms = {"qkv_proj": (m, (model["heads"] + 2 * model["kv_heads"]) * d, h, layers),
+             "o_proj": (m, h, model["heads"] * d, layers),
+             "gate_up_proj": (m, 2 * model["intermediate"], h, layers),
+             "down_proj": (m, h, model["intermediate"], layers),
+             "lm_head": (batch + (1 if chunk else 0), model["vocab"], h, 1)}
+    kv_per_token = 2 * layers * model["kv_heads"] * d * DTYPE_BITS[kv_dtype] / 8
+    work = {}
+    for name, (rows, n, k, calls) in gemms.items():
+        cost = matmul_cost(rows, n, k, weight_dtype)
+        work[name] = (calls * cost["flops"], calls * cost["bytes"])
+    work["attn_decode"] = (batch * attention_flops(model, 1, context), batch * (context + 1) * kv_per_token)
+    if chunk:
+        work["attn_prefill"] = (attention_flops(model, chunk, chunk_context), (chunk_context + chunk) * kv_per_token)
+    out = {}
+    for name, (flops, nbytes) in work.items():
+        r = roofline(flops, nbytes, chip)
+        out[name] = {"flops": flops, "bytes": nbytes, "time_s": r["time_s"], "bound": r["bound"]}
+    return out
+    ### END SOLUTION
+
+
 # ---------------------------------------------------------------- 4. measuring your own device
 # Teaching code, not exercises: timings are noisy, so nothing here is graded by value.
 
@@ -266,3 +330,59 @@ def matmul_sweep(ms: list[int], n: int, k: int, dtype: torch.dtype, device: torc
         rows.append({"m": m, "flops": cost["flops"], "bytes": cost["bytes"], "seconds": seconds,
                      "flops_per_s": cost["flops"] / seconds, "intensity": cost["flops"] / cost["bytes"]})
     return rows
+
+
+# ---------------------------------------------------------------- 5. two more regimes
+
+
+def step_bound(flops: float, bytes_moved: float, chip: dict, overhead_s: float) -> dict:
+    """Exercise 5.1: the roofline with a third roof, the host's overhead.
+
+    overhead_s is the time the host needs to get the pass onto the chip (Python, scheduling, kernel
+    launches). Launches are asynchronous: the host issues work while the chip runs earlier work, so
+    the slowest of the three sets the time: max(flops / peak, bytes_moved / bandwidth, overhead_s)
+    (dense peak, as in roofline()). The bound is "overhead" when overhead_s is larger than the
+    roofline time (the chip waits for the host), else roofline()'s bound.
+
+    Returns {"time_s": ..., "bound": "compute" | "memory" | "overhead"}.
+    Example: step_bound(2e9, 1e6, CHIPS["H100 SXM"], 1e-4) -> {"time_s": 1e-4, "bound": "overhead"}
+    """
+    ### BEGIN SOLUTION
+    r = roofline(flops, bytes_moved, chip)
+    if overhead_s > r["time_s"]:
+        return {"time_s": overhead_s, "bound": "overhead"}
+    return {"time_s": r["time_s"], "bound": r["bound"]}
+    ### END SOLUTION
+
+
+def moe_decode_cost(model: dict, batch: int, context: int, weight_dtype: str, kv_dtype: str) -> dict:
+    """Exercise 5.2: FLOPs and bytes of one decode step of a mixture-of-experts model.
+
+    model: as LLAMA_3_8B, plus "experts" (experts per layer), "top_k" (distinct experts each token
+    runs, per layer) and "expert_params" (parameters of one expert in one layer); "params" counts
+    everything, all experts included. Dense parameters (attention, embeddings, norms, routers):
+    params - layers * experts * expert_params.
+
+    Routing is taken as uniform and independent between tokens: a token misses a given expert with
+    probability 1 - top_k / experts, so a batch of B tokens reads, per layer, on average
+        experts_read = experts * (1 - (1 - top_k / experts) ** B)
+    experts (each one read once however many of the batch's tokens it serves).
+      flops: each token runs the dense weights and its top_k experts per layer (2 FLOPs per
+             parameter, as in forward_flops) plus attention_flops(model, 1, context)
+      bytes: dense weights + layers * experts_read * expert_params, in weight_dtype, plus each
+             sequence's KV cache read and new K/V written, as in decode_step_cost
+
+    Returns {"experts_read": ..., "flops": ..., "bytes": ...}.
+    Example: moe_decode_cost(MIXTRAL_8X7B, 1, 0, "bf16", "bf16")["experts_read"] == 2.0
+    """
+    ### BEGIN SOLUTION
+    experts, k, per_expert, layers = model["experts"], model["top_k"], model["expert_params"], model["layers"]
+    dense = model["params"] - layers * experts * per_expert
+    experts_read = experts * (1 - (1 - k / experts) ** batch)
+    active = dense + layers * k * per_expert
+    kv_per_token = 2 * layers * model["kv_heads"] * model["head_dim"] * DTYPE_BITS[kv_dtype] / 8
+    weights = (dense + layers * experts_read * per_expert) * DTYPE_BITS[weight_dtype] / 8
+    return {"experts_read": experts_read,
+            "flops": batch * (2 * active + attention_flops(model, 1, context)),
+            "bytes": weights + batch * (context + 1) * kv_per_token}
+    ### END SOLUTION

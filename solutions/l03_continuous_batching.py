@@ -246,6 +246,29 @@ def load_llm(policy=None, max_num_seqs: int = 8, num_blocks: int | None = None, 
                scheduler_policy=policy, dtype=torch.float32)
 
 
+def load_modeled_llm(policy=None, max_num_seqs: int = 8, chip: str = "H100", model: str = "llama-3-8b",
+                     threads: int = 1):
+    """load_llm on the modeled GPU clock (reference_engine/gpu_model.py): the engine still computes real
+    tokens with the shipped model on this machine, but every timestamp (and StepStats.wall_time) is the time
+    the same step would take for `model`'s shape on `chip` (an estimate, not a measurement). The scheduler
+    sees that GPU's KV capacity in blocks, capped at gpu_model.DEFAULT_MAX_BLOCKS (65,536 tokens: more than
+    the lesson's workloads hold at once) so that the small model's real cache stays small in RAM."""
+    import warnings
+
+    import torch
+
+    from reference_engine.gpu_model import CHIPS, MODELS, engine_kwargs
+    from reference_engine.llm import LLM
+
+    torch.set_num_threads(threads)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # engine_kwargs warns that it caps the block count: intended here
+        kw = engine_kwargs(MODELS[model], CHIPS[chip])
+    return LLM(model=str(engine_dir() / "checkpoints" / "target"), max_num_seqs=max_num_seqs,
+               enable_chunked_prefill=False, max_num_batched_tokens=4096, scheduler_policy=policy,
+               dtype=torch.float32, **kw)
+
+
 def trace_workload(n: int, seed: int = 0, max_context: int = 256, trace: str = "conv"):
     """n consecutive Azure LLM inference 2023 requests, sizes scaled into max_context tokens:
     (trace requests, random prompt token ids of each prompt length)."""

@@ -388,3 +388,51 @@ class DecodeBackend:
 
     def prefill(self, q, k, v, k_cache, v_cache, meta, scale):
         return self._engine.prefill(q, k, v, k_cache, v_cache, meta, scale)
+
+
+# ---------------------------------------------------------------- 5. preemption: swap or recompute
+
+# PCIe Gen5 x16 moves about 63 GB/s in each direction (reference-facts.md); the H100 SXM's dense bf16 peak
+# (NVIDIA datasheet). Lesson 01's model dict: nominal parameters and the attention shape from config.json.
+PCIE_GEN5_X16_BYTES_PER_S = 63e9
+H100_DENSE_BF16_FLOPS = 989e12
+LLAMA_3_8B = {"name": "Llama-3-8B", "params": 8.03e9, "layers": 32, "heads": 32, "kv_heads": 8, "head_dim": 128}
+
+
+def preemption_cost(model: dict, context_tokens: int, kv_bytes: float = 2,
+                    pcie_bytes_per_s: float = PCIE_GEN5_X16_BYTES_PER_S,
+                    flops_per_s: float = H100_DENSE_BF16_FLOPS) -> dict:
+    """Exercise 5.1: the cost of bringing back one preempted sequence that had `context_tokens` tokens
+    cached, by swapping its K/V out to host memory or by recomputing them.
+
+    model: lesson 01's dict ("params", "layers", "heads" = query heads, "kv_heads", "head_dim");
+    kv_bytes: bytes per cache element (2 for bf16, 1 for fp8).
+      swap:      when the sequence is preempted its K/V go to host memory, and when it resumes they come
+                 back: two transfers, each of context_tokens * 2 (K and V) * layers * kv_heads * head_dim *
+                 kv_bytes bytes, over a link of pcie_bytes_per_s in each direction. swap_s = both.
+      recompute: its blocks are freed, and when it resumes its tokens are prefilled again as one prompt:
+                 2 * params FLOPs per token (every weight once) plus causal attention, 4 * head_dim FLOPs
+                 per (query, key) pair and query head in every layer, token i (from 0) seeing i + 1 keys.
+                 recompute_s = those FLOPs / flops_per_s (a long prefill is compute-bound; pass the FLOP/s
+                 it sustains, the dense peak by default).
+    Returns {"transfer_bytes": bytes of one transfer, "swap_s": seconds, "recompute_flops": FLOPs,
+             "recompute_s": seconds, "cheaper": "swap" or "recompute" (less time; "recompute" on a tie,
+             since it needs no host memory)}. Raises ValueError for context_tokens < 0.
+
+    >>> c = preemption_cost(LLAMA_3_8B, 1)
+    >>> c["transfer_bytes"], c["recompute_flops"], c["cheaper"]
+    (131072, 16060524288.0, 'swap')
+    >>> round(c["swap_s"] * 1e6, 2), round(c["recompute_s"] * 1e6, 2)   # microseconds
+    (4.16, 16.24)
+    """
+    ### BEGIN SOLUTION
+    if context_tokens < 0:
+        raise ValueError(f"context_tokens must be >= 0, got {context_tokens}")
+    n = context_tokens
+    one_way = n * 2 * model["layers"] * model["kv_heads"] * model["head_dim"] * kv_bytes
+    pairs = n * (n + 1) // 2
+    flops = 2 * model["params"] * n + 4 * model["layers"] * model["heads"] * model["head_dim"] * pairs
+    swap_s, recompute_s = 2 * one_way / pcie_bytes_per_s, flops / flops_per_s
+    return {"transfer_bytes": one_way, "swap_s": swap_s, "recompute_flops": flops, "recompute_s": recompute_s,
+            "cheaper": "swap" if swap_s < recompute_s else "recompute"}
+    ### END SOLUTION

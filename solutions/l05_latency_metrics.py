@@ -238,6 +238,49 @@ def goodput(requests: Sequence[RequestTimes], ttft_slo: float, tpot_slo: float) 
     ### END SOLUTION
 
 
+# -- 5. what a load generator measures ---------------------------------------------------------
+
+def client_latencies(plan: Sequence[float], service_s: Sequence[float], closed_loop: bool) -> dict[str, list[float]]:
+    """Exercise 5.1: what a load generator records, open or closed loop, against a server that serves one
+    request at a time, first come first served.
+
+    plan[i]:      when request i is meant to be sent, in seconds (non-decreasing): the benchmark's schedule.
+    service_s[i]: how long the server works on request i once it starts it.
+    The server starts request i at max(send[i], finish[i - 1]) and finishes it service_s[i] later.
+    The client:
+      open loop (closed_loop=False): sends every request at its planned time, whatever the server is
+          doing (a benchmark with a request rate, and this lesson's replay): send[i] = plan[i];
+      closed loop (closed_loop=True): one user who waits for each answer before sending the next:
+          send[0] = plan[0], send[i] = max(plan[i], finish[i - 1]).
+    Returns lists, one entry per request, in order:
+      "send", "finish": seconds;
+      "measured":  finish - send, the latency the client logs;
+      "from_plan": finish - plan, what a user who arrived on schedule waited.
+    Raises ValueError when the lists differ in length or plan decreases.
+
+    >>> plan, service = [0.0, 1.0, 2.0, 3.0], [0.5, 2.5, 0.5, 0.5]     # request 1 stalls the server
+    >>> client_latencies(plan, service, closed_loop=False)["measured"]
+    [0.5, 2.5, 2.0, 1.5]
+    >>> c = client_latencies(plan, service, closed_loop=True)
+    >>> c["send"], c["measured"], c["from_plan"]
+    ([0.0, 1.0, 3.5, 4.0], [0.5, 2.5, 0.5, 0.5], [0.5, 2.5, 2.0, 1.5])
+    """
+    ### BEGIN SOLUTION
+    if len(plan) != len(service_s):
+        raise ValueError(f"{len(plan)} planned sends for {len(service_s)} service times")
+    if any(b < a for a, b in zip(plan, plan[1:])):
+        raise ValueError("plan must be non-decreasing")
+    send, finish, prev = [], [], -math.inf
+    for t, work in zip(plan, service_s):
+        sent = max(t, prev) if closed_loop else t
+        prev = max(sent, prev) + work
+        send.append(sent)
+        finish.append(prev)
+    return {"send": send, "finish": finish, "measured": [f - s for s, f in zip(send, finish)],
+            "from_plan": [f - t for t, f in zip(plan, finish)]}
+    ### END SOLUTION
+
+
 # -- measurement harness (given) ---------------------------------------------------------------
 
 @dataclass
@@ -274,6 +317,28 @@ def load_llm(max_num_seqs: int = 16, threads: int = 1):
                dtype=torch.float32)
 
 
+def load_modeled_llm(max_num_seqs: int = 16, chip: str = "H100", model: str = "llama-3-8b", threads: int = 1):
+    """load_llm on the modeled GPU clock (reference_engine/gpu_model.py): the engine still computes real
+    tokens with the shipped model on this machine, but every timestamp is the time the same step would take
+    for `model`'s shape on `chip` (an estimate, not a measurement), so replay() and every metric of this
+    lesson come out in modeled seconds; replay() skips idle gaps on that clock instead of sleeping. The
+    scheduler sees that GPU's KV capacity in blocks, capped at gpu_model.DEFAULT_MAX_BLOCKS (65,536 tokens)
+    so that the small model's real cache stays small in RAM."""
+    import warnings
+
+    import torch
+
+    from reference_engine.gpu_model import CHIPS, MODELS, engine_kwargs
+    from reference_engine.llm import LLM
+
+    torch.set_num_threads(threads)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # engine_kwargs warns that it caps the block count: intended here
+        kw = engine_kwargs(MODELS[model], CHIPS[chip])
+    return LLM(model=str(engine_dir() / "checkpoints" / "target"), max_num_seqs=max_num_seqs,
+               dtype=torch.float32, **kw)
+
+
 def workload(n: int, seed: int = 0, trace: str = "conv", max_context: int = 512):
     """n consecutive requests of the Azure LLM inference trace 2023, sizes scaled to max_context,
     with seeded random prompts of each request's length: (requests, prompt token ids)."""
@@ -285,7 +350,8 @@ def workload(n: int, seed: int = 0, trace: str = "conv", max_context: int = 512)
 
 def replay(llm, requests, prompts, rate_rps: float) -> Replay:
     """Replay `requests` (trace.Request) at `rate_rps` (the trace's burstiness kept) through the
-    engine's step API on a wall clock, the way a serving benchmark would drive a server.
+    engine's step API on the engine's clock (the wall clock, or a modeled one: load_modeled_llm), the way
+    a serving benchmark would drive a server.
 
     Between steps, every request whose arrival time has passed is added, stamped with its
     scheduled arrival, so time spent waiting for a running step counts against its TTFT. Greedy

@@ -127,3 +127,46 @@ def choose_budget(cost: dict, itl_slo_s: float, prompt_len: int, num_decodes: in
     raise ValueError(f"no budget meets an ITL SLO of {itl_slo_s} s: even a 1-token chunk is slower")
     ### END SOLUTION
 
+
+
+# -- 3. chunked prefill meets the prefix cache -----------------------------------------------------
+
+def prefill_chunks(prompt_len: int, cached_blocks: int, block_size: int, chunk_budget: int,
+                   align: bool = False) -> list[tuple[int, int]]:
+    """Exercise 3.1: the chunks a prompt's prefill computes when a prefix cache already holds some of it.
+
+    prompt_len: tokens in the prompt (>= 1). cached_blocks: how many of the prompt's leading *full*
+    blocks the prefix cache holds (it hashes and shares whole blocks only, so a hit is a number of
+    blocks). block_size: tokens per KV block. chunk_budget: prompt tokens this prompt may compute per
+    step (>= 1).
+
+    The prefill starts after the hit, but the prompt's last token is always computed: its logits
+    give the first output token, so a hit covering the whole prompt still leaves its last block to
+    compute. Cached: block_size * min(cached_blocks, (prompt_len - 1) // block_size) tokens.
+    The rest is cut into chunks of chunk_budget tokens, the last one what remains. With align=True
+    every chunk but the last ends on a block boundary: chunks of the largest multiple of block_size
+    that fits chunk_budget (so each chunk fills whole blocks, which the prefix cache can share as
+    soon as that chunk is done); a budget smaller than a block cannot be aligned: ValueError.
+
+    Returns [(start, num_tokens), ...]: the position of each chunk's first token, and its length.
+    >>> prefill_chunks(100, 3, 16, 30)
+    [(48, 30), (78, 22)]
+    >>> prefill_chunks(100, 3, 16, 30, align=True)
+    [(48, 16), (64, 16), (80, 16), (96, 4)]
+    >>> prefill_chunks(64, 4, 16, 64)  # all 64 tokens cached: the last block is computed again
+    [(48, 16)]
+    """
+    ### BEGIN SOLUTION
+    start = block_size * min(cached_blocks, (prompt_len - 1) // block_size)
+    step = chunk_budget
+    if align:
+        step = chunk_budget // block_size * block_size
+        if step == 0:
+            raise ValueError(f"a chunk budget of {chunk_budget} tokens cannot hold a whole block of {block_size}")
+    chunks = []
+    while start < prompt_len:
+        n = min(step, prompt_len - start)
+        chunks.append((start, n))
+        start += n
+    return chunks
+    ### END SOLUTION

@@ -8,6 +8,7 @@ import torch
 
 from autograder.checks import l01_roofline as checks
 from autograder.core import Trial
+from reference_engine import gpu_model as G
 from solutions import l01_roofline as S
 
 
@@ -30,6 +31,11 @@ def test_docstring_examples():
     assert r["intensity"] == 200 and r["bound"] == "memory"
     assert r["attainable_flops_per_s"] == pytest.approx(6.7e14) and r["time_s"] == pytest.approx(1e10 / 3.35e12)
     assert S.decode_crossover_batch(S.LLAMA_3_8B, S.CHIPS["H100 SXM"], 0, "bf16", "bf16", include_kv=False) == 296
+    k = S.step_kernels(S.LLAMA_3_8B, S.CHIPS["H100 SXM"], 512, 1024, "bf16", "bf16")
+    assert [n for n in k if k[n]["bound"] == "compute"] == ["qkv_proj", "o_proj", "gate_up_proj", "down_proj", "lm_head"]
+    assert k["attn_decode"]["bound"] == "memory" and k["attn_decode"]["flops"] / k["attn_decode"]["bytes"] == 4.0
+    assert S.step_bound(2e9, 1e6, S.CHIPS["H100 SXM"], 1e-4) == {"time_s": 1e-4, "bound": "overhead"}
+    assert S.moe_decode_cost(S.MIXTRAL_8X7B, 1, 0, "bf16", "bf16")["experts_read"] == 2.0
 
 
 def test_kv_bytes_per_token_match_the_reference_facts():
@@ -140,3 +146,121 @@ def test_notebook_runs_clean_on_the_untouched_exercises(monkeypatch):
     text = "\n".join(o.get("text", "") for o in outs)
     assert "not started" in text and "you have not written yet" in text
     assert "passed" not in text
+
+
+# ---------------------------------------------------------------- 3.3 and 5: per kernel, overhead, MoE
+
+
+def test_model_shapes_match_the_engines_gpu_model():
+    for lesson, engine in [(S.LLAMA_3_8B, G.LLAMA_3_8B), (S.LLAMA_3_70B, G.LLAMA_3_70B)]:
+        assert (lesson["layers"], lesson["heads"], lesson["kv_heads"], lesson["head_dim"], lesson["hidden"],
+                lesson["intermediate"], lesson["vocab"]) == (engine.layers, engine.heads, engine.kv_heads,
+                                                             engine.head_dim, engine.hidden, engine.intermediate,
+                                                             engine.vocab)
+        # the nominal parameter count is within 3% of the exact one the engine's model counts
+        assert lesson["params"] == pytest.approx(G.param_count(engine), rel=0.03)
+
+
+STEPS = [(1, 100, 0, 0), (1, 2000, 0, 0), (64, 1024, 0, 0), (512, 1024, 0, 0), (64, 1024, 512, 0),
+         (8, 4000, 2048, 1024), (7, 33, 300, 17), (300, 0, 1, 5)]
+L01_CHIP = {"A100 SXM 80GB": G.A100, "H100 SXM": G.H100, "H200 SXM": G.H200}
+
+
+@pytest.mark.parametrize("chip", list(L01_CHIP))
+@pytest.mark.parametrize("model", ["Llama-3-8B", "Llama-3-70B"])
+@pytest.mark.parametrize("batch,context,chunk,chunk_context", STEPS)
+def test_step_kernels_are_the_engines_modeled_kernels_at_peak(chip, model, batch, context, chunk, chunk_context):
+    """reference_engine/gpu_model.py (the modeled GPU clock, which never imports solutions/) and lesson 01's
+    step_kernels give every kernel the same FLOPs, bytes, time and bound at 100% of the datasheet peaks."""
+    lesson = {"Llama-3-8B": S.LLAMA_3_8B, "Llama-3-70B": S.LLAMA_3_70B}[model]
+    shape = {"Llama-3-8B": G.LLAMA_3_8B, "Llama-3-70B": G.LLAMA_3_70B}[model]
+    comp = G.Composition.decode_batch(batch, context, chunk, chunk_context)
+    engine = G.step_time(shape, L01_CHIP[chip].at_peak(), comp, overhead_s=0.0)
+    ours = S.step_kernels(lesson, S.CHIPS[chip], batch, context, "bf16", "bf16", chunk, chunk_context)
+    assert list(ours) == [k.name for k in engine.kernels]
+    for k in engine.kernels:
+        assert (ours[k.name]["flops"], ours[k.name]["bytes"]) == (k.flops, k.bytes), k.name
+        assert ours[k.name]["time_s"] == pytest.approx(k.time_s, rel=1e-12), k.name
+        assert ours[k.name]["bound"] == k.bound, k.name
+    assert sum(v["time_s"] for v in ours.values()) == pytest.approx(engine.time_s, rel=1e-12)
+
+
+@pytest.mark.parametrize("batch,context,chunk,chunk_context", STEPS)
+def test_step_kernels_on_a_derated_chip_are_the_engines_modeled_h100(batch, context, chunk, chunk_context):
+    """The engine's modeled H100 is lesson 01's roofline on a chip derated to the achievable fractions:
+    GEMMs at gemm_eff of the peak, attention at attn_eff, both at mem_eff of the bandwidth."""
+    comp = G.Composition.decode_batch(batch, context, chunk, chunk_context)
+    engine = G.step_time(G.LLAMA_3_8B, G.H100, comp, overhead_s=0.0)
+    bw = G.H100.hbm_gb_per_s * G.H100.mem_eff
+    for kind, eff in [("gemm", G.H100.gemm_eff), ("attention", G.H100.attn_eff)]:
+        chip = {"dense_tflops": G.H100.dense_tflops * eff, "hbm_gb_per_s": bw}
+        ours = S.step_kernels(S.LLAMA_3_8B, chip, batch, context, "bf16", "bf16", chunk, chunk_context)
+        for k in engine.kernels:
+            if k.kind == kind:
+                assert ours[k.name]["time_s"] == pytest.approx(k.time_s, rel=1e-9), k.name
+                assert ours[k.name]["bound"] == k.bound, k.name
+
+
+def test_per_kernel_the_gemms_cross_the_ridge_and_decode_attention_never_does():
+    h100 = S.CHIPS["H100 SXM"]
+    for batch in (1, 16, 128, 256):
+        k = S.step_kernels(S.LLAMA_3_8B, h100, batch, 1024, "bf16", "bf16")
+        assert {k[n]["bound"] for n in k} == {"memory"}
+    for batch in (512, 1024, 4096):
+        k = S.step_kernels(S.LLAMA_3_8B, h100, batch, 1024, "bf16", "bf16")
+        assert {k[n]["bound"] for n in checks.GEMMS[:4]} == {"compute"} and k["attn_decode"]["bound"] == "memory"
+    for model in (S.LLAMA_3_8B, S.LLAMA_3_70B):  # decode attention: 2 * group size / KV bytes per element
+        a = S.step_kernels(model, h100, 64, 3000, "bf16", "fp8")["attn_decode"]
+        assert a["flops"] / a["bytes"] == 2 * (model["heads"] // model["kv_heads"]) / 1
+
+
+def test_step_bound_is_the_roofline_until_the_overhead_is_larger():
+    h100 = S.CHIPS["H100 SXM"]
+    for flops, nbytes in [(3e13, 1.6e10), (1.7e10, 1.6e10), (1e6, 1e6)]:
+        roof = S.roofline(flops, nbytes, h100)
+        assert S.step_bound(flops, nbytes, h100, 0.0) == {"time_s": roof["time_s"], "bound": roof["bound"]}
+        assert S.step_bound(flops, nbytes, h100, roof["time_s"] * 2) == {"time_s": roof["time_s"] * 2,
+                                                                         "bound": "overhead"}
+
+
+def test_moe_experts_read_matches_a_simulation_of_uniform_routing():
+    rng = random.Random(3)
+    model = S.MIXTRAL_8X7B
+    for batch in (1, 3, 8, 20):
+        trials = 4000
+        seen = sum(len({e for _ in range(batch) for e in rng.sample(range(8), 2)}) for _ in range(trials)) / trials
+        assert S.moe_decode_cost(model, batch, 0, "bf16", "bf16")["experts_read"] == pytest.approx(seen, rel=0.03)
+
+
+def test_moe_decode_is_the_dense_count_at_its_limits():
+    mix = S.MIXTRAL_8X7B
+    dense = mix["params"] - mix["layers"] * mix["experts"] * mix["expert_params"]
+    active = dense + mix["layers"] * mix["top_k"] * mix["expert_params"]
+    # batch 1 reads the active parameters only; a large batch reads them all: a dense model of that size
+    one = S.moe_decode_cost(mix, 1, 500, "bf16", "bf16")
+    assert {"flops": one["flops"], "bytes": one["bytes"]} == S.decode_step_cost(dict(mix, params=active), 1, 500,
+                                                                                "bf16", "bf16")
+    big = S.moe_decode_cost(mix, 2000, 500, "bf16", "bf16")
+    full = S.decode_step_cost(mix, 2000, 500, "bf16", "bf16")
+    assert big["bytes"] == pytest.approx(full["bytes"], rel=1e-12) and big["flops"] < full["flops"] / 3
+    assert round(active / 1e9, 1) == 12.9 and round(mix["params"] / 1e9, 1) == 46.7  # Mixtral paper: 13B of 47B
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_new_checks_mistake_formulas_default_to_the_right_answer(seed):
+    t = _trial(seed)
+    for _ in range(5):
+        model, chip, batch, ctx, wd, kd, chunk, cc = checks._random_mixed_step(t.rng)
+        got = checks._kernels(t, model, chip, batch, ctx, wd, kd, chunk, cc)
+        want = S.step_kernels(model, chip, batch, ctx, wd, kd, chunk, cc)
+        assert list(got) == list(want)
+        for name in want:
+            assert got[name]["bound"] == want[name]["bound"]
+            for key in ("flops", "bytes", "time_s"):
+                assert got[name][key] == pytest.approx(want[name][key], rel=1e-12)
+        flops, nbytes, chip, overhead = checks._random_overhead_case(t.rng)
+        peak, bw = chip["dense_tflops"] * 1e12, chip["hbm_gb_per_s"] * 1e9
+        assert checks._bound(flops, nbytes, peak, bw, overhead) == S.step_bound(flops, nbytes, chip, overhead)
+        model, batch, ctx, wd, kd = checks._random_moe(t.rng)
+        got, want = checks._moe(t, model, batch, ctx, wd, kd), S.moe_decode_cost(model, batch, ctx, wd, kd)
+        assert got == pytest.approx(want, rel=1e-12)

@@ -362,3 +362,207 @@ def decode_crossover_batch(t):
                      hint="" if expected is not None else
                      "With this much context the KV read grows with the batch as fast as the FLOPs: "
                      "no batch size is compute-bound, return None.")
+
+
+# ---------------------------------------------------------------- 3.3 per kernel
+
+GEMMS = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj", "lm_head")
+
+
+def _kernels(t, model, chip, batch, ctx, wd, kd, chunk, chunk_ctx, *, qkv="gqa", swiglu=True, chunk_in_gemms=True,
+             per_layer=True, lm_head_layers=False, lm_head_rows="seqs", add_times=False, kv_heads_key="kv_heads",
+             write_new=True, whole_batch=True, chunk_sees_context=True) -> dict:
+    """The kernels of a step with one typical error put in (defaults: the right answer). The grader's own
+    copy of the formulas, so that each wrong value differs from the right one only by its error."""
+    h, d, layers = model["hidden"], model["head_dim"], model["layers"]
+    peak, bw = chip["dense_tflops"] * 1e12, chip["hbm_gb_per_s"] * 1e9
+    calls = layers if per_layer else 1
+    m = batch + chunk if chunk_in_gemms else batch
+    seqs = {"seqs": batch + (1 if chunk else 0), "tokens": batch + chunk}[lm_head_rows]
+    q_out = {"gqa": model["heads"] + 2 * model["kv_heads"], "mha": 3 * model["heads"], "q_only": model["heads"]}[qkv]
+    gemms = {"qkv_proj": (m, q_out * d, h, calls), "o_proj": (m, h, model["heads"] * d, calls),
+             "gate_up_proj": (m, (2 if swiglu else 1) * model["intermediate"], h, calls),
+             "down_proj": (m, h, model["intermediate"], calls),
+             "lm_head": (seqs, model["vocab"], h, layers if lm_head_layers else 1)}
+    b = _nbytes(t, wd)
+    work = {name: (c * 2 * mm * n * k, c * (mm * k + k * n + mm * n) * b) for name, (mm, n, k, c) in gemms.items()}
+    kv = _kv_per_token(t, model, kd, kv_heads_key) * (1 if per_layer else 1 / layers)
+    per_pair = 4 * model["heads"] * d * (layers if per_layer else 1)
+    seqs_attn = batch if whole_batch else 1
+    work["attn_decode"] = (seqs_attn * per_pair * (ctx + 1), seqs_attn * (ctx + (1 if write_new else 0)) * kv)
+    if chunk:
+        c = chunk_ctx if chunk_sees_context else 0
+        pairs = chunk * c + chunk * (chunk + 1) // 2
+        work["attn_prefill"] = (per_pair * pairs, (c + (chunk if write_new else 0)) * kv)
+    out = {}
+    for name, (flops, nbytes) in work.items():
+        r = _roof(flops, nbytes, peak, bw, add_times=add_times)
+        out[name] = {"flops": flops, "bytes": nbytes, "time_s": r["time_s"], "bound": r["bound"]}
+    return out
+
+
+KERNEL_MISTAKES = {
+    "sizes K and V in qkv_proj with the query heads (GQA: K and V have kv_heads * head_dim columns each)":
+        dict(qkv="mha"),
+    "leaves K and V out of qkv_proj (it produces Q, K and V: (heads + 2 * kv_heads) * head_dim columns)":
+        dict(qkv="q_only"),
+    "gives the MLP one up matrix (SwiGLU has a gate and an up projection: 2 * intermediate columns)":
+        dict(swiglu=False),
+    "runs the weight GEMMs on the decode tokens only (the chunk's tokens go through every weight too: "
+    "m = batch + chunk)": dict(chunk_in_gemms=False),
+    "counts each kernel once, not once per layer": dict(per_layer=False),
+    "runs lm_head once per layer (it runs once per step, after the last layer)": dict(lm_head_layers=True),
+    "runs lm_head on every token of the chunk (only the last position of each sequence needs logits: "
+    "one row per sequence)": dict(lm_head_rows="tokens"),
+    "adds the compute time and the memory time (the roofline takes the larger of the two)": dict(add_times=True),
+    "sizes the KV cache with the query heads (GQA stores only kv_heads)": dict(kv_heads_key="heads"),
+    "leaves out writing the new tokens' K and V": dict(write_new=False),
+    "counts one sequence's decode attention, not the whole batch's (each sequence reads its own KV cache)":
+        dict(whole_batch=False),
+    "lets the chunk attend only to itself (it attends to its prompt's cached tokens too, and reads their K/V)":
+        dict(chunk_sees_context=False),
+}
+
+
+def _random_shape(rng) -> dict:
+    """A made-up model with the sizes of every weight matrix."""
+    model = _random_model(rng)
+    hidden = rng.choice([1024, 2048, 3072, 4096, 5120, 6144, 8192])
+    return dict(model, hidden=hidden, intermediate=rng.randint(2 * hidden // 128, 4 * hidden // 128) * 128,
+                vocab=rng.randint(30_000, 260_000))
+
+
+def _random_mixed_step(rng) -> tuple:
+    """(model, chip, batch, context, weight dtype, KV dtype, chunk, chunk context)."""
+    chunk = rng.choice([0, rng.randint(1, 4096)])
+    return (_random_shape(rng), _random_chip(rng), rng.randint(1, 1024), rng.randint(0, 16384),
+            rng.choice(["bf16", "fp8", "int4"]), rng.choice(["bf16", "fp8"]), chunk,
+            rng.randint(0, 8192) if chunk else 0)
+
+
+@check(points=3, section="3.3", timeout=10)
+def step_kernels(t):
+    """A decode (or mixed) step split into its kernels: each one's FLOPs, bytes, time and bound."""
+    m8, m70 = t.ref.LLAMA_3_8B, t.ref.LLAMA_3_70B
+    h100, a100 = _named(t, "H100 SXM"), _named(t, "A100 SXM 80GB")
+    visible = [("Llama-3-8B decode, batch 1", (m8, h100, 1, 2000, "bf16", "bf16", 0, 0)),
+               ("Llama-3-8B decode, batch 512: the GEMMs past the ridge", (m8, h100, 512, 1024, "bf16", "bf16", 0, 0)),
+               ("Llama-3-8B mixed step: a decode batch of 64 and a 512-token chunk",
+                (m8, h100, 64, 1024, "bf16", "bf16", 512, 1024)),
+               ("Llama-3-70B decode, batch 256, fp8 weights", (m70, a100, 256, 4000, "fp8", "bf16", 0, 0))]
+    for label, (model, chip, batch, ctx, wd, kd, chunk, cc) in t.cases(visible, _random_mixed_step, n=2):
+        step = f"batch {batch} at {ctx} cached" + (f" + a {chunk}-token chunk after {cc} cached" if chunk else "")
+        with t.case(f"{label}: {model['name']} on {_fmt_chip(chip)}, {step}, {wd} weights, {kd} KV"):
+            expected = t.ref.step_kernels(model, chip, batch, ctx, wd, kd, chunk, cc)
+            got = t.call("step_kernels", model, chip, batch, ctx, wd, kd,
+                         **non_default(chunk=(chunk, 0), chunk_context=(cc, 0)))
+            if not isinstance(got, dict):
+                t.fail(f"step_kernels returned {type(got).__name__}; expected a dict {{kernel name: {{...}}}}")
+            t.expect(sorted(got), sorted(expected), "the kernel names", hint=(
+                "One entry per GEMM (qkv_proj, o_proj, gate_up_proj, down_proj, lm_head), attn_decode, and "
+                "attn_prefill only when chunk > 0."))
+            args = (t, model, chip, batch, ctx, wd, kd, chunk, cc)
+            wrong = {name: _kernels(*args, **kw) for name, kw in KERNEL_MISTAKES.items()}
+            for name in expected:
+                t.expect(got[name], expected[name], f"kernel {name}", rtol=1e-9,
+                         mistakes={m: w[name] for m, w in wrong.items()})
+
+
+# ---------------------------------------------------------------- 5.1 the overhead roof
+
+
+def _random_overhead_case(rng) -> tuple:
+    """(flops, bytes, chip, overhead_s): a pass near its chip's ridge, and an overhead within 10x of its
+    roofline time either way."""
+    flops, nbytes, chip = _random_pass_on_chip(rng)
+    roof = max(flops / (chip["dense_tflops"] * 1e12), nbytes / (chip["hbm_gb_per_s"] * 1e9))
+    return flops, nbytes, chip, roof * 10 ** rng.uniform(-1, 1)
+
+
+def _bound(flops, nbytes, peak, bw, overhead, *, add=False, ignore=False, roof_bound=False, vs_compute=False) -> dict:
+    r = _roof(flops, nbytes, peak, bw)
+    if ignore:
+        return {"time_s": r["time_s"], "bound": r["bound"]}
+    if add:
+        return {"time_s": r["time_s"] + overhead, "bound": "overhead" if overhead > r["time_s"] else r["bound"]}
+    over = overhead > (flops / peak if vs_compute else r["time_s"])
+    return {"time_s": max(r["time_s"], overhead), "bound": "overhead" if over and not roof_bound else r["bound"]}
+
+
+@check(points=2, section="5.1", timeout=10)
+def step_bound(t):
+    """Compute, memory or host overhead: the slowest of the three sets a pass's time."""
+    ref, m8, h100 = t.ref, t.ref.LLAMA_3_8B, _named(t, "H100 SXM")
+    tiny = 3.34e6  # parameters of the course's shipped target model
+    visible = [("a 3.3M-parameter model's decode token in bf16 on an H100, 0.3 ms of host time",
+                (2 * tiny, 2 * tiny, h100, 3e-4)),
+               ("Llama-3-8B decode (batch 1, 2000 cached), 0.3 ms of host time",
+                (ref.forward_flops(m8, 1, 2000), ref.forward_bytes(m8, 1, 2000, "bf16", "bf16"), h100, 3e-4)),
+               ("Llama-3-8B prefill of 2000 tokens, 0.3 ms of host time",
+                (ref.forward_flops(m8, 2000, 0), ref.forward_bytes(m8, 2000, 0, "bf16", "bf16"), h100, 3e-4))]
+    for label, (flops, nbytes, chip, overhead) in t.cases(visible, _random_overhead_case, n=3):
+        with t.case(f"{label}: {flops:.4g} FLOPs, {nbytes:.4g} bytes, {overhead:.3g} s overhead on {_fmt_chip(chip)}"):
+            got, expected = t.both("step_bound", flops, nbytes, chip, overhead)
+            args = (flops, nbytes, chip["dense_tflops"] * 1e12, chip["hbm_gb_per_s"] * 1e9, overhead)
+            t.expect(got, expected, "step_bound(...)", rtol=1e-9, mistakes={
+                "adds the overhead to the roofline time (the host issues work while the chip runs earlier "
+                "work: the slower of the two sets the time)": _bound(*args, add=True),
+                "ignores the overhead: a pass shorter than the host's work waits for the host":
+                    _bound(*args, ignore=True),
+                "keeps the roofline's bound when the overhead sets the time (that pass is overhead-bound)":
+                    _bound(*args, roof_bound=True),
+                "compares the overhead with the compute time only (the roofline time is the larger of the "
+                "compute and the memory time)": _bound(*args, vs_compute=True),
+            })
+
+
+# ---------------------------------------------------------------- 5.2 MoE decode
+
+
+def _moe(t, model, batch, ctx, wd, kd, *, read="uniform", all_expert_flops=False, per_layer=True) -> dict:
+    """moe_decode_cost with one typical error put in (defaults: the right answer)."""
+    e, k, per, layers = model["experts"], model["top_k"], model["expert_params"], model["layers"]
+    read_per_layer = {"uniform": e * (1 - (1 - k / e) ** batch), "active": k, "all": e,
+                      "distinct": min(e, batch * k), "with_replacement": e * (1 - (1 - 1 / e) ** (batch * k))}[read]
+    dense = model["params"] - layers * e * per
+    active = model["params"] if all_expert_flops else dense + layers * k * per
+    attn = 4 * layers * model["heads"] * model["head_dim"] * (ctx + 1)
+    weights = (dense + (layers if per_layer else 1) * read_per_layer * per) * _nbytes(t, wd)
+    return {"experts_read": read_per_layer, "flops": batch * (2 * active + attn),
+            "bytes": weights + batch * (ctx + 1) * _kv_per_token(t, model, kd)}
+
+
+def _random_moe(rng) -> tuple:
+    """(model, batch, context, weight dtype, KV dtype) of a made-up MoE decode step."""
+    model = _random_model(rng)
+    experts = rng.choice([8, 16, 32, 64, 128, 256])
+    top_k = rng.choice([k for k in (1, 2, 4, 6, 8) if k < experts])
+    per = rng.randint(10**6, 5 * 10**8)
+    model.update(name="made-up MoE", experts=experts, top_k=top_k, expert_params=per,
+                 params=model["layers"] * experts * per + rng.randint(10**8, 2 * 10**10))
+    return model, rng.randint(1, 512), rng.randint(0, 16384), rng.choice(["bf16", "fp8", "int4"]), \
+        rng.choice(["bf16", "fp8"])
+
+
+@check(points=2, section="5.2", timeout=10)
+def moe_decode_cost(t):
+    """An MoE decode step: the experts a batch reads, its FLOPs and bytes."""
+    mix = t.ref.MIXTRAL_8X7B
+    visible = [("batch 1", (mix, 1, 0, "bf16", "bf16")), ("batch 8", (mix, 8, 1024, "bf16", "bf16")),
+               ("batch 64, fp8 weights", (mix, 64, 4096, "fp8", "bf16"))]
+    for label, (model, batch, ctx, wd, kd) in t.cases(visible, _random_moe, n=3):
+        with t.case(f"{label}: {_fmt_model(model)}, {model['experts']} experts, top {model['top_k']}, "
+                    f"batch {batch}, {ctx} cached, {wd} weights, {kd} KV"):
+            got, expected = t.both("moe_decode_cost", model, batch, ctx, wd, kd)
+            args = (t, model, batch, ctx, wd, kd)
+            t.expect(got, expected, "moe_decode_cost(...)", rtol=1e-9, mistakes={
+                "reads only the top_k experts a token runs, whatever the batch (the batch's tokens pick "
+                "different experts)": _moe(*args, read="active"),
+                "reads every expert at any batch size (a batch of one reads only its top_k)": _moe(*args, read="all"),
+                "assumes the batch's tokens pick different experts until all are read (min(experts, batch * "
+                "top_k)): tokens share experts by chance": _moe(*args, read="distinct"),
+                "treats a token's top_k picks as independent draws (a token's experts are distinct: it misses "
+                "a given one with probability 1 - top_k / experts)": _moe(*args, read="with_replacement"),
+                "counts the FLOPs of every expert (a token runs only its top_k)": _moe(*args, all_expert_flops=True),
+                "reads the experts of one layer only (experts_read is per layer)": _moe(*args, per_layer=False),
+            })

@@ -17,7 +17,6 @@ import random
 from functools import partial
 from typing import NamedTuple
 
-from autograder.compare import compare
 from autograder.core import CaseFailed, check
 from autograder.engine_harness import POLICY_ERRORS, run_engine, stopped, stub_guard
 
@@ -46,16 +45,8 @@ def describe(reqs, B) -> str:
 
 def expect_result(t, got, expected, mistakes: dict):
     """Compare a simulate_* dict key by key; `mistakes` maps a name to a whole wrong result dict."""
-    t.expect_true(isinstance(got, dict), f"return a dict, got {type(got).__name__}")
-    missing = [k for k in expected if k not in got]
-    t.expect_true(not missing, f"the dict is missing key(s) {missing}")
-    keys = ("total_steps", "finish", "slots_used", "occupancy")
-    # A mistake that would have shown in a key the learner got right does not explain a wrong one.
-    right = [k for k in keys if compare(got[k], expected[k], rtol=1e-9) is None]
-    fits = {name: wrong for name, wrong in mistakes.items() if all(wrong[k] == expected[k] for k in right)}
-    for key in keys:
-        t.expect(got[key], expected[key], f'"{key}"', rtol=1e-9,
-                 mistakes={name: wrong[key] for name, wrong in fits.items()})
+    t.expect_dict(got, expected, "the result", mistakes, keys=("total_steps", "finish", "slots_used", "occupancy"),
+                  rtol=1e-9)
     t.expect_true(isinstance(got["total_steps"], numbers.Integral),
                   f'"total_steps" should be an int, got {type(got["total_steps"]).__name__}')
 

@@ -240,3 +240,87 @@ def decode_crossover_batch(model, chip, context, weight_dtype, kv_dtype, include
 def decode_crossover_batch(model, chip, context, weight_dtype, kv_dtype, include_kv=True):  # noqa: F811
     b = _m_solve(model, chip, context, weight_dtype, kv_dtype, include_kv)
     return math.inf if b is None else b
+
+
+# ---------------------------------------------------------------- 3.3 step_kernels
+
+def _m_step_kernels(model, chip, batch, context, weight_dtype, kv_dtype, chunk, chunk_context, *, qkv_heads=None,
+                    lm_head_calls=1, kv_heads="kv_heads"):
+    h, d, layers = model["hidden"], model["head_dim"], model["layers"]
+    m = batch + chunk
+    qkv = qkv_heads(model) if qkv_heads else model["heads"] + 2 * model["kv_heads"]
+    gemms = {"qkv_proj": (m, qkv * d, h, layers), "o_proj": (m, h, model["heads"] * d, layers),
+             "gate_up_proj": (m, 2 * model["intermediate"], h, layers),
+             "down_proj": (m, h, model["intermediate"], layers),
+             "lm_head": (batch + (1 if chunk else 0), model["vocab"], h, lm_head_calls)}
+    kv = _m_kv_per_token(model, kv_dtype, heads=kv_heads)
+    work = {}
+    for name, (rows, n, k, calls) in gemms.items():
+        cost = S.matmul_cost(rows, n, k, weight_dtype)
+        work[name] = (calls * cost["flops"], calls * cost["bytes"])
+    work["attn_decode"] = (batch * S.attention_flops(model, 1, context), batch * (context + 1) * kv)
+    if chunk:
+        work["attn_prefill"] = (S.attention_flops(model, chunk, chunk_context), (chunk_context + chunk) * kv)
+    out = {}
+    for name, (flops, nbytes) in work.items():
+        r = S.roofline(flops, nbytes, chip)
+        out[name] = {"flops": flops, "bytes": nbytes, "time_s": r["time_s"], "bound": r["bound"]}
+    return out
+
+
+@mutant(check="step_kernels", message="sizes K and V in qkv_proj with the query heads")
+def step_kernels(model, chip, batch, context, weight_dtype, kv_dtype, chunk=0, chunk_context=0):
+    return _m_step_kernels(model, chip, batch, context, weight_dtype, kv_dtype, chunk, chunk_context,
+                           qkv_heads=lambda m: 3 * m["heads"])
+
+
+@mutant(check="step_kernels", message="runs lm_head once per layer")
+def step_kernels(model, chip, batch, context, weight_dtype, kv_dtype, chunk=0, chunk_context=0):  # noqa: F811
+    return _m_step_kernels(model, chip, batch, context, weight_dtype, kv_dtype, chunk, chunk_context,
+                           lm_head_calls=model["layers"])
+
+
+@mutant(check="step_kernels", message="sizes the KV cache with the query heads")
+def step_kernels(model, chip, batch, context, weight_dtype, kv_dtype, chunk=0, chunk_context=0):  # noqa: F811
+    return _m_step_kernels(model, chip, batch, context, weight_dtype, kv_dtype, chunk, chunk_context,
+                           kv_heads="heads")
+
+
+@mutant(check="step_kernels", message="the kernel names")
+def step_kernels(model, chip, batch, context, weight_dtype, kv_dtype, chunk=0, chunk_context=0):  # noqa: F811
+    # a mixed step's chunk folded into the decode attention: no attn_prefill kernel
+    out = sol.step_kernels(model, chip, batch, context, weight_dtype, kv_dtype, chunk, chunk_context)
+    out.pop("attn_prefill", None)
+    return out
+
+
+# ---------------------------------------------------------------- 5.1 step_bound
+
+@mutant(check="step_bound", message="adds the overhead to the roofline time")
+def step_bound(flops, bytes_moved, chip, overhead_s):
+    r = S.roofline(flops, bytes_moved, chip)
+    return {"time_s": r["time_s"] + overhead_s, "bound": "overhead" if overhead_s > r["time_s"] else r["bound"]}
+
+
+@mutant(check="step_bound", message="keeps the roofline's bound when the overhead sets the time")
+def step_bound(flops, bytes_moved, chip, overhead_s):  # noqa: F811
+    r = S.roofline(flops, bytes_moved, chip)
+    return {"time_s": max(r["time_s"], overhead_s), "bound": r["bound"]}
+
+
+# ---------------------------------------------------------------- 5.2 moe_decode_cost
+
+@mutant(check="moe_decode_cost", message="reads only the top_k experts a token runs")
+def moe_decode_cost(model, batch, context, weight_dtype, kv_dtype):
+    dense = model["params"] - model["layers"] * model["experts"] * model["expert_params"]
+    active = dense + model["layers"] * model["top_k"] * model["expert_params"]
+    one = S.decode_step_cost(dict(model, params=active), batch, context, weight_dtype, kv_dtype)
+    return {"experts_read": model["top_k"], **one}
+
+
+@mutant(check="moe_decode_cost", message="assumes the batch's tokens pick different experts")
+def moe_decode_cost(model, batch, context, weight_dtype, kv_dtype):  # noqa: F811
+    out = sol.moe_decode_cost(model, batch, context, weight_dtype, kv_dtype)
+    read = min(model["experts"], batch * model["top_k"])
+    extra = model["layers"] * (read - out["experts_read"]) * model["expert_params"] * DTYPE_BITS[weight_dtype] / 8
+    return {"experts_read": read, "flops": out["flops"], "bytes": out["bytes"] + extra}
