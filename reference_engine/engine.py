@@ -69,6 +69,7 @@ class LLMEngine:
         self.step_stats: list[StepStats] = []
         self._ids, self._seq_ids = itertools.count(), itertools.count()
         self._eos = frozenset(self.config.eos_token_ids)
+        self._aborted: list[StepOutput] = []  # aborts since the last step(), which reports them
 
     def _default_num_blocks(self, max_num_seqs: int, budget: int | None) -> int:
         per_block = kv_bytes_per_token(self.config, self.dtype.itemsize) * self.block_size
@@ -135,53 +136,86 @@ class LLMEngine:
         return request_id
 
     def abort(self, request_id: str) -> RequestOutput | None:
-        """Stop a request wherever it is (waiting or running); its blocks return to the pool. Unknown ids are ignored."""
+        """Stop a request wherever it is (waiting or running); its blocks return to the pool. Returns its
+        RequestOutput (finish_reason "abort"), which the next step() also reports, in a StepOutput per aborted
+        sequence (as vLLM finishes an aborted stream). Unknown or finished ids are ignored (None)."""
         seqs = self.requests.pop(request_id, None)
         if seqs is None:
             return None
-        now = self.clock()
+        now, aborted = self.clock(), []
         for seq in seqs:
             if seq.status is not Status.FINISHED:
                 self.scheduler.finish(seq)
                 seq.finish_reason, seq.metrics.finish_time = "abort", now
-        return self._request_output(seqs)
+                aborted.append(StepOutput(request_id, seq.index, [], True, "abort"))
+        output = self._request_output(seqs)
+        if aborted:
+            aborted[-1].output = output
+        self._aborted += aborted  # the next step() reports them, so a stream() or step loop over them ends
+        return output
 
     def has_unfinished(self) -> bool:
         return self.scheduler.has_unfinished()
 
     # ---- the step -------------------------------------------------------------------------------
     def step(self) -> list[StepOutput]:
-        """Schedule, run one forward over every scheduled token, sample; one StepOutput per new token."""
+        """Schedule, run one forward over every scheduled token, sample. Returns one StepOutput per new token,
+        preceded by one (no new token, finish_reason "abort") per sequence aborted since the previous step.
+
+        Logits: each sequence's next token is sampled from the row of its last token. A sequence that set
+        Sequence.num_logits = m > 1 (say m = k + 1 after appending k draft tokens, to verify them) also gets
+        all m rows, for its last m tokens, in its StepOutput.logits [m, vocab]; the sampled token comes from
+        the last of them (so it follows the drafts) and num_logits goes back to 1. The rows equal a plain
+        forward over the same tokens. A verifier turns them into the sampler's distributions with
+        sampling.sampling_probs and decides which drafts to keep.
+        """
+        outputs, self._aborted = self._aborted, []
         t0 = self.clock()
         so = self.scheduler.schedule()
         if so.block_copies:
             self.runner.copy_blocks(so.block_copies)
-        outputs = []
         if so.scheduled:
             for s in so.prefills:
                 if s.seq.metrics.first_scheduled_time is None:
                     s.seq.metrics.first_scheduled_time = t0
             if hasattr(self.clock, "advance"):  # modeled GPU time (gpu_model.ModeledClock): the step's cost is
                 self.clock.advance(so)  # read from the schedule here, before num_computed_tokens moves on
-            sampling = [s.seq for s in so.scheduled if s.samples]
-            logits = self.runner.execute(so)
+            in_prefill = [s.seq.in_prefill for s in so.scheduled]  # before num_computed_tokens moves on
+            rows = self.runner.execute(so).split([s.num_logits for s in so.scheduled])
             for s in so.scheduled:
                 s.seq.num_computed_tokens += s.num_tokens
-            seqs, rows = [], []
-            for r, seq in enumerate(sampling):
-                group = [seq] + self._fork(seq) if seq.pending_forks else [seq]
-                seqs += group
-                rows += [r] * len(group)
-            if len(rows) != len(sampling):
-                logits = logits[rows]
-            tokens = sample(logits, [s.params for s in seqs], [s.generator for s in seqs]).tolist()
-            now = self.clock()
-            for i, (seq, tok) in enumerate(zip(seqs, tokens)):
-                if seq.logprobs is not None:
-                    seq.logprobs.append(_logprobs(logits[i], tok, seq.params.logprobs))
-                outputs.append(self._append_token(seq, tok, now))
-        if so.scheduled or so.preempted:
-            self._record_stats(so, t0)
+            outputs += self._sample([(s.seq, r) for s, r in zip(so.scheduled, rows) if s.num_logits])
+            self._record_stats(so, t0, in_prefill)
+        elif so.preempted:
+            self._record_stats(so, t0, [])
+        return outputs
+
+    def _sample(self, chunks: list[tuple[Sequence, torch.Tensor]]) -> list[StepOutput]:
+        """chunks: (sequence, its chunk's logit rows) for every chunk that yielded rows. One token for each
+        sequence whose chunk reached its last token, from the last row; the rows of a sequence asking for
+        num_logits > 1 are kept across its chunks until then, and returned in its StepOutput."""
+        seqs, last_rows, kept = [], [], []
+        for seq, rows in chunks:
+            if seq.num_logits > 1:
+                seq.kept_logits.append(rows)
+                if seq.num_computed_tokens < seq.num_tokens:  # not the last chunk: the rest come later
+                    continue
+                rows, seq.kept_logits, seq.num_logits = torch.cat(seq.kept_logits), [], 1
+            group = [seq] + self._fork(seq) if seq.pending_forks else [seq]
+            seqs += group
+            last_rows += [rows[-1]] * len(group)
+            kept += [rows if len(rows) > 1 else None] * len(group)
+        if not seqs:
+            return []
+        logits = torch.stack(last_rows)
+        tokens = sample(logits, [s.params for s in seqs], [s.generator for s in seqs]).tolist()
+        now, outputs = self.clock(), []
+        for i, (seq, tok) in enumerate(zip(seqs, tokens)):
+            if seq.logprobs is not None:
+                seq.logprobs.append(_logprobs(logits[i], tok, seq.params.logprobs))
+            out = self._append_token(seq, tok, now)
+            out.logits = kept[i]
+            outputs.append(out)
         return outputs
 
     def _fork(self, parent: Sequence) -> list[Sequence]:
@@ -227,12 +261,16 @@ class LLMEngine:
         first = seqs[0]
         return RequestOutput(first.request_id, first.token_ids[:first.num_prompt_tokens], comps)
 
-    def _record_stats(self, so, t0: float) -> None:
+    def _record_stats(self, so, t0: float, in_prefill: list[bool]) -> None:
+        """in_prefill: per scheduled chunk (so.scheduled order), whether its sequence was prefilling when the
+        step began. Counted by that, not by kernel: a prompt's one-token last chunk runs as a decode."""
         free = self.block_manager.num_free()
+        prefill = [s for s, p in zip(so.scheduled, in_prefill) if p]
+        decode = [s for s, p in zip(so.scheduled, in_prefill) if not p]
         self.step_stats.append(StepStats(
             step=len(self.step_stats), start_time=t0, wall_time=self.clock() - t0,
-            num_prefill_tokens=sum(s.num_tokens for s in so.prefills), num_decode_tokens=len(so.decodes),
-            num_prefill_seqs=len(so.prefills), num_decode_seqs=len(so.decodes),
+            num_prefill_tokens=sum(s.num_tokens for s in prefill), num_decode_tokens=sum(s.num_tokens for s in decode),
+            num_prefill_seqs=len(prefill), num_decode_seqs=len(decode),
             num_running=len(self.scheduler.running), num_waiting=len(self.scheduler.waiting),
             num_preempted=len(so.preempted), blocks_used=self.num_blocks - free, blocks_free=free))
 
@@ -242,20 +280,22 @@ class LLMEngine:
         or verifying drafted tokens). Uses free cache blocks for the duration of the call only."""
         ids = self.tokenize(prompt)
         seq = Sequence(-1, "score", ids, SamplingParams(max_tokens=1), RequestMetrics(self.clock()))
+        seq.num_logits = len(ids)
         if not self.block_manager.can_reserve(seq, len(ids)):
             raise RuntimeError(f"score() needs {self.block_manager.blocks_needed(seq, len(ids))} free KV blocks, "
                                f"{self.block_manager.num_free()} are free: call it when fewer requests run")
         self.block_manager.reserve(seq, len(ids))
         try:
-            so = SchedulerOutput(prefills=[ScheduledSeq(seq, len(ids), num_logits=len(ids))])
+            so = SchedulerOutput(prefills=[ScheduledSeq.chunk(seq, len(ids))])
             return self.runner.execute(so)
         finally:
             self.block_manager.free(seq)
 
     # ---- streaming ------------------------------------------------------------------------------
     def stream(self, prompts, params: SamplingParams | None = None) -> Iterator[StepOutput]:
-        """Add the prompt(s) and step until they finish, yielding every StepOutput as it is produced
-        (other requests in the engine progress too; filter on request_id)."""
+        """Add the prompt(s) and step until they finish or are aborted (the last StepOutput of an aborted one has
+        finish_reason "abort"), yielding every StepOutput as it is produced (other requests in the engine
+        progress too; filter on request_id)."""
         ids = {self.add_request(p, params) for p in _as_prompt_list(prompts)}
         while ids:
             for out in self.step():

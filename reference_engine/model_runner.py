@@ -37,7 +37,8 @@ class ModelRunner:
         return torch.tensor(rows, dtype=torch.int32, device=self.device)
 
     def prepare(self, out: SchedulerOutput):
-        """Flat input_ids/positions/slots for decodes then prefill chunks, and the rows whose logits are needed."""
+        """Flat input_ids/positions/slots for decodes then prefill chunks, and the rows whose logits are needed
+        (each chunk's last num_logits)."""
         bs = self.block_size
         ids, pos, slots, logit_rows = [], [], [], []
         cu, ctx = [0], []
@@ -48,8 +49,7 @@ class ModelRunner:
             ids += seq.token_ids[p0:p1]
             pos += range(p0, p1)
             slots += [bt[p // bs] * bs + p % bs for p in range(p0, p1)]
-            if s.samples:
-                logit_rows += range(len(ids) - s.num_logits, len(ids))
+            logit_rows += range(len(ids) - s.num_logits, len(ids))
         for s in out.prefills:
             cu.append(cu[-1] + s.num_tokens)
             ctx.append(s.seq.num_computed_tokens + s.num_tokens)
@@ -68,7 +68,8 @@ class ModelRunner:
         return ids_t, pos_t, meta, torch.tensor(logit_rows, dtype=torch.int64, device=dev)
 
     def execute(self, out: SchedulerOutput) -> torch.Tensor:
-        """Run the forward; logits [num_rows, vocab] float32 for each sampling sequence's last num_logits tokens."""
+        """Run the forward; logits [sum of num_logits, vocab] float32: each scheduled chunk's last num_logits
+        tokens, in batch order (out.scheduled)."""
         ids, pos, meta, rows = self.prepare(out)
         hidden = self.model(ids, pos, meta)
         return self.model.compute_logits(hidden[rows])

@@ -10,9 +10,11 @@ def replay(engine, requests, prompts) -> tuple[list, float, float]:
     """Run `requests` (trace.Request: arrival seconds, output_tokens) with `prompts` (token ids).
 
     Between steps, every request whose arrival time has passed is added, stamped with its
-    scheduled arrival, so time spent waiting for a running step counts against its TTFT; idle
-    gaps are slept through, or on a modeled clock (gpu_model.ModeledClock) skipped with advance_to. Greedy with EOS ignored: each request produces exactly its
-    output_tokens. Returns (outputs in request order, clock at the start, wall seconds).
+    scheduled arrival, so time spent waiting for a running step counts against its TTFT. Idle
+    gaps (nothing to run before the next arrival) are slept through on the wall clock, or skipped
+    with advance_to on a modeled clock (gpu_model.ModeledClock), which no step would move. Greedy
+    with EOS ignored: each request produces exactly its output_tokens. Returns (outputs in request
+    order, clock at the start, seconds elapsed on the engine's clock).
     """
     index, done, nxt = {}, {}, 0
     t0 = engine.clock()

@@ -25,9 +25,18 @@ from .sequence import Sequence, Status
 
 @dataclass
 class ScheduledSeq:
+    """One sequence's share of a step. Read num_computed_tokens-based properties before the step moves it on."""
     seq: Sequence
     num_tokens: int  # tokens computed this step, from seq.num_computed_tokens on
-    num_logits: int = 1  # logits wanted for the chunk's last num_logits tokens (k + 1 to verify k drafts)
+    num_logits: int = 1  # logit rows this chunk yields: those of its last num_logits tokens (0: none)
+
+    @classmethod
+    def chunk(cls, seq: Sequence, num_tokens: int) -> ScheduledSeq:
+        """seq's next num_tokens tokens, yielding the rows of those among its last seq.num_logits tokens: the last
+        token's row when the chunk reaches it, and with num_logits > 1 the rows of earlier (draft) tokens,
+        whichever chunk computes them."""
+        start, end = seq.num_computed_tokens, seq.num_computed_tokens + num_tokens
+        return cls(seq, num_tokens, max(0, end - max(start, seq.num_tokens - seq.num_logits)))
 
     @property
     def samples(self) -> bool:
@@ -132,7 +141,7 @@ class Scheduler:
                 seq.status = Status.RUNNING
                 self.running.append(seq)
             out.block_copies += self.bm.reserve(seq, n)
-            out.prefills.append(ScheduledSeq(seq, n))
+            out.prefills.append(ScheduledSeq.chunk(seq, n))
         return out
 
     def _schedule_decode(self, seq: Sequence, out: SchedulerOutput) -> None:
@@ -140,7 +149,7 @@ class Scheduler:
             if self._preempt_newest(out) is seq:
                 return
         out.block_copies += self.bm.reserve(seq, 1)
-        out.decodes.append(ScheduledSeq(seq, 1))
+        out.decodes.append(ScheduledSeq.chunk(seq, 1))
 
     def _preempt_newest(self, out: SchedulerOutput) -> Sequence:
         victim = self.running[-1]  # FCFS priority: the latest admitted loses its cache first
@@ -152,6 +161,8 @@ class Scheduler:
         """Recompute preemption: drop the KV, keep the tokens; re-prefilled later, nothing is lost."""
         self.running.remove(seq)
         self.bm.free(seq)
+        seq.prefill_until = max(seq.prefill_until, seq.num_computed_tokens)  # recomputing them is prefill
+        seq.kept_logits.clear()  # the re-prefill computes those rows again
         seq.num_computed_tokens = 0
         seq.status = Status.WAITING
         seq.metrics.num_preemptions += 1

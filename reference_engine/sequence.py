@@ -8,6 +8,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from enum import Enum
 
+import torch
+
 from .sampling import SamplingParams
 
 
@@ -46,6 +48,35 @@ class Sequence:
         self.pending_forks = params.n - 1  # children still to fork once the prompt is prefilled
         self.finish_reason: str | None = None
         self.logprobs: list[dict[int, float]] | None = [] if params.logprobs is not None else None
+        # Tokens computed as prefill: the prompt; after a preemption, also every token that was in the cache
+        # (recomputed like a prompt). Past this the sequence is decoding (one token, or k + 1 to verify drafts).
+        self.prefill_until = len(prompt_token_ids)
+        self._num_logits = 1
+        self.kept_logits: list[torch.Tensor] = []  # rows of earlier chunks while num_logits > 1, [rows, vocab] each
+
+    @property
+    def num_logits(self) -> int:
+        """Logit rows the next sampling step returns: those of the last num_logits tokens (1: only the last
+        token's, which the next token is sampled from; no StepOutput.logits then). To verify k draft tokens
+        appended to token_ids, set k + 1: with N = num_tokens before the step, StepOutput.logits [k + 1, vocab]
+        holds the rows of positions N - k - 1 .. N - 1, row i scoring token N - k + i (row 0 the first draft,
+        row k the token after the drafts, which the step samples from it). Only tokens not computed yet can
+        give rows: 1 <= num_logits <= num_uncomputed_tokens when set. For one sampling step: the engine sets
+        it back to 1 after the step that returns the rows."""
+        return self._num_logits
+
+    @num_logits.setter
+    def num_logits(self, n: int) -> None:
+        most = max(1, self.num_uncomputed_tokens)
+        if not isinstance(n, int) or isinstance(n, bool) or not 1 <= n <= most:
+            raise ValueError(f"num_logits={n!r} for {self!r}: the next step can give logit rows only for tokens it "
+                             f"computes, 1 .. {most} here (append the draft tokens to token_ids first)")
+        self._num_logits = n
+
+    @property
+    def in_prefill(self) -> bool:
+        """Whether the next tokens computed are prefill (the prompt, or a recompute after preemption)."""
+        return self.num_computed_tokens < self.prefill_until
 
     @property
     def num_tokens(self) -> int:
@@ -119,18 +150,23 @@ class RequestOutput:
 
 @dataclass
 class StepOutput:
-    """What one step() produced for one sequence: its new tokens, and the full output once finished."""
+    """What one step() produced for one sequence: its new tokens, and the full output once finished (or aborted)."""
     request_id: str
     index: int
-    new_token_ids: list[int]
+    new_token_ids: list[int]  # empty for an aborted sequence
     finished: bool
-    finish_reason: str | None = None
+    finish_reason: str | None = None  # "stop", "length" or "abort" once finished
     output: RequestOutput | None = None  # set when the whole request (all n samples) has finished
+    # [num_logits, vocab] float32 raw logits (before temperature) when the sequence asked for more than one
+    # row (Sequence.num_logits); the new token was sampled from the last row. None otherwise.
+    logits: torch.Tensor | None = None
 
 
 @dataclass
 class StepStats:
-    """Per-step counters the lessons plot."""
+    """Per-step counters the lessons plot. Tokens and sequences are counted by what each sequence is doing:
+    prefill while it computes its prompt (or recomputes after a preemption; Sequence.in_prefill), decode after,
+    so a prompt's one-token last chunk is prefill although it runs in the decode kernel."""
     step: int
     start_time: float
     wall_time: float  # seconds this step took

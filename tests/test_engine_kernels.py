@@ -114,3 +114,78 @@ def test_write_kv_triton_matches_torch():
     assert torch.equal(a_k, b_k) and torch.equal(a_v, b_v)
     flat = a_k.view(-1, kv_heads, D)
     assert torch.equal(flat[slots], k)  # slot = block_id * block_size + offset
+
+
+# ---- layouts: K and V are each read through their own strides; only head_dim must be unit-stride ---------------
+
+def relayout(cache, kind):
+    """The same values in another memory layout, shape unchanged: "heads_major" stores [blocks, kv_heads,
+    block_size, D]; "padded" pads head_dim in memory (a view of a wider buffer)."""
+    if kind == "heads_major":
+        return cache.permute(0, 2, 1, 3).contiguous().permute(0, 2, 1, 3)
+    wide = torch.full((*cache.shape[:-1], cache.shape[-1] + 8), float("nan"), device=cache.device)
+    wide[..., :cache.shape[-1]] = cache
+    return wide[..., :cache.shape[-1]]
+
+
+LAYOUTS = [("contiguous", "heads_major"), ("heads_major", "contiguous"), ("padded", "heads_major")]
+
+
+@pytest.mark.parametrize("k_kind, v_kind", LAYOUTS)
+def test_paged_decode_triton_reads_v_through_its_own_strides(k_kind, v_kind):
+    kv_heads, group, D, bs = 2, 2, 16, 16
+    ctx = [5, 16, 33]
+    k_cache, v_cache = make_cache(12, bs, kv_heads, D, seed=7)
+    bt = scattered_tables(ctx, bs, 12, seed=7)
+    q = torch.randn(len(ctx), kv_heads * group, D, generator=torch.Generator().manual_seed(7)).to(DEV)
+    cl = torch.tensor(ctx, dtype=torch.int32, device=DEV)
+    ref = paged_decode_torch(q, k_cache, v_cache, bt, cl, D ** -0.5)
+    kc = k_cache if k_kind == "contiguous" else relayout(k_cache, k_kind)
+    vc = v_cache if v_kind == "contiguous" else relayout(v_cache, v_kind)
+    assert kc.stride() != vc.stride()
+    out = tk.paged_decode_triton(q, kc, vc, bt, cl, D ** -0.5)
+    torch.testing.assert_close(out, ref, **TOL)
+
+
+@pytest.mark.parametrize("k_kind, v_kind", LAYOUTS)
+def test_prefill_triton_reads_v_through_its_own_strides(k_kind, v_kind):
+    kv_heads, group, D, bs = 2, 2, 16, 16
+    chunks = [(7, 7), (5, 21)]
+    k_cache, v_cache = make_cache(8, bs, kv_heads, D, seed=8)
+    bt = scattered_tables([c for _, c in chunks], bs, 8, seed=8)
+    q, k, v, cu, ctx = chunk_batch(chunks, k_cache, v_cache, bt, bs, kv_heads * group, D)
+    ref = prefill_torch(q, k, v, k_cache, v_cache, cu, ctx, bt, D ** -0.5)
+    kc = k_cache if k_kind == "contiguous" else relayout(k_cache, k_kind)
+    vc = v_cache if v_kind == "contiguous" else relayout(v_cache, v_kind)
+    out = tk.prefill_triton(q, k, v, kc, vc, cu, ctx, bt, D ** -0.5)
+    torch.testing.assert_close(out, ref, **TOL)
+
+
+@pytest.mark.parametrize("k_kind, v_kind", LAYOUTS)
+def test_write_kv_triton_writes_through_each_caches_strides(k_kind, v_kind):
+    kv_heads, D, bs = 2, 16, 4
+    k_cache, v_cache = make_cache(6, bs, kv_heads, D, seed=9)
+    slots = torch.randperm(6 * bs, generator=torch.Generator().manual_seed(9))[:11].to(DEV)
+    k, v = torch.randn(2, 11, kv_heads, D).to(DEV)
+    v = v.transpose(0, 1).contiguous().transpose(0, 1)  # new V rows with their own strides too
+    a_k, a_v = k_cache.clone(), v_cache.clone()
+    write_kv_torch(k, v, a_k, a_v, slots)
+    b_k = k_cache.clone() if k_kind == "contiguous" else relayout(k_cache, k_kind)
+    b_v = v_cache.clone() if v_kind == "contiguous" else relayout(v_cache, v_kind)
+    tk.write_kv_triton(k, v, b_k, b_v, slots)
+    assert torch.equal(b_k, a_k) and torch.equal(b_v, a_v)
+
+
+def test_kernels_refuse_a_cache_whose_head_dim_is_not_unit_stride():
+    kv_heads, D, bs = 2, 16, 16
+    k_cache, v_cache = make_cache(4, bs, kv_heads, D)
+    bad = v_cache.transpose(-1, -2).contiguous().transpose(-1, -2)  # head_dim stride = kv_heads
+    bt = torch.tensor([[0, 1]], dtype=torch.int32, device=DEV)
+    q = torch.randn(1, kv_heads, D).to(DEV)
+    cl = torch.tensor([20], dtype=torch.int32, device=DEV)
+    with pytest.raises(ValueError, match=r"v_cache \[num_blocks, block_size, kv_heads, head_dim\] needs a contiguous last"):
+        tk.paged_decode_triton(q, k_cache, bad, bt, cl, D ** -0.5)
+    with pytest.raises(ValueError, match="k_cache .* needs a contiguous last"):
+        tk.prefill_triton(q, q[:, :kv_heads], q[:, :kv_heads], bad, v_cache, [0, 1], [1], bt, D ** -0.5)
+    with pytest.raises(ValueError, match="v_cache .* needs a contiguous last"):
+        tk.write_kv_triton(q[:, :kv_heads], q[:, :kv_heads], k_cache, bad, torch.tensor([3], device=DEV))

@@ -2,7 +2,7 @@
 import pytest
 import torch
 
-from reference_engine.sampling import SamplingParams, filter_logits, make_generator, sample
+from reference_engine.sampling import SamplingParams, filter_logits, make_generator, sample, sampling_probs, warp_logits
 
 
 @pytest.mark.parametrize("kw, field", [
@@ -73,3 +73,79 @@ def test_distinct_streams_for_parallel_samples():
     a, b = make_generator(3, 0, "cpu"), make_generator(3, 1, "cpu")
     assert not torch.equal(torch.rand(8, generator=a), torch.rand(8, generator=b))
     assert make_generator(None, 0, "cpu") is None
+
+
+# ---- the kept set equals transformers' warpers (TemperatureLogitsWarper -> TopK -> TopP, as generate() chains them)
+
+def _transformers_kept(logits: torch.Tensor, p: SamplingParams) -> torch.Tensor:
+    """Which tokens transformers' warpers leave finite. generate() adds TopK only for top_k > 0 and TopP only for
+    top_p < 1, so -1 and 1.0 mean "no filter" there too."""
+    lp = pytest.importorskip("transformers.generation.logits_process")
+    scores = lp.TemperatureLogitsWarper(float(p.temperature))(None, logits)
+    if p.top_k != -1:
+        scores = lp.TopKLogitsWarper(p.top_k)(None, scores)
+    if p.top_p < 1:
+        scores = lp.TopPLogitsWarper(p.top_p)(None, scores)
+    return torch.isfinite(scores)
+
+
+TEMPERATURES = (0.05, 0.7, 1.0, 2.5)
+TOP_KS = (-1, 1, 2, 4, 37, 1000, 5000)  # 5000 > vocab: keeps everything
+TOP_PS = (1e-6, 0.1, 0.5, 0.9, 0.999, 1 - 1e-7, 1.0)
+
+
+@pytest.mark.parametrize("scale", [0.1, 3.0, 12.0, 40.0])  # flat to very peaked (tail probabilities underflow)
+def test_kept_tokens_equal_transformers_warpers(scale):
+    g = torch.Generator().manual_seed(int(scale * 10))
+    logits = torch.randn(len(TOP_KS) * len(TOP_PS), 1000, generator=g) * scale
+    for t in TEMPERATURES:
+        # one batch holding every (top_k, top_p) pair: rows with different filters are filtered together
+        params = [SamplingParams(temperature=t, top_k=k, top_p=p) for k in TOP_KS for p in TOP_PS]
+        ours = torch.isfinite(warp_logits(logits, params))
+        for i, p in enumerate(params):
+            want = _transformers_kept(logits[i:i + 1], p)[0]
+            assert torch.equal(ours[i], want), (
+                f"temperature={t}, top_k={p.top_k}, top_p={p.top_p}, logit scale {scale}: kept {int(ours[i].sum())} "
+                f"tokens, transformers keeps {int(want.sum())}")
+
+
+def test_top_p_one_with_top_k_keeps_all_k_on_peaked_logits():
+    """top_p = 1.0 is no top-p filter: with top_k = 4 exactly the 4 most likely tokens stay, even when float32
+    rounding puts the probability mass of the first two at 1.0."""
+    logits = torch.randn(300, 1000, generator=torch.Generator().manual_seed(0)) * 12
+    out = warp_logits(logits, [SamplingParams(temperature=1.0, top_k=4, top_p=1.0)] * 300)
+    kept = torch.isfinite(out)
+    assert kept.sum(-1).tolist() == [4] * 300
+    assert torch.equal(kept, torch.zeros_like(kept).scatter(-1, logits.topk(4).indices, True))
+
+
+def test_top_k_keeps_ties_and_top_p_keeps_the_crossing_token_like_transformers():
+    # integer logits: many ties at the top-k boundary; tie order is arbitrary, so compare the kept values
+    logits = torch.randn(40, 64, generator=torch.Generator().manual_seed(3)).mul(2).round()
+    for k in (1, 3, 10):
+        for p in (0.3, 0.8, 1.0):
+            sp = SamplingParams(temperature=1.0, top_k=k, top_p=p)
+            ours = torch.isfinite(warp_logits(logits, [sp] * 40))
+            for i in range(40):
+                want = _transformers_kept(logits[i:i + 1], sp)[0]
+                assert sorted(logits[i][ours[i]].tolist()) == sorted(logits[i][want].tolist()), (k, p, i)
+    # the token whose probability crosses top_p stays: 0.5 before it < 0.6
+    two = torch.log(torch.tensor([[0.5, 0.3, 0.2]]))
+    assert torch.isfinite(warp_logits(two, [SamplingParams(top_p=0.6)])).tolist() == [[True, True, False]]
+    # one-token vocabulary, and top_p below the top token's probability: the top token alone stays
+    assert torch.isfinite(warp_logits(torch.zeros(1, 1), [SamplingParams(top_p=1e-6, top_k=3)])).all()
+    assert torch.isfinite(warp_logits(two, [SamplingParams(top_p=1e-6)])).tolist() == [[True, False, False]]
+
+
+def test_sampling_probs_is_what_sample_draws_from():
+    logits = torch.randn(3, 20, generator=torch.Generator().manual_seed(4))
+    params = [SamplingParams(temperature=0), SamplingParams(temperature=0.5, top_k=5), SamplingParams(top_p=0.8)]
+    probs = sampling_probs(logits, params)
+    assert torch.allclose(probs.sum(-1), torch.ones(3))
+    assert probs[0].argmax() == logits[0].argmax() and probs[0].max() == 1  # greedy: one-hot
+    assert (probs[1] > 0).sum() == 5
+    torch.testing.assert_close(probs[1], (warp_logits(logits[1:2], params[1:2])[0]).softmax(-1))
+    g = make_generator(0, 0, "cpu")
+    draws = sample(logits[1:2].expand(4000, 20).contiguous(), [params[1]] * 4000, [g] * 4000)
+    freq = torch.bincount(draws, minlength=20).float() / 4000
+    assert torch.allclose(freq, probs[1], atol=0.03)

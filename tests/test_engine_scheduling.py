@@ -64,9 +64,9 @@ def test_chunked_prefill_equals_one_shot(model_dir, reference):
 
 def test_chunked_prefill_gives_same_logits_as_one_shot_prefill(model_dir):
     [p] = prompts([45], seed=3)
-    llm = LLM(model_dir, max_num_seqs=2, max_num_batched_tokens=4)  # 11 chunks, then the last token
+    llm = LLM(model_dir, max_num_seqs=2, max_num_batched_tokens=4)  # 11 chunks of 4, then a last one of 1
     [out] = llm.generate(p, SamplingParams(max_tokens=6, logprobs=256, **GREEDY))
-    assert sum(1 for s in llm.engine.step_stats if s.num_prefill_tokens) == 11
+    assert [s.num_prefill_tokens for s in llm.engine.step_stats if s.num_prefill_tokens] == [4] * 11 + [1]
     one_shot = LLMEngine(model_dir, num_blocks=16).score(p + out.token_ids)
     for i, step_lp in enumerate(out.logprobs):  # generated token i came from position len(p) - 1 + i
         ref = torch.log_softmax(one_shot[len(p) - 1 + i], -1)
@@ -187,6 +187,66 @@ def test_stream_yields_deltas_that_add_up(model_dir, reference):
         got += o.new_token_ids
         final = o
     assert got == ref[2] and final.finished and final.output.token_ids == ref[2]
+
+
+def test_stream_ends_when_one_of_its_requests_is_aborted(model_dir, reference):
+    """An aborted request finishes its stream: one last StepOutput, no new token, finish_reason "abort" (as vLLM
+    reports it), carrying the RequestOutput; the stream's other request runs to the end."""
+    ps, ref = reference
+    eng = LLMEngine(model_dir)
+    steps, step = itertools.count(), eng.step
+
+    def bounded_step():  # a stream that never ends steps forever without yielding: fail instead of hanging
+        assert next(steps) < 100, "stream() kept stepping after its requests had finished or been aborted"
+        return step()
+
+    eng.step = bounded_step
+    stream = eng.stream([ps[0], ps[2]], SamplingParams(max_tokens=20, **GREEDY))
+    outs = [next(stream), next(stream)]
+    victim = outs[0].request_id
+    eng.abort(victim)
+    outs += stream
+    last = [o for o in outs if o.request_id == victim][-1]
+    assert last.finished and last.finish_reason == "abort" and last.new_token_ids == []
+    assert last.output.finish_reason == "abort" and len(last.output.token_ids) == 1
+    other = [o for o in outs if o.request_id != victim]
+    assert other[-1].finish_reason == "length" and other[-1].output.token_ids == ref[2][:20]
+    assert not eng.has_unfinished() and step() == []  # reported once
+
+
+def test_abort_before_any_step_is_reported_by_the_next_step(model_dir):
+    eng = LLMEngine(model_dir)
+    rid = eng.add_request([1, 2, 3], SamplingParams(n=2, max_tokens=4, **GREEDY))
+    out = eng.abort(rid)
+    assert out.finish_reason == "abort" and out.token_ids == []
+    [step_out] = eng.step()  # not forked yet: one sequence
+    assert (step_out.request_id, step_out.finish_reason, step_out.output) == (rid, "abort", out)
+    assert list(eng.stream([4, 5], SamplingParams(max_tokens=2, **GREEDY)))[-1].finish_reason == "length"
+
+
+def test_a_one_token_last_prompt_chunk_counts_as_prefill(model_dir):
+    """Budget 4, a 9-token prompt: chunks 4, 4 and 1. The last chunk runs in the decode kernel (one query token
+    against cached context) but the sequence is still prefilling: StepStats count it as prefill."""
+    llm = LLM(model_dir, max_num_seqs=2, max_num_batched_tokens=4)
+    llm.generate(prompts([9])[0], SamplingParams(max_tokens=3, **GREEDY))
+    stats = [(s.num_prefill_seqs, s.num_prefill_tokens, s.num_decode_seqs, s.num_decode_tokens)
+             for s in llm.engine.step_stats]
+    assert stats == [(1, 4, 0, 0), (1, 4, 0, 0), (1, 1, 0, 0), (0, 0, 1, 1), (0, 0, 1, 1)]
+
+
+def test_a_recompute_after_preemption_counts_as_prefill(model_dir):
+    """Two 2-token prompts decode until 6 blocks of 4 are full; the newer one is preempted and, once the other
+    finishes, recomputes its 2 prompt + ~10 generated tokens in chunks of 4. Chunks past its prompt are still
+    prefill (recompute), not decode: every decode step computes one token per sequence."""
+    ps = prompts([2, 2], seed=11)
+    llm = LLM(model_dir, num_blocks=6, block_size=4, max_num_seqs=2, max_num_batched_tokens=4)
+    outs = run(llm, ps, max_tokens=(14, 14))
+    assert outs == [one_at_a_time(model_dir, [p], [14])[0] for p in ps]
+    stats = llm.engine.step_stats
+    assert sum(s.num_preempted for s in stats) == 1
+    assert all(s.num_decode_tokens == s.num_decode_seqs for s in stats)
+    recompute = [s.num_prefill_tokens for s in stats[[s.num_preempted for s in stats].index(1) + 1:] if s.num_prefill_tokens]
+    assert len(recompute) > 1 and sum(recompute) > 2  # chunked, and past the prompt
 
 
 def test_stop_token_ends_with_stop(model_dir, reference):

@@ -11,7 +11,8 @@ import triton.language as tl
 @triton.jit
 def _paged_decode_kernel(
     q_ptr, k_ptr, v_ptr, bt_ptr, ctx_ptr, out_ptr, scale,
-    stride_qs, stride_qh, stride_kb, stride_kt, stride_kh, stride_bt, stride_os, stride_oh,
+    stride_qs, stride_qh, stride_kb, stride_kt, stride_kh, stride_vb, stride_vt, stride_vh, stride_bt,
+    stride_os, stride_oh,
     GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, BLOCK_SIZE: tl.constexpr,
     HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr,
 ):
@@ -34,10 +35,11 @@ def _paged_decode_kernel(
     for b in range(0, tl.cdiv(ctx_len, BLOCK_SIZE)):
         block = tl.load(bt_ptr + seq * stride_bt + b).to(tl.int64)
         tmask = b * BLOCK_SIZE + t < ctx_len
-        off = block * stride_kb + t[:, None] * stride_kt + kvh * stride_kh + d[None, :]
+        k_off = block * stride_kb + t[:, None] * stride_kt + kvh * stride_kh + d[None, :]
+        v_off = block * stride_vb + t[:, None] * stride_vt + kvh * stride_vh + d[None, :]
         kv_mask = tmask[:, None] & dmask[None, :]
-        k = tl.load(k_ptr + off, mask=kv_mask, other=0.0).to(tl.float32)  # [BLOCK_SIZE, D]
-        v = tl.load(v_ptr + off, mask=kv_mask, other=0.0).to(tl.float32)
+        k = tl.load(k_ptr + k_off, mask=kv_mask, other=0.0).to(tl.float32)  # [BLOCK_SIZE, D]
+        v = tl.load(v_ptr + v_off, mask=kv_mask, other=0.0).to(tl.float32)
         s = tl.sum(q[:, None, :] * k[None, :, :], axis=2) * scale  # [GROUP_PAD, BLOCK_SIZE]
         s = tl.where(tmask[None, :], s, float("-inf"))
         m_new = tl.maximum(m, tl.max(s, axis=1))
@@ -55,12 +57,12 @@ def paged_decode_triton(q, k_cache, v_cache, block_tables, context_lens, scale):
     """Same contract as kernels.paged_decode_torch: q [B, H, D] -> [B, H, D]."""
     B, H, D = q.shape
     _, block_size, kv_heads, _ = k_cache.shape
-    assert k_cache.stride(-1) == 1 and q.stride(-1) == 1 and block_tables.stride(-1) == 1
+    check_layout(q=q, k_cache=k_cache, v_cache=v_cache, block_tables=block_tables)
     group = H // kv_heads
     out = torch.empty_like(q)
     _paged_decode_kernel[(B, kv_heads)](
         q, k_cache, v_cache, block_tables, context_lens, out, scale,
-        q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+        q.stride(0), q.stride(1), *k_cache.stride()[:3], *v_cache.stride()[:3],
         block_tables.stride(0), out.stride(0), out.stride(1),
         GROUP=group, GROUP_PAD=triton.next_power_of_2(group), BLOCK_SIZE=block_size,
         HEAD_DIM=D, HEAD_DIM_PAD=triton.next_power_of_2(D),
@@ -71,7 +73,8 @@ def paged_decode_triton(q, k_cache, v_cache, block_tables, context_lens, scale):
 @triton.jit
 def _prefill_kernel(
     q_ptr, k_ptr, v_ptr, bt_ptr, cu_ptr, ctx_ptr, out_ptr, scale,
-    stride_qt, stride_qh, stride_kb, stride_kt, stride_kh, stride_bt, stride_ot, stride_oh,
+    stride_qt, stride_qh, stride_kb, stride_kt, stride_kh, stride_vb, stride_vt, stride_vh, stride_bt,
+    stride_ot, stride_oh,
     GROUP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_SIZE: tl.constexpr,
     HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, IEEE: tl.constexpr,
 ):
@@ -100,10 +103,11 @@ def _prefill_kernel(
         for b in range(0, tl.cdiv(last, BLOCK_SIZE)):
             block = tl.load(bt_ptr + seq * stride_bt + b).to(tl.int64)
             kpos = b * BLOCK_SIZE + t
-            off = block * stride_kb + t[:, None] * stride_kt + kvh * stride_kh + d[None, :]
+            k_off = block * stride_kb + t[:, None] * stride_kt + kvh * stride_kh + d[None, :]
+            v_off = block * stride_vb + t[:, None] * stride_vt + kvh * stride_vh + d[None, :]
             kv_mask = (kpos < ctx_len)[:, None] & dmask[None, :]
-            k = tl.load(k_ptr + off, mask=kv_mask, other=0.0).to(q.dtype)
-            v = tl.load(v_ptr + off, mask=kv_mask, other=0.0).to(q.dtype)
+            k = tl.load(k_ptr + k_off, mask=kv_mask, other=0.0).to(q.dtype)
+            v = tl.load(v_ptr + v_off, mask=kv_mask, other=0.0).to(q.dtype)
             if IEEE:
                 s = tl.dot(q, tl.trans(k), input_precision="ieee")
             else:
@@ -132,8 +136,9 @@ def prefill_triton(q, k, v, k_cache, v_cache, cu_seqlens_q, context_lens, block_
     """
     T, H, D = q.shape
     _, block_size, kv_heads, _ = k_cache.shape
-    assert k_cache.stride(-1) == 1 and q.stride(-1) == 1 and block_tables.stride(-1) == 1
-    assert block_size >= 16, "tl.dot needs block_size >= 16"
+    check_layout(q=q, k_cache=k_cache, v_cache=v_cache, block_tables=block_tables)
+    if block_size < 16:
+        raise ValueError(f"prefill_triton needs block_size >= 16 (tl.dot's smallest tile), got {block_size}")
     cu = torch.as_tensor(cu_seqlens_q, dtype=torch.int32, device=q.device)
     ctx = torch.as_tensor(context_lens, dtype=torch.int32, device=q.device)
     max_q = max_query_len or int((cu[1:] - cu[:-1]).max())  # pass it to avoid a device sync
@@ -141,7 +146,7 @@ def prefill_triton(q, k, v, k_cache, v_cache, cu_seqlens_q, context_lens, block_
     grid = (len(ctx), triton.cdiv(max_q, block_m), H)
     _prefill_kernel[grid](
         q, k_cache, v_cache, block_tables, cu, ctx, out, scale,
-        q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+        q.stride(0), q.stride(1), *k_cache.stride()[:3], *v_cache.stride()[:3],
         block_tables.stride(0), out.stride(0), out.stride(1),
         GROUP=H // kv_heads, BLOCK_M=block_m, BLOCK_SIZE=block_size, HEAD_DIM=D,
         HEAD_DIM_PAD=max(16, triton.next_power_of_2(D)), IEEE=q.dtype == torch.float32,
@@ -150,22 +155,52 @@ def prefill_triton(q, k, v, k_cache, v_cache, cu_seqlens_q, context_lens, block_
 
 
 @triton.jit
-def _write_kv_kernel(k_ptr, v_ptr, kc_ptr, vc_ptr, slot_ptr, stride_kt, stride_vt, stride_cs,
-                     ROW: tl.constexpr, ROW_PAD: tl.constexpr):
-    # One program per token: copy its kv_heads * head_dim row into its slot.
+def _write_kv_kernel(k_ptr, v_ptr, kc_ptr, vc_ptr, slot_ptr,
+                     stride_kt, stride_kh, stride_vt, stride_vh,
+                     stride_kcb, stride_kct, stride_kch, stride_vcb, stride_vct, stride_vch,
+                     BLOCK_SIZE: tl.constexpr, KV_HEADS: tl.constexpr, KV_HEADS_PAD: tl.constexpr,
+                     HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr):
+    # One program per token: copy its [kv_heads, head_dim] K and V into block slot // BLOCK_SIZE at
+    # offset slot % BLOCK_SIZE, each tensor addressed through its own strides.
     i = tl.program_id(0)
     slot = tl.load(slot_ptr + i).to(tl.int64)
-    r = tl.arange(0, ROW_PAD)
-    mask = r < ROW
-    tl.store(kc_ptr + slot * stride_cs + r, tl.load(k_ptr + i * stride_kt + r, mask=mask), mask=mask)
-    tl.store(vc_ptr + slot * stride_cs + r, tl.load(v_ptr + i * stride_vt + r, mask=mask), mask=mask)
+    block, offset = slot // BLOCK_SIZE, slot % BLOCK_SIZE
+    h = tl.arange(0, KV_HEADS_PAD)[:, None]
+    d = tl.arange(0, HEAD_DIM_PAD)[None, :]
+    mask = (h < KV_HEADS) & (d < HEAD_DIM)
+    k = tl.load(k_ptr + i * stride_kt + h * stride_kh + d, mask=mask)
+    v = tl.load(v_ptr + i * stride_vt + h * stride_vh + d, mask=mask)
+    tl.store(kc_ptr + block * stride_kcb + offset * stride_kct + h * stride_kch + d, k, mask=mask)
+    tl.store(vc_ptr + block * stride_vcb + offset * stride_vct + h * stride_vch + d, v, mask=mask)
 
 
 def write_kv_triton(k, v, k_cache, v_cache, slot_mapping):
-    """Same contract as kernels.write_kv_torch; k, v [T, kv_heads, D] with contiguous rows."""
+    """Same contract as kernels.write_kv_torch: k, v [T, kv_heads, D] into caches [num_blocks, block_size,
+    kv_heads, D]. Any strides except the last dimension's, which must be 1 for all four tensors."""
     k, v = k.to(k_cache.dtype), v.to(v_cache.dtype)
-    T = k.shape[0]
-    row = k.shape[1] * k.shape[2]
-    assert k.stride(1) == k.shape[2] and v.stride(1) == v.shape[2] and k.stride(2) == v.stride(2) == 1
-    _write_kv_kernel[(T,)](k, v, k_cache, v_cache, slot_mapping,
-                           k.stride(0), v.stride(0), row, ROW=row, ROW_PAD=triton.next_power_of_2(row))
+    check_layout(k=k, v=v, k_cache=k_cache, v_cache=v_cache)
+    T, kv_heads, D = k.shape
+    _write_kv_kernel[(T,)](k, v, k_cache, v_cache, slot_mapping, k.stride(0), k.stride(1), v.stride(0), v.stride(1),
+                           *k_cache.stride()[:3], *v_cache.stride()[:3], BLOCK_SIZE=k_cache.shape[1],
+                           KV_HEADS=kv_heads, KV_HEADS_PAD=triton.next_power_of_2(kv_heads),
+                           HEAD_DIM=D, HEAD_DIM_PAD=triton.next_power_of_2(D))
+
+
+def check_layout(**tensors) -> None:
+    """The layout every kernel here needs: each tensor's last dimension contiguous (stride 1), since the kernels
+    add head_dim (or block-table) offsets to pointers directly. Other strides, K's and V's each their own, are
+    passed to the kernels, so views and caches of different layouts are fine. Raises ValueError naming the tensor."""
+    expected = {"block_tables": "[num_seqs, max_blocks]", "q": "[tokens, heads, head_dim]",
+                "k": "[tokens, kv_heads, head_dim]", "v": "[tokens, kv_heads, head_dim]",
+                "k_cache": "[num_blocks, block_size, kv_heads, head_dim]",
+                "v_cache": "[num_blocks, block_size, kv_heads, head_dim]"}
+    for name, t in tensors.items():
+        if t.stride(-1) != 1:
+            raise ValueError(f"{name} {expected.get(name, '')} needs a contiguous last dimension (stride 1), got shape "
+                             f"{tuple(t.shape)} with strides {t.stride()}: the kernels step through it one element at "
+                             f"a time. {name}.contiguous() gives such a copy (for a cache the kernels write into, "
+                             "allocate it with that dimension innermost instead, or the writes land in the copy)")
+    k_cache, v_cache = tensors.get("k_cache"), tensors.get("v_cache")
+    if k_cache is not None and v_cache is not None and k_cache.shape != v_cache.shape:
+        raise ValueError(f"k_cache and v_cache must have the same shape [num_blocks, block_size, kv_heads, head_dim], "
+                         f"got {tuple(k_cache.shape)} and {tuple(v_cache.shape)}")
