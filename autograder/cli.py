@@ -22,6 +22,25 @@ def cmd_list(args) -> int:
     return 0
 
 
+def lab_command(lesson_key: str | None, extra: list[str]) -> list[str]:
+    """The `jupyter lab` command line that opens a lesson. Jupyter refuses to start as root (common in
+    containers) unless told --allow-root, so it is added exactly when this process runs as root."""
+    import os
+    target = lessons.find(lesson_key).notebook if lesson_key else lessons.ROOT / "lessons"
+    cmd = [sys.executable, "-m", "jupyter", "lab", str(target)]
+    if hasattr(os, "geteuid") and os.geteuid() == 0 and "--allow-root" not in extra:
+        cmd.append("--allow-root")
+    return cmd + extra
+
+
+def cmd_lab(args) -> int:
+    import os
+    cmd = lab_command(args.lesson, args.jupyter_args)
+    print(" ".join(cmd), flush=True)
+    os.execv(cmd[0], cmd)  # hand the terminal to Jupyter (Ctrl-C stops it as usual)
+    return 0  # not reached
+
+
 def _grade(stem: str, solutions: bool, seed: int, only=None, file: str | None = None):
     from .runner import Target, grade_lesson
     target = Target(path=str(Path(file).resolve()), label=file) if file else Target.for_lesson(stem, solutions)
@@ -164,6 +183,10 @@ def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="course", description="The LLM inference course: lessons and grader.")
     sub = p.add_subparsers(dest="cmd", required=True)
     sub.add_parser("list", help="the lessons and which are ready").set_defaults(func=cmd_list)
+    lab = sub.add_parser("lab", help="open a lesson in Jupyter Lab (works as root too)")
+    lab.add_argument("lesson", nargs="?", help="lesson number or stem (default: the lessons folder)")
+    lab.add_argument("jupyter_args", nargs=argparse.REMAINDER, help="passed on to jupyter lab (e.g. --no-browser)")
+    lab.set_defaults(func=cmd_lab)
     c = sub.add_parser("check", help="grade one lesson (your exercises/ by default)")
     c.add_argument("lesson", help="lesson number or stem, e.g. 01 or l01_roofline")
     c.add_argument("--solutions", action="store_true", help="grade solutions/ instead")

@@ -65,3 +65,15 @@ def test_doctor_runs_the_triton_self_test():
     r = _course("doctor")
     assert r.returncode == 0, r.stdout + r.stderr
     assert "self-test passed" in r.stdout and "torch" in r.stdout
+
+
+def test_course_lab_adds_allow_root_only_as_root(monkeypatch):
+    """Jupyter refuses to start as root without --allow-root (containers often run as root)."""
+    import os
+
+    from autograder.cli import lab_command
+    monkeypatch.setattr(os, "geteuid", lambda: 0)
+    assert lab_command("01", [])[-1] == "--allow-root" and lab_command("01", [])[4].endswith("l01_roofline.ipynb")
+    assert lab_command("01", ["--allow-root"]).count("--allow-root") == 1
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)
+    assert "--allow-root" not in lab_command(None, ["--no-browser"]) and lab_command(None, [])[-1].endswith("lessons")
