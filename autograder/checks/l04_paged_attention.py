@@ -1,11 +1,13 @@
-"""Checks of lesson 04: the block allocator (op by op and in the engine), slot mapping, paged decode.
+"""Checks of lesson 04: the block allocator (op by op and in the engine), slot mapping, paged decode,
+and the cost of swapping or recomputing a preempted sequence.
 
 The learner's allocator lives in the learner's process: the op-by-op driver sends each operation
 there and runs the same one here on the engine's BlockAllocator, comparing what a caller can
 observe. The engine checks run the shipped target model with the learner's allocator or decode
 function plugged in (`engine_harness.run_engine` and `sample_in_engine`, over there) and here with
 the engine's own, and compare tokens and the block pool afterwards. Wrong attention outputs are
-named by computing the usual wrong answers (`decode_variant`) on the same inputs.
+named by computing the usual wrong answers (`decode_variant`) on the same inputs. The preemption cost
+model is judged key by key against the reference, its wrong answers computed by `preemption_variant`.
 """
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ import time
 import torch
 
 from autograder import engine_harness
+from autograder.checks._configs import non_default
 from autograder.core import LearnerRaised, check
 from reference_engine.block_manager import BlockAllocator
 
@@ -655,3 +658,90 @@ def paged_decode_triton(t):
                           f"your kernel takes {mine * 1e3:.3f} ms per call ({kv_bytes / mine / 1e9:.0f} GB/s of K/V), "
                           f"the engine's {ref * 1e3:.3f} ms ({kv_bytes / ref / 1e9:.0f} GB/s): load each K/V block "
                           "once per KV head, not per query head")
+
+
+# ---------------------------------------------------------------- 5. swap or recompute
+
+
+def preemption_variant(model: dict, n: int, kv_bytes: float, pcie: float, flops: float, transfers: int = 2,
+                       tensors: int = 2, attn_heads: str = "heads", pairs=lambda n: n * (n + 1) // 2,
+                       tie: str = "recompute") -> dict:
+    """preemption_cost with one thing changed, to name a wrong answer: `transfers` PCIe copies, `tensors`
+    cached per token (K and V: 2), the heads that do attention's work, the causal (query, key) pairs, and
+    what a tie picks."""
+    one_way = n * tensors * model["layers"] * model["kv_heads"] * model["head_dim"] * kv_bytes
+    total = 2 * model["params"] * n + 4 * model["layers"] * model[attn_heads] * model["head_dim"] * pairs(n)
+    swap_s, recompute_s = transfers * one_way / pcie, total / flops
+    cheaper = "swap" if swap_s < recompute_s or (swap_s == recompute_s and tie == "swap") else "recompute"
+    return {"transfer_bytes": one_way, "swap_s": swap_s, "recompute_flops": total, "recompute_s": recompute_s,
+            "cheaper": cheaper}
+
+
+def preemption_mistakes(model: dict, n: int, kv_bytes: float, pcie: float, flops: float, defaults: dict) -> dict:
+    """The usual wrong answers on these inputs, each a whole result dict."""
+    args = (model, n, kv_bytes, pcie, flops)
+    return {
+        "counts one PCIe transfer; a swap copies the K/V out to the host and back in again (two transfers)":
+            preemption_variant(*args, transfers=1),
+        "counts only K in the bytes moved; the cache holds K and V (2 x layers x kv_heads x head_dim per token)":
+            preemption_variant(*args, tensors=1),
+        "uses kv_heads in the attention FLOPs; every query head computes its own scores (GQA shares the K/V, "
+        "not the work)": preemption_variant(*args, attn_heads="kv_heads"),
+        "counts n * n (query, key) pairs; causal attention has n(n+1)/2 (token i sees the i + 1 keys up to "
+        "itself)": preemption_variant(*args, pairs=lambda n: n * n),
+        "counts n(n-1)/2 (query, key) pairs, leaving out each token's own key: token i sees i + 1 keys, "
+        "n(n+1)/2 in all": preemption_variant(*args, pairs=lambda n: n * (n - 1) // 2),
+        "leaves out the attention FLOPs (4 x head_dim per (query, key) pair and query head, in every layer)":
+            preemption_variant(*args, pairs=lambda n: 0),
+        "picks \"swap\" on a tie (a context of 0 costs nothing either way); a tie goes to \"recompute\", which "
+        "needs no host memory": preemption_variant(*args, tie="swap"),
+        "ignores the kv_bytes argument (bytes per cached element: 1 for an fp8 cache)":
+            preemption_variant(model, n, defaults["kv_bytes"], pcie, flops),
+        "ignores the pcie_bytes_per_s argument": preemption_variant(model, n, kv_bytes, defaults["pcie"], flops),
+        "ignores the flops_per_s argument": preemption_variant(model, n, kv_bytes, pcie, defaults["flops"]),
+    }
+
+
+LLAMA_3_8B = {"name": "Llama-3-8B", "params": 8.03e9, "layers": 32, "heads": 32, "kv_heads": 8, "head_dim": 128}
+LLAMA_2_7B = {"name": "Llama-2-7B (MHA)", "params": 6.74e9, "layers": 32, "heads": 32, "kv_heads": 32,
+              "head_dim": 128}
+
+
+def random_model(rng) -> dict:
+    kv = rng.choice([1, 2, 4, 8])
+    return {"name": "a model you have not seen", "params": round(rng.uniform(0.5, 70), 2) * 1e9,
+            "layers": rng.randint(12, 80), "heads": kv * rng.choice([1, 2, 4, 8]), "kv_heads": kv,
+            "head_dim": rng.choice([64, 96, 128, 256])}
+
+
+@check(points=2, section="5.1", timeout=10)
+def preemption_cost(t):
+    """Swap (two PCIe copies of K and V) against recompute (a prefill: weights plus causal attention)."""
+    defaults = {"kv_bytes": 2, "pcie": t.ref.PCIE_GEN5_X16_BYTES_PER_S, "flops": t.ref.H100_DENSE_BF16_FLOPS}
+    # The first visible case is GQA at a long context (every FLOP and byte mistake shows); the second
+    # passes every keyword at a value of its own (an fp8 cache, a slower link, a sustained FLOP/s) and
+    # recompute wins there; the third is the tie.
+    visible = [("visible: Llama-3-8B (GQA, 32 query heads on 8 KV heads), 1000 tokens, defaults",
+                (LLAMA_3_8B, 1000, 2, defaults["pcie"], defaults["flops"])),
+               ("visible: Llama-2-7B (MHA), 4096 tokens, fp8 cache (kv_bytes=1), 16 GB/s link, 600 TFLOP/s",
+                (LLAMA_2_7B, 4096, 1, 16e9, 600e12)),
+               ("visible: Llama-3-8B, a context of 0 tokens (both cost 0: a tie)",
+                (LLAMA_3_8B, 0, 2, defaults["pcie"], defaults["flops"]))]
+
+    def hidden(rng):
+        n = 0 if rng.random() < 0.1 else rng.randint(1, 131072)
+        return (random_model(rng), n, rng.choice([1, 2, 2, 4]), rng.choice([defaults["pcie"], 32e9, 16e9, 126e9]),
+                rng.choice([defaults["flops"], 312e12, 500e12, 2.25e15]))
+    for label, (model, n, kvb, pcie, flops) in t.cases(visible, hidden, n=3):
+        kw = non_default(kv_bytes=(kvb, 2), pcie_bytes_per_s=(pcie, defaults["pcie"]),
+                         flops_per_s=(flops, defaults["flops"]))
+        shape = ", ".join(f"{k}={model[k]:g}" for k in ("params", "layers", "heads", "kv_heads", "head_dim"))
+        with t.case(f"{label}: preemption_cost({{{shape}}}, {n}{''.join(f', {k}={v:g}' for k, v in kw.items())})"):
+            got, expected = t.both("preemption_cost", model, n, **kw)
+            t.expect_dict(got, expected, "preemption_cost", rtol=1e-9,
+                          mistakes=preemption_mistakes(model, n, kvb, pcie, flops, defaults),
+                          keys=("transfer_bytes", "swap_s", "recompute_flops", "recompute_s", "cheaper"))
+    with t.case("a negative context raises ValueError"):
+        t.expect_raises(ValueError, "preemption_cost", LLAMA_3_8B, -1,
+                        why="a sequence cannot hold -1 tokens; a negative count is a caller's bug, and the "
+                            "formula would return a cost for it")

@@ -1,4 +1,5 @@
-"""Checks for lesson 05: TTFT, TPOT, ITL, percentiles, the latency summary, SLOs and goodput.
+"""Checks for lesson 05: TTFT, TPOT, ITL, percentiles, the latency summary, SLOs, goodput, and what an
+open- or closed-loop load generator logs.
 
 Hidden cases are traces drawn from t.rng: Poisson-like arrivals that do not start at 0, queueing
 before the first schedule, one-token requests, ITL stalls (a decode waiting behind a prefill),
@@ -502,3 +503,86 @@ def goodput(t):
                 t.expect_true(key in got, f"missing key {key!r} (expected keys {list(expected)})")
                 t.expect(got[key], expected[key], f"[{key!r}]", hint=hint,
                          mistakes={n: w[key] for n, w in wrong.items()})
+
+
+# -- 5.1 open and closed loop -----------------------------------------------------------------
+
+def client_variant(plan, service, closed_loop: bool, queue: bool = True, closed_send: str = "plan",
+                   measured: str = "send") -> dict:
+    """client_latencies with one thing changed, to name a wrong answer: `queue` False serves each request
+    at its send time, whatever the server is doing; `closed_send` "finish" sends the closed loop's next
+    request at the previous finish, ignoring the plan; `measured` "plan" logs finish - plan in the
+    closed loop, "service" logs the service time alone."""
+    send, finish, prev = [], [], -math.inf
+    for i, (p, work) in enumerate(zip(plan, service)):
+        if not closed_loop:
+            sent = p
+        elif closed_send == "finish" and i > 0:
+            sent = prev
+        else:
+            sent = max(p, prev)
+        prev = (max(sent, prev) if queue else sent) + work
+        send.append(sent)
+        finish.append(prev)
+    logged = {"send": [f - s for s, f in zip(send, finish)], "service": list(service),
+              "plan": [f - p for p, f in zip(plan, finish)] if closed_loop else [f - s for s, f in zip(send, finish)]}
+    return {"send": send, "finish": finish, "measured": logged[measured],
+            "from_plan": [f - p for p, f in zip(plan, finish)]}
+
+
+CLIENT_MISTAKES = {
+    "measures the closed loop's latency from the plan; the client logs finish - send (its clock starts "
+    "when it sends, which is what hides the wait)": dict(measured="plan"),
+    "sends the closed loop's next request at the previous finish, ignoring the plan: a user who gets an "
+    "answer early still waits for the next planned time, send[i] = max(plan[i], finish[i - 1])":
+        dict(closed_send="finish"),
+    "serves each request at its send time, as if the server had no queue (finish = send + service): the "
+    "server starts request i at max(send[i], finish[i - 1])": dict(queue=False),
+    "logs the service time as the measured latency; the client logs finish - send, which includes the "
+    "time the request waited in the server's queue": dict(measured="service"),
+}
+
+# The lesson's example: request 1 stalls the server for 2.5 s. Open loop, requests 2 and 3 queue behind
+# it; closed loop, request 1 is sent into an idle server at its planned time, and 2 and 3 late.
+STALL = ([0.0, 1.0, 2.0, 3.0], [0.5, 2.5, 0.5, 0.5])
+# Two requests planned at the same time, an idle gap, then a burst: every rule above differs somewhere.
+BURST = ([10.0, 10.0, 10.25, 12.0, 12.0625, 12.125], [0.25, 0.125, 0.5, 0.0625, 0.375, 0.125])
+
+
+def random_plan(rng) -> tuple[list[float], list[float]]:
+    """A schedule on the 2**-10 s grid (exact differences), with a stall now and then."""
+    n = rng.randint(5, 25)
+    t0, plan = _on_grid(rng.uniform(0.0, 100.0), at_least=0), []
+    for _ in range(n):
+        plan.append(t0)
+        t0 += _on_grid(rng.expovariate(1 / 0.05), at_least=0)
+    service = [_on_grid(rng.uniform(0.5, 1.5) if rng.random() < 0.1 else rng.uniform(0.005, 0.08)) for _ in plan]
+    return plan, service
+
+
+@check(points=2, section="5.1")
+def client_latencies(t):
+    """Open loop sends on the plan; closed loop waits for each answer; measured from send, and from the plan."""
+    visible = []
+    for name, (plan, service) in [("the lesson's stall", STALL), ("a burst after an idle gap", BURST)]:
+        for closed in (False, True):
+            visible.append((f"visible: {name}, {'closed' if closed else 'open'} loop", (plan, service, closed)))
+    hidden = []
+    for _ in range(2):
+        plan, service = random_plan(t.rng)
+        hidden += [(plan, service, False), (plan, service, True)]
+    for label, (plan, service, closed) in t.cases(visible, hidden):
+        shown = f"plan={plan}, service_s={service}" if len(plan) <= 8 else \
+            f"{len(plan)} requests planned from {plan[0]:g} s to {plan[-1]:g} s, service {min(service):g}-{max(service):g} s"
+        with t.case(f"{label}: {shown}, closed_loop={closed}"):
+            got, expected = t.both("client_latencies", plan, service, closed)
+            mistakes = {name: client_variant(plan, service, closed, **kw) for name, kw in CLIENT_MISTAKES.items()}
+            t.expect_dict(got, expected, "client_latencies", mistakes=mistakes, rtol=1e-9, atol=1e-12,
+                          keys=("send", "finish", "measured", "from_plan"))
+    with t.case("lists of different lengths raise ValueError"):
+        t.expect_raises(ValueError, "client_latencies", [0.0, 1.0, 2.0], [0.5, 0.5], False,
+                        why="three planned sends for two service times is a caller's bug; zip would drop "
+                            "the third request without a word")
+    with t.case("a plan that goes back in time raises ValueError"):
+        t.expect_raises(ValueError, "client_latencies", [0.0, 2.0, 1.0], [0.5, 0.5, 0.5], True,
+                        why="the plan is a schedule, non-decreasing; a decreasing one is a caller's bug")

@@ -1,5 +1,6 @@
 """Checks for lesson 07: a step planner with a token budget, the same rule as an engine scheduler
-policy, the per-step cost model, and the budget that meets an ITL SLO.
+policy, the per-step cost model, the budget that meets an ITL SLO, and the chunks of a prefill that
+starts after a prefix-cache hit.
 
 plan_step is driven through whole simulated runs (requests arrive, prefill in chunks, decode, leave)
 and compared with the reference at every step; its wrong variants below name the usual mistakes.
@@ -14,6 +15,7 @@ from __future__ import annotations
 import random
 from types import SimpleNamespace
 
+from autograder.checks._configs import non_default
 from autograder.core import CaseFailed, check
 from autograder.engine_harness import POLICY_ERRORS, run_engine, stopped, stub_guard
 
@@ -449,3 +451,78 @@ def choose_budget(t):
     with t.case("an SLO below a decode-only step raises ValueError"):
         t.expect_raises(ValueError, "choose_budget", LINEAR, 0.005, 100, 4, 10,
                         why="no budget meets an SLO that even a decode-only step misses")
+
+
+# -- 3.1 chunks after a prefix-cache hit -------------------------------------------------------------
+
+
+def chunks_variant(prompt_len, cached_blocks, block_size, chunk_budget, align, start="blocks", step="largest",
+                   lengths=False):
+    """prefill_chunks with one thing changed, to name a wrong answer. `start`, where the prefill starts:
+    "blocks" (right), "whole" (the hit capped at the prompt, the last token not kept), "floor" (at most
+    prompt_len // block_size blocks), "tokens" (the hit capped at prompt_len - 1 tokens, not whole blocks),
+    "as_tokens" (cached_blocks read as tokens). `step`, an aligned chunk: "largest" (right), "first" (only
+    the first chunk aligned), "up" (rounded up to whole blocks). `lengths`: chunk lengths only."""
+    hit = block_size * cached_blocks
+    first = {"blocks": block_size * min(cached_blocks, (prompt_len - 1) // block_size),
+             "whole": min(hit, prompt_len),
+             "floor": block_size * min(cached_blocks, prompt_len // block_size),
+             "tokens": min(hit, prompt_len - 1),
+             "as_tokens": min(cached_blocks, prompt_len - 1)}[start]
+    sizes = [chunk_budget]
+    if align:
+        down, up = chunk_budget // block_size * block_size, -(-chunk_budget // block_size) * block_size
+        sizes = {"largest": [down], "first": [down, chunk_budget], "up": [up]}[step]
+    chunks, at = [], first
+    while at < prompt_len:
+        n = min(sizes[min(len(chunks), len(sizes) - 1)], prompt_len - at)
+        chunks.append((at, n))
+        at += n
+    return [n for _, n in chunks] if lengths else chunks
+
+
+CHUNK_MISTAKES = {
+    "ignores the rule that the prompt's last token is always computed (its logits give the first output "
+    "token): a fully cached prompt still recomputes its last block": dict(start="whole"),
+    "uses prompt_len // block_size as the most blocks the hit can cover; it is (prompt_len - 1) // block_size, "
+    "so that the last token stays to compute": dict(start="floor"),
+    "counts the hit in tokens, capped at prompt_len - 1; the cache shares whole blocks only, so the prefill "
+    "starts at a block boundary and recomputes the last block whole": dict(start="tokens"),
+    "reads cached_blocks as a number of tokens; it counts whole blocks of block_size tokens": dict(start="as_tokens"),
+    "aligns only the first chunk to whole blocks; with align=True every chunk but the last is a multiple "
+    "of block_size": dict(step="first"),
+    "rounds the aligned chunk up to whole blocks, over the budget; take the largest multiple of block_size "
+    "that fits chunk_budget": dict(step="up"),
+    "returns the chunk lengths only; each chunk is a (start, num_tokens) pair": dict(lengths=True),
+}
+
+CHUNK_CASES = [
+    ("visible: a 3-block hit, budget 30", (100, 3, 16, 30, False)),
+    ("visible: the same, align=True (chunks of whole blocks)", (100, 3, 16, 30, True)),
+    ("visible: a hit of 10 blocks on a 40-token prompt (2 full blocks and 8 tokens)", (40, 10, 16, 8, False)),
+    ("visible: a prompt fully cached (4 blocks of 16, 64 tokens)", (64, 4, 16, 64, False)),
+]
+
+
+def chunk_case(rng):
+    block = rng.choice([1, 4, 8, 16, 32])
+    prompt = rng.randint(1, 2000)
+    align = rng.random() < 0.5
+    hit = rng.randint(0, prompt // block + 2)  # up to two blocks past the prompt's end
+    return prompt, hit, block, rng.randint(max(4, block) if align else 4, 600), align
+
+
+@check(points=2, section="3.1")
+def prefill_chunks(t):
+    """Chunks of chunk_budget after the hit's whole blocks, the last token always computed; aligned ones."""
+    for label, (P, hit, bs, budget, align) in t.cases(visible=CHUNK_CASES, hidden=chunk_case, n=4):
+        call = f"prefill_chunks({P}, {hit}, {bs}, {budget}{', align=True' if align else ''})"
+        with t.case(f"{label}: {call}"):
+            got, expected = t.both("prefill_chunks", P, hit, bs, budget, **non_default(align=(align, False)))
+            mistakes = {name: chunks_variant(P, hit, bs, budget, align, **kw) for name, kw in CHUNK_MISTAKES.items()}
+            t.expect(got, expected, f"the chunks (expected {expected})" if len(expected) <= 6 else "the chunks",
+                     mistakes=mistakes)
+    with t.case("align=True with a budget smaller than a block raises ValueError"):
+        t.expect_raises(ValueError, "prefill_chunks", 100, 3, 16, 8, True,
+                        why="no chunk of whole 16-token blocks fits 8 tokens of budget: the caller asked for "
+                            "something impossible")

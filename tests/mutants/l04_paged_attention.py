@@ -350,3 +350,75 @@ def paged_decode_triton(q, k_cache, v_cache, block_tables, context_lens, scale):
 @mutant(check="paged_decode_triton", message="reads every sequence's blocks from row 0")
 def paged_decode_triton(q, k_cache, v_cache, block_tables, context_lens, scale):  # noqa: F811
     return sol.launch_paged_decode(_m_Mode(6), q, k_cache, v_cache, block_tables, context_lens, scale)
+
+
+# ---------------------------------------------------------------- 5. swap or recompute
+
+_m_PCIE, _m_FLOPS = sol.PCIE_GEN5_X16_BYTES_PER_S, sol.H100_DENSE_BF16_FLOPS
+
+
+def _m_preemption(model, n, kv_bytes, pcie, flops, transfers=2, tensors=2, heads="heads",
+                  pairs=lambda n: n * (n + 1) // 2, on_tie="recompute", check=True):
+    if check and n < 0:
+        raise ValueError("negative context")
+    one_way = n * tensors * model["layers"] * model["kv_heads"] * model["head_dim"] * kv_bytes
+    total = 2 * model["params"] * n + 4 * model["layers"] * model[heads] * model["head_dim"] * pairs(n)
+    swap_s, recompute_s = transfers * one_way / pcie, total / flops
+    if swap_s == recompute_s:
+        cheaper = on_tie
+    else:
+        cheaper = "swap" if swap_s < recompute_s else "recompute"
+    return {"transfer_bytes": one_way, "swap_s": swap_s, "recompute_flops": total, "recompute_s": recompute_s,
+            "cheaper": cheaper}
+
+
+@mutant(check="preemption_cost", message="counts one PCIe transfer")
+def preemption_cost(model, context_tokens, kv_bytes=2, pcie_bytes_per_s=_m_PCIE, flops_per_s=_m_FLOPS):
+    return _m_preemption(model, context_tokens, kv_bytes, pcie_bytes_per_s, flops_per_s, transfers=1)
+
+
+@mutant(check="preemption_cost", message="counts only K")
+def preemption_cost(model, context_tokens, kv_bytes=2, pcie_bytes_per_s=_m_PCIE, flops_per_s=_m_FLOPS):  # noqa: F811
+    return _m_preemption(model, context_tokens, kv_bytes, pcie_bytes_per_s, flops_per_s, tensors=1)
+
+
+@mutant(check="preemption_cost", message="uses kv_heads in the attention FLOPs")
+def preemption_cost(model, context_tokens, kv_bytes=2, pcie_bytes_per_s=_m_PCIE, flops_per_s=_m_FLOPS):  # noqa: F811
+    return _m_preemption(model, context_tokens, kv_bytes, pcie_bytes_per_s, flops_per_s, heads="kv_heads")
+
+
+@mutant(check="preemption_cost", message="counts n * n (query, key) pairs")
+def preemption_cost(model, context_tokens, kv_bytes=2, pcie_bytes_per_s=_m_PCIE, flops_per_s=_m_FLOPS):  # noqa: F811
+    return _m_preemption(model, context_tokens, kv_bytes, pcie_bytes_per_s, flops_per_s, pairs=lambda n: n * n)
+
+
+@mutant(check="preemption_cost", message="counts n(n-1)/2 (query, key) pairs")
+def preemption_cost(model, context_tokens, kv_bytes=2, pcie_bytes_per_s=_m_PCIE, flops_per_s=_m_FLOPS):  # noqa: F811
+    return _m_preemption(model, context_tokens, kv_bytes, pcie_bytes_per_s, flops_per_s,
+                         pairs=lambda n: n * (n - 1) / 2)  # true division: a float count of pairs
+
+
+@mutant(check="preemption_cost", message="leaves out the attention FLOPs")
+def preemption_cost(model, context_tokens, kv_bytes=2, pcie_bytes_per_s=_m_PCIE, flops_per_s=_m_FLOPS):  # noqa: F811
+    return _m_preemption(model, context_tokens, kv_bytes, pcie_bytes_per_s, flops_per_s, pairs=lambda n: 0)
+
+
+@mutant(check="preemption_cost", message='picks "swap" on a tie')
+def preemption_cost(model, context_tokens, kv_bytes=2, pcie_bytes_per_s=_m_PCIE, flops_per_s=_m_FLOPS):  # noqa: F811
+    # "swap" if swap_s <= recompute_s: right everywhere but at a tie
+    return _m_preemption(model, context_tokens, kv_bytes, pcie_bytes_per_s, flops_per_s, on_tie="swap")
+
+
+@mutant(check="preemption_cost", message="instead of raising ValueError")
+def preemption_cost(model, context_tokens, kv_bytes=2, pcie_bytes_per_s=_m_PCIE, flops_per_s=_m_FLOPS):  # noqa: F811
+    return _m_preemption(model, context_tokens, kv_bytes, pcie_bytes_per_s, flops_per_s, check=False)
+
+
+@mutant(check="preemption_cost", message="ignores the kv_bytes argument")
+def preemption_cost(model, context_tokens, kv_bytes=2, pcie_bytes_per_s=_m_PCIE, flops_per_s=_m_FLOPS):  # noqa: F811
+    return _m_preemption(model, context_tokens, 2, pcie_bytes_per_s, flops_per_s)
+
+
+@mutant(check="preemption_cost", message="ignores the flops_per_s argument")
+def preemption_cost(model, context_tokens, kv_bytes=2, pcie_bytes_per_s=_m_PCIE, flops_per_s=_m_FLOPS):  # noqa: F811
+    return _m_preemption(model, context_tokens, kv_bytes, pcie_bytes_per_s, _m_FLOPS)

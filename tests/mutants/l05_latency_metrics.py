@@ -248,3 +248,55 @@ def goodput(requests, ttft_slo, tpot_slo):  # noqa: F811
 def goodput(requests, ttft_slo, tpot_slo):  # noqa: F811
     return _m_goodput(requests, lambda r: sol.meets_slo(r, ttft_slo, tpot_slo),
                       duration_of=lambda rs: max(r.token_times[-1] for r in rs) - min(r.arrival for r in rs))
+
+
+# -- 5.1 open and closed loop ------------------------------------------------------------------
+
+def _m_client(plan, service_s, closed_loop, queue=True, send_at_finish=False, measured="send",
+              check_lengths=True, check_order=True):
+    if check_lengths and len(plan) != len(service_s):
+        raise ValueError("lengths differ")
+    if check_order and any(b < a for a, b in zip(plan, plan[1:])):
+        raise ValueError("plan decreases")
+    send, finish, prev = [], [], -math.inf
+    for i, (p, work) in enumerate(zip(plan, service_s)):
+        if closed_loop:
+            sent = prev if send_at_finish and i > 0 else max(p, prev)
+        else:
+            sent = p
+        prev = (max(sent, prev) if queue else sent) + work
+        send.append(sent)
+        finish.append(prev)
+    logged = {"send": [f - s for s, f in zip(send, finish)], "plan": [f - p for p, f in zip(plan, finish)],
+              "service": list(service_s)}[measured]
+    return {"send": send, "finish": finish, "measured": logged, "from_plan": [f - p for p, f in zip(plan, finish)]}
+
+
+@mutant(check="client_latencies", message="measures the closed loop's latency from the plan")
+def client_latencies(plan, service_s, closed_loop):
+    return _m_client(plan, service_s, closed_loop, measured="plan" if closed_loop else "send")
+
+
+@mutant(check="client_latencies", message="sends the closed loop's next request at the previous finish")
+def client_latencies(plan, service_s, closed_loop):  # noqa: F811
+    return _m_client(plan, service_s, closed_loop, send_at_finish=True)
+
+
+@mutant(check="client_latencies", message="as if the server had no queue")
+def client_latencies(plan, service_s, closed_loop):  # noqa: F811
+    return _m_client(plan, service_s, closed_loop, queue=False)
+
+
+@mutant(check="client_latencies", message="logs the service time as the measured latency")
+def client_latencies(plan, service_s, closed_loop):  # noqa: F811
+    return _m_client(plan, service_s, closed_loop, measured="service")
+
+
+@mutant(check="client_latencies", message="instead of raising ValueError")
+def client_latencies(plan, service_s, closed_loop):  # noqa: F811 - zip drops the unmatched plan entries
+    return _m_client(plan, service_s, closed_loop, check_lengths=False)
+
+
+@mutant(check="client_latencies", message="instead of raising ValueError")
+def client_latencies(plan, service_s, closed_loop):  # noqa: F811
+    return _m_client(plan, service_s, closed_loop, check_order=False)

@@ -276,3 +276,71 @@ def choose_budget(cost, itl_slo_s, prompt_len, num_decodes, decode_context):  # 
         return sol.choose_budget(cost, itl_slo_s, prompt_len, num_decodes, decode_context)
     except ValueError:
         return None  # "no budget" as a value instead of the documented ValueError
+
+
+# -- 3.1 prefill_chunks ------------------------------------------------------------------------------
+
+def _m_chunks(start, prompt_len, sizes):
+    """Chunks from `start`: sizes[i] tokens for the i-th chunk (the last size repeats), the last one what remains."""
+    chunks = []
+    while start < prompt_len:
+        n = min(sizes[min(len(chunks), len(sizes) - 1)], prompt_len - start)
+        chunks.append((start, n))
+        start += n
+    return chunks
+
+
+def _m_aligned(chunk_budget, block_size, align):
+    if not align:
+        return chunk_budget
+    if chunk_budget < block_size:
+        raise ValueError("budget smaller than a block")
+    return chunk_budget // block_size * block_size
+
+
+@mutant(check="prefill_chunks", message="ignores the rule that the prompt's last token is always computed")
+def prefill_chunks(prompt_len, cached_blocks, block_size, chunk_budget, align=False):
+    start = min(cached_blocks * block_size, prompt_len)  # a fully cached prompt: nothing left to compute
+    return _m_chunks(start, prompt_len, [_m_aligned(chunk_budget, block_size, align)])
+
+
+@mutant(check="prefill_chunks", message="uses prompt_len // block_size")
+def prefill_chunks(prompt_len, cached_blocks, block_size, chunk_budget, align=False):  # noqa: F811
+    start = block_size * min(cached_blocks, prompt_len // block_size)
+    return _m_chunks(start, prompt_len, [_m_aligned(chunk_budget, block_size, align)])
+
+
+@mutant(check="prefill_chunks", message="counts the hit in tokens")
+def prefill_chunks(prompt_len, cached_blocks, block_size, chunk_budget, align=False):  # noqa: F811
+    start = min(cached_blocks * block_size, prompt_len - 1)  # keeps the last token, but not its block
+    return _m_chunks(start, prompt_len, [_m_aligned(chunk_budget, block_size, align)])
+
+
+@mutant(check="prefill_chunks", message="reads cached_blocks as a number of tokens")
+def prefill_chunks(prompt_len, cached_blocks, block_size, chunk_budget, align=False):  # noqa: F811
+    return _m_chunks(min(cached_blocks, prompt_len - 1), prompt_len, [_m_aligned(chunk_budget, block_size, align)])
+
+
+@mutant(check="prefill_chunks", message="aligns only the first chunk")
+def prefill_chunks(prompt_len, cached_blocks, block_size, chunk_budget, align=False):  # noqa: F811
+    start = block_size * min(cached_blocks, (prompt_len - 1) // block_size)
+    return _m_chunks(start, prompt_len, [_m_aligned(chunk_budget, block_size, align), chunk_budget])
+
+
+@mutant(check="prefill_chunks", message="rounds the aligned chunk up")
+def prefill_chunks(prompt_len, cached_blocks, block_size, chunk_budget, align=False):  # noqa: F811
+    start = block_size * min(cached_blocks, (prompt_len - 1) // block_size)
+    step = math.ceil(chunk_budget / block_size) * block_size if align else chunk_budget
+    return _m_chunks(start, prompt_len, [step])
+
+
+@mutant(check="prefill_chunks", message="returns the chunk lengths only")
+def prefill_chunks(prompt_len, cached_blocks, block_size, chunk_budget, align=False):  # noqa: F811
+    return [n for _, n in sol.prefill_chunks(prompt_len, cached_blocks, block_size, chunk_budget, align)]
+
+
+@mutant(check="prefill_chunks", message="instead of raising ValueError")
+def prefill_chunks(prompt_len, cached_blocks, block_size, chunk_budget, align=False):  # noqa: F811
+    start = block_size * min(cached_blocks, (prompt_len - 1) // block_size)
+    step = max(block_size, chunk_budget // block_size * block_size) if align else chunk_budget  # one block at least
+    return _m_chunks(start, prompt_len, [step])
