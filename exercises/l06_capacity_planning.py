@@ -21,6 +21,9 @@ from __future__ import annotations
 
 import math
 
+from reference_engine.config import attention_shape
+from reference_engine.config import kv_bytes_per_token as engine_kv_bytes_per_token
+
 # Bits per element. int4 is a weight-only format: see quantized_linear_bytes for its scales.
 DTYPE_BITS = {"fp32": 32, "fp16": 16, "bf16": 16, "fp8": 8, "int8": 8, "int4": 4}
 SCALE_BITS = 16  # one fp16 scale per group of int4 weights (GPTQ, AWQ)
@@ -41,11 +44,24 @@ LLAMA_3_8B = {"model_type": "llama", "hidden_size": 4096, "intermediate_size": 1
 
 
 def config_shape(config: dict) -> dict:
-    """The attention shape of a config with the defaults filled in: heads, kv_heads, head_dim."""
-    heads = config["num_attention_heads"]
-    return {"heads": heads,
-            "kv_heads": config.get("num_key_value_heads") or heads,
-            "head_dim": config.get("head_dim") or config["hidden_size"] // heads}
+    """The attention shape of a config with the defaults filled in: heads, kv_heads, head_dim
+    (read by the engine, reference_engine.config.attention_shape)."""
+    s = attention_shape(config)
+    return {"heads": s.num_attention_heads, "kv_heads": s.num_key_value_heads, "head_dim": s.head_dim}
+
+
+def kv_bytes_per_token(config: dict, kv_dtype: str = "bf16") -> int:
+    """Bytes of K and V one token adds to the cache of the whole model (given, not an exercise).
+
+    Lesson 02's formula, 2 (K and V) x layers x kv_heads x head_dim x DTYPE_BITS[kv_dtype] / 8 with
+    config_shape's defaults, computed by the engine (reference_engine.config.kv_bytes_per_token).
+
+    Example: kv_bytes_per_token(LLAMA_3_70B, "bf16") == 2 * 80 * 8 * 128 * 2 == 327680
+    """
+    bits = DTYPE_BITS[kv_dtype]
+    if bits % 8:
+        raise ValueError(f"{kv_dtype} is a weight-only format here: a KV cache element takes whole bytes")
+    return engine_kv_bytes_per_token(attention_shape(config), bits // 8)
 
 
 # ---------------------------------------------------------------- 1. parameters
@@ -105,14 +121,16 @@ def weight_bytes(n_params: int, dtype: str, group_size: int = 128, zero_point: b
 def kv_bytes_per_token_per_gpu(config: dict, kv_dtype: str = "bf16", tp: int = 1) -> int:
     """Exercise 3.1: bytes of KV cache one token takes on each GPU of a tensor-parallel group.
 
-    Whole model: 2 (K and V) x layers x kv_heads x head_dim x DTYPE_BITS[kv_dtype] / 8. Under
-    tensor parallelism of degree `tp` each rank keeps the K and V of its own KV heads only. With
-    more ranks than KV heads a head cannot be split: each rank still holds one whole KV head, and
-    the heads are replicated (vLLM: num_kv_heads = 1 and num_kv_head_replicas = tp / kv_heads when
-    tp >= kv_heads). So a rank holds ceil(kv_heads / tp) heads. (vLLM accepts only tp that divides
-    the attention heads and either divides or is a multiple of the KV heads; you need not check.)
+    The whole model's bytes per token are lesson 02's formula, computed for you by the given
+    kv_bytes_per_token(config, kv_dtype); config_shape(config)["kv_heads"] gives the KV heads.
+    What is new is the split. Under tensor parallelism of degree `tp` each rank keeps the K and V
+    of its own KV heads only, every head the same size. With more ranks than KV heads a head
+    cannot be split: each rank still holds one whole KV head, and the heads are replicated (vLLM:
+    num_kv_heads = 1 and num_kv_head_replicas = tp / kv_heads when tp >= kv_heads). So a rank
+    holds ceil(kv_heads / tp) heads. (vLLM accepts only tp that divides the attention heads and
+    either divides or is a multiple of the KV heads; you need not check.) Returns an int.
 
-    Example: kv_bytes_per_token_per_gpu(LLAMA_3_70B, "bf16", 8) == 2 * 80 * 1 * 128 * 2 == 40960
+    Example: kv_bytes_per_token_per_gpu(LLAMA_3_70B, "bf16", 8) == 327680 // 8 * 1 == 40960
              kv_bytes_per_token_per_gpu(LLAMA_3_70B, "bf16", 16) == 40960 as well
     """
     raise NotImplementedError("Exercise 3.1 (kv_bytes_per_token_per_gpu): see section 3.1 of lessons/l06_capacity_planning.ipynb")

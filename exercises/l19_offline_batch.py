@@ -14,6 +14,9 @@ import math
 
 import torch
 
+from reference_engine.config import attention_shape
+from reference_engine.config import kv_bytes_per_token as engine_kv_bytes_per_token
+
 # -- 1. packing ----------------------------------------------------------------------------------
 
 def pack_prompts(prompts: list[list[int]]) -> dict:
@@ -120,17 +123,28 @@ def batch_window_delays(arrivals: list[float], window: float, max_batch_size: in
 
 # -- 4. the largest batch that fits ---------------------------------------------------------------
 
+def kv_bytes_per_token(config: dict, dtype_bytes: int) -> int:
+    """KV bytes one token holds over all layers (given, not an exercise): lesson 02's formula,
+    2 * layers * kv_heads * head_dim * dtype_bytes, with config.json's defaults (a missing or null
+    num_key_value_heads means MHA, a missing or null head_dim hidden_size // num_attention_heads),
+    computed by the engine (reference_engine.config).
+
+    >>> kv_bytes_per_token({"num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8,
+    ...                     "hidden_size": 4096}, 2)
+    131072
+    """
+    return engine_kv_bytes_per_token(attention_shape(config), dtype_bytes)
+
+
 def max_batch_in_memory(config: dict, dtype_bytes: int, free_bytes: float, prompt_len: int, output_len: int,
                         act_bytes_per_token: float = 0.0, block_size: int = 1) -> int:
     """Exercise 4.1: the most sequences of prompt_len + output_len tokens one static batch can hold.
 
-    config: a Hugging Face config.json dict (num_hidden_layers, num_attention_heads, hidden_size,
-    num_key_value_heads and head_dim with the usual defaults: missing or null means MHA, and
-    hidden_size // num_attention_heads). dtype_bytes: bytes per KV element. free_bytes: memory
+    config: a Hugging Face config.json dict. dtype_bytes: bytes per KV element. free_bytes: memory
     left once the weights are loaded.
 
     Memory model (a documented upper bound for a static batch):
-      KV per token     = 2 * layers * kv_heads * head_dim * dtype_bytes   (K and V, every layer);
+      KV per token     = kv_bytes_per_token(config, dtype_bytes): lesson 02's formula, given;
       KV per sequence  = KV per token * (prompt_len + output_len) rounded up to whole blocks of
                          block_size tokens (paged allocation; block_size=1 means no rounding);
       activations      = act_bytes_per_token for every prompt token, since the batch's prompts

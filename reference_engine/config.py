@@ -142,6 +142,48 @@ def _rope(d: dict) -> tuple[float, dict | None]:
     return theta, {"rope_type": rope_type, **{k: params[k] for k in need}}
 
 
-def kv_bytes_per_token(config: ModelConfig, dtype_bytes: int | float) -> int | float:
+@dataclass(frozen=True)
+class AttentionShape:
+    """The four sizes of a config.json that decide its KV cache, defaults filled in (see attention_shape).
+    Field names are ModelConfig's, so kv_bytes_per_token takes either."""
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+
+
+def attention_shape(d: dict) -> AttentionShape:
+    """Layers, heads, KV heads and head_dim of a config.json dict, with config.json's defaults: a missing
+    or null num_key_value_heads means MHA (as many as num_attention_heads), a missing or null head_dim
+    means hidden_size // num_attention_heads (a head_dim that is present wins, even when it differs).
+
+    Reads only those fields (hidden_size only when head_dim is absent), so it takes a partial config or
+    one of a family this engine does not run; from_dict reads them the same way. ValueError, with
+    from_dict's messages, for a missing or non-positive size or KV heads that do not divide the heads.
+    """
+    if not isinstance(d, dict):
+        raise ValueError(f"config must be a JSON object, got {type(d).__name__}")
+    for name in ("num_hidden_layers", "num_attention_heads"):
+        if name not in d:
+            raise ValueError(f"config field '{name}' is missing")
+        _positive_int(d, name)
+    heads = d["num_attention_heads"]
+    kv_heads = d.get("num_key_value_heads") or heads  # missing (or null) means MHA
+    _positive_int({"num_key_value_heads": kv_heads}, "num_key_value_heads")
+    if heads % kv_heads:
+        raise ValueError(f"config field 'num_attention_heads' ({heads}) must be a multiple of 'num_key_value_heads' ({kv_heads})")
+    head_dim = d.get("head_dim")
+    if head_dim is None:
+        if "hidden_size" not in d:
+            raise ValueError("config field 'hidden_size' is missing (it gives head_dim, which is absent)")
+        _positive_int(d, "hidden_size")
+        if d["hidden_size"] % heads:
+            raise ValueError(f"config field 'hidden_size' ({d['hidden_size']}) is not divisible by 'num_attention_heads' ({heads}); give 'head_dim'")
+        head_dim = d["hidden_size"] // heads
+    _positive_int({"head_dim": head_dim}, "head_dim")
+    return AttentionShape(d["num_hidden_layers"], heads, kv_heads, head_dim)
+
+
+def kv_bytes_per_token(config: ModelConfig | AttentionShape, dtype_bytes: int | float) -> int | float:
     """Bytes of K and V cache one token occupies across all layers: 2 * layers * kv_heads * head_dim * bytes."""
     return 2 * config.num_hidden_layers * config.num_key_value_heads * config.head_dim * dtype_bytes

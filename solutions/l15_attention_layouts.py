@@ -16,6 +16,8 @@ import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
 import reference_engine  # noqa: F401 - on CPU this switches Triton to its interpreter, before the @triton.jit below
+from reference_engine.config import attention_shape
+from reference_engine.config import kv_bytes_per_token as engine_kv_bytes_per_token
 from reference_engine.kernels.launch import launch
 
 # ---------------------------------------------------------------- model configs
@@ -59,8 +61,8 @@ def _attention_params(c: dict) -> int:
         kv = (h * (c["kv_lora_rank"] + c["qk_rope_head_dim"]) + c["kv_lora_rank"]
               + c["kv_lora_rank"] * heads * (c["qk_nope_head_dim"] + c["v_head_dim"]))
         return q + kv + heads * c["v_head_dim"] * h
-    d = c.get("head_dim") or h // heads
-    kv_heads = c.get("num_key_value_heads") or heads
+    s = attention_shape(c)                                                     # config.json's defaults
+    d, kv_heads = s.head_dim, s.num_key_value_heads
     return h * heads * d * 2 + h * kv_heads * d * 2                            # q, o; k, v
 
 
@@ -91,8 +93,23 @@ def param_count(config: dict) -> int:
 # ---------------------------------------------------------------- 1. bytes per token
 
 
+def gqa_kv_bytes_per_token(config: dict, dtype_bytes: int) -> int:
+    """Bytes of K and V one token caches over all layers, for MHA, GQA and MQA (given, not an exercise).
+
+    Lesson 02's formula, 2 (K and V) * num_hidden_layers * kv_heads * head_dim * dtype_bytes, where a
+    missing or null num_key_value_heads means MHA (= num_attention_heads) and a missing or null
+    head_dim means hidden_size // num_attention_heads; computed by the engine
+    (reference_engine.config). It reads the config literally: on an MLA config it gives the size of
+    a per-head cache that no engine serving MLA allocates (section 1.1's trap).
+
+    >>> gqa_kv_bytes_per_token(LLAMA_3_70B, 2)
+    327680
+    """
+    return engine_kv_bytes_per_token(attention_shape(config), dtype_bytes)
+
+
 def kv_bytes_per_token(config: dict, dtype_bytes: int) -> int:
-    """Exercise 1.1: bytes of attention cache one token takes, over all layers.
+    """Exercise 1.1: bytes of attention cache one token takes, over all layers, for any layout.
 
     `config` is a Hugging Face config.json as a dict; `dtype_bytes` the cache's bytes per element
     (2 for bf16, 1 for fp8).
@@ -101,21 +118,16 @@ def kv_bytes_per_token(config: dict, dtype_bytes: int) -> int:
       qk_rope_head_dim elements, also shared:
           (kv_lora_rank + qk_rope_head_dim) * num_hidden_layers * dtype_bytes.
       These configs also list num_key_value_heads (128) and may carry a head_dim: ignore both.
-    - Otherwise MHA/GQA/MQA: 2 (K and V) * num_hidden_layers * kv_heads * head_dim * dtype_bytes,
-      where a missing or null num_key_value_heads means MHA (= num_attention_heads), and a
-      missing or null head_dim means hidden_size // num_attention_heads.
+      A kv_lora_rank that is present but null means the model is not MLA.
+    - Otherwise MHA/GQA/MQA: lesson 02's formula, which the given gqa_kv_bytes_per_token computes.
 
     >>> kv_bytes_per_token(LLAMA_3_70B, 2), kv_bytes_per_token(DEEPSEEK_V3, 2)
     (327680, 70272)
     """
     ### BEGIN SOLUTION
-    layers = config["num_hidden_layers"]
     if config.get("kv_lora_rank"):
-        return (config["kv_lora_rank"] + config["qk_rope_head_dim"]) * layers * dtype_bytes
-    heads = config["num_attention_heads"]
-    kv_heads = config.get("num_key_value_heads") or heads
-    head_dim = config.get("head_dim") or config["hidden_size"] // heads
-    return 2 * layers * kv_heads * head_dim * dtype_bytes
+        return (config["kv_lora_rank"] + config["qk_rope_head_dim"]) * config["num_hidden_layers"] * dtype_bytes
+    return gqa_kv_bytes_per_token(config, dtype_bytes)
     ### END SOLUTION
 
 

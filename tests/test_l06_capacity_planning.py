@@ -123,3 +123,14 @@ def test_the_two_ways_no_user_fits_each_have_their_own_reason():
     assert w["users"] == 0 and w["free_kv_bytes_per_gpu"] <= 0 and "weight" in w["reason"]
     c = S.max_users(S.LLAMA_3_70B, H100, 2, 1_048_576, "fp8", "bf16", 0.95, 1.0)
     assert c["users"] == 0 and c["free_kv_bytes_per_gpu"] > 0 and "sequence" in c["reason"]
+
+
+def test_given_kv_helper_is_lesson_02s_formula():
+    """kv_bytes_per_token (given, from the engine) equals lesson 02's graded answer on every config trap."""
+    from solutions import l02_kv_cache as l02
+    rng = random.Random(3)
+    for cfg in [S.LLAMA_3_70B, S.LLAMA_3_8B, LLAMA_1_7B, MISTRAL_NEMO_12B] + [random_config(rng) for _ in range(200)]:
+        for dtype in ("fp32", "bf16", "fp16", "fp8", "int8"):
+            assert S.kv_bytes_per_token(cfg, dtype) == l02.kv_bytes_per_token(cfg, S.DTYPE_BITS[dtype] // 8), cfg
+    with pytest.raises(ValueError, match="whole bytes"):
+        S.kv_bytes_per_token(S.LLAMA_3_8B, "int4")

@@ -17,6 +17,23 @@ def test_published_cache_figures_and_parameter_counts():
     assert round(counts["Mistral-7B-v0.1"], 2) == 7.24
 
 
+def test_given_gqa_helper_is_lesson_02s_formula_and_mla_is_not_it():
+    """gqa_kv_bytes_per_token (given, from the engine) equals lesson 02's graded answer on dense configs,
+    nulls included; on an MLA config it is the literal reading the exercise must not return."""
+    import random
+
+    from solutions import l02_kv_cache as l02
+    rng = random.Random(15)
+    dense = [m for m in L.MODELS if not m.get("kv_lora_rank")]
+    dense += [C._rand_dense_config(rng, kind) for kind in C.DENSE_KINDS for _ in range(20)]
+    for cfg in dense:
+        for b in (1, 2, 4):
+            assert L.gqa_kv_bytes_per_token(cfg, b) == l02.kv_bytes_per_token(cfg, b) == L.kv_bytes_per_token(cfg, b)
+    v3 = L.DEEPSEEK_V3
+    assert L.gqa_kv_bytes_per_token(v3, 2) == 2 * 61 * 128 * (7168 // 128) * 2 != L.kv_bytes_per_token(v3, 2)
+    assert L.kv_bytes_per_token(C.MLA_NO_Q_LORA, 2) == 27 * (512 + 64) * 2
+
+
 def _hf_attention(cfg: dict, weights: dict):
     tr = pytest.importorskip("transformers")
     from transformers.models.deepseek_v2 import modeling_deepseek_v2 as m

@@ -178,6 +178,17 @@ def test_max_batch_in_memory_by_hand():
     assert sol.max_batch_in_memory(llama8b, 2, -1e9, 10, 10) == 0
 
 
+def test_given_kv_helper_is_lesson_02s_formula():
+    """kv_bytes_per_token (given, from the engine) equals lesson 02's graded answer on every config trap."""
+    from autograder.checks._configs import NULL_FIELDS_7B, random_config
+    from solutions import l02_kv_cache as l02
+    rng = random.Random(19)
+    for cfg in [checks.LLAMA_3_8B, checks.LLAMA_3_70B, checks.MHA_7B, NULL_FIELDS_7B] + \
+            [random_config(rng) for _ in range(200)]:
+        for b in (1, 2, 4):
+            assert sol.kv_bytes_per_token(cfg, b) == l02.kv_bytes_per_token(cfg, b), cfg
+
+
 def test_static_bound_is_where_the_engine_starts_preempting():
     """B uniform sequences that max_batch_in_memory says fit run without preemption in a cache of
     exactly that size; one more sequence makes the engine preempt."""
@@ -230,7 +241,8 @@ def test_named_mistakes_differ_from_the_right_answers():
                  (checks.LLAMA_3_8B, 2, 10e9, 20, 5, 0.0, 16), (checks.MHA_7B, 1, 24e9, 3000, 500, 0.0, 16),
                  (checks.LLAMA_3_8B, 2, -5e9, 512, 128, 0.0, 16)]:     # the check's visible cases
         right = sol.max_batch_in_memory(*args)
-        for name, wrong in checks.memory_mistakes(*args).items():
+        cfg, nbytes, *rest = args
+        for name, wrong in checks.memory_mistakes(sol.kv_bytes_per_token(cfg, nbytes), *rest).items():
             seen[name] = seen.get(name, False) or wrong != right
     assert all(seen.values()), [n for n, s in seen.items() if not s]
 

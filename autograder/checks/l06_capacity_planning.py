@@ -139,17 +139,18 @@ def weight_bytes(t):
 # ---------------------------------------------------------------- 3.1
 
 
-def _kv_mistakes(cfg, dtype, tp, bits) -> dict:
+def _kv_mistakes(cfg, tp, whole) -> dict:
+    """The usual wrong splits of `whole`, the model's KV bytes per token (the given helper's value)."""
     s = shape(cfg)
-    per_head = 2 * s.layers * s.head_dim * bits / 8
-    return {"does not divide the KV heads across the TP ranks": per_head * s.kv_heads,
-            "divides the KV heads by TP past the KV-head count (fractional heads): a rank holds at "
-            "least one whole head": per_head * s.kv_heads / tp,
+    per_head = whole // s.kv_heads
+    return {"does not divide the KV heads across the TP ranks": whole,
+            "divides the whole model's bytes by TP, which past the KV-head count splits heads into "
+            "fractions: a rank holds at least one whole head": whole / tp,
             "rounds the KV heads per rank down (to 0 past the KV-head count); it is ceil(kv_heads / tp)":
                 per_head * (s.kv_heads // tp),
             "uses the query heads, not the KV heads": per_head * math.ceil(s.heads / tp),
-            "counts only K, not K and V": per_head * math.ceil(s.kv_heads / tp) / 2,
-            "returns bits, not bytes": per_head * math.ceil(s.kv_heads / tp) * 8}
+            "takes one head's bytes as the whole model's / num_attention_heads; the whole counts only the "
+            "KV heads, so divide by num_key_value_heads": whole // s.heads * math.ceil(s.kv_heads / tp)}
 
 
 def _random_tp(rng, past_kv_heads: bool) -> tuple:
@@ -162,7 +163,7 @@ def _random_tp(rng, past_kv_heads: bool) -> tuple:
 
 @check(points=3, section="3.1")
 def kv_bytes_per_token_per_gpu(t):
-    """KV bytes per token per GPU, with KV heads replicated when TP > KV heads."""
+    """KV bytes per token per GPU: the whole model's (given) split by KV head, replicated when TP > KV heads."""
     m70, m8 = t.ref.LLAMA_3_70B, t.ref.LLAMA_3_8B
     visible = [("Llama-3-70B", (m70, "bf16", 1)), ("Llama-3-70B", (m70, "bf16", 8)),
                ("Llama-3-70B", (m70, "bf16", 16)), ("Llama-3-70B", (m70, "fp8", 4)),
@@ -174,7 +175,7 @@ def kv_bytes_per_token_per_gpu(t):
             expected = t.ref.kv_bytes_per_token_per_gpu(cfg, dtype, tp)
             got = call(t, "kv_bytes_per_token_per_gpu", cfg, **non_default(kv_dtype=(dtype, "bf16"), tp=(tp, 1)))
             t.expect(got, expected, "KV bytes per token per GPU",
-                     mistakes=_kv_mistakes(cfg, dtype, tp, t.ref.DTYPE_BITS[dtype]))
+                     mistakes=_kv_mistakes(cfg, tp, t.ref.kv_bytes_per_token(cfg, dtype)))
 
 
 # ---------------------------------------------------------------- 4.1

@@ -50,46 +50,52 @@ def _rand_dense_config(rng, kind: str) -> dict:
     return cfg
 
 
-def _kv_mistakes(cfg: dict, b: int) -> dict:
+def _kv_mistakes(cfg: dict, b: int, gqa: int) -> dict:
+    """The usual wrong MLA branches; `gqa` is the given helper's literal GQA reading of `cfg`. The
+    MHA/GQA/MQA bytes come from that helper, so a dense config has no mistake of its own to name."""
+    if not cfg.get("kv_lora_rank"):
+        return {}
     s = shape(cfg)  # absent or null fields: their defaults
-    L, heads, hidden, kv, d = s.layers, s.heads, cfg["hidden_size"], s.kv_heads, s.head_dim
-    if cfg.get("kv_lora_rank"):
-        r, rope = cfg["kv_lora_rank"], cfg["qk_rope_head_dim"]
-        return {
-            "uses the GQA formula on an MLA model (2 x layers x num_key_value_heads x head_dim); "
-            "MLA caches one latent per layer, detect it by kv_lora_rank": 2 * L * kv * d * b,
-            "uses the GQA formula on an MLA model (2 x layers x num_key_value_heads x "
-            "hidden_size/heads); MLA caches one latent per layer": 2 * L * kv * (hidden // heads) * b,
-            "uses the GQA formula on an MLA model: it counts decompressed per-head K "
-            "(qk_nope + qk_rope) and V (v_head_dim), which MLA never stores":
-                L * kv * (cfg["qk_nope_head_dim"] + rope + cfg["v_head_dim"]) * b,
-            "counts K and V for the MLA latent (the latent is shared, stored once)": 2 * L * (r + rope) * b,
-            "counts K and V for the MLA latent (the latent is shared, stored once; "
-            "only the small RoPE key is extra)": L * (2 * r + rope) * b,
-            "forgets the decoupled RoPE key (qk_rope_head_dim values per layer)": L * r * b,
-            "stores the latent once per head (it is one vector per layer, shared by all heads)":
-                L * heads * (r + rope) * b,
-        }
-    out = {"counts only K, not K and V": L * kv * d * b,
-           "treats a GQA/MQA model as MHA (ignores num_key_value_heads)": 2 * L * heads * d * b,
-           "ignores an explicit head_dim (it need not be hidden_size / num_attention_heads)":
-               2 * L * kv * (hidden // heads) * b}
-    return out
+    L, heads, hidden, kv = s.layers, s.heads, cfg["hidden_size"], s.kv_heads
+    r, rope = cfg["kv_lora_rank"], cfg["qk_rope_head_dim"]
+    return {
+        "uses the GQA formula on an MLA model (gqa_kv_bytes_per_token: 2 x layers x num_key_value_heads x "
+        "head_dim); MLA caches one latent per layer, detect it by a non-null kv_lora_rank": gqa,
+        "uses the GQA formula on an MLA model (2 x layers x num_key_value_heads x "
+        "hidden_size/heads); MLA caches one latent per layer": 2 * L * kv * (hidden // heads) * b,
+        "uses the GQA formula on an MLA model: it counts decompressed per-head K "
+        "(qk_nope + qk_rope) and V (v_head_dim), which MLA never stores":
+            L * kv * (cfg["qk_nope_head_dim"] + rope + cfg["v_head_dim"]) * b,
+        "counts K and V for the MLA latent (the latent is shared, stored once)": 2 * L * (r + rope) * b,
+        "counts K and V for the MLA latent (the latent is shared, stored once; "
+        "only the small RoPE key is extra)": L * (2 * r + rope) * b,
+        "forgets the decoupled RoPE key (qk_rope_head_dim values per layer)": L * r * b,
+        "stores the latent once per head (it is one vector per layer, shared by all heads)":
+            L * heads * (r + rope) * b,
+        "stores the RoPE key once per head (the decoupled key is one vector per layer, shared by all heads)":
+            L * (r + heads * rope) * b,
+    }
 
 
 DENSE_KINDS = ["MHA, num_key_value_heads missing", "MHA, num_key_value_heads null", "MQA",
                "GQA, explicit head_dim", "GQA"]
+# DeepSeek-V2-Lite's attention fields: MLA with q_lora_rank null (its queries are not compressed), so
+# testing q_lora_rank instead of kv_lora_rank misses it.
+MLA_NO_Q_LORA = {"num_hidden_layers": 27, "num_attention_heads": 16, "num_key_value_heads": 16,
+                 "hidden_size": 2048, "q_lora_rank": None, "kv_lora_rank": 512, "qk_nope_head_dim": 128,
+                 "qk_rope_head_dim": 64, "v_head_dim": 128}
 
 
 @check(points=3, section="1.1", timeout=10)
 def kv_bytes_per_token(t):
-    """KV bytes per token for MHA, GQA, MQA and MLA configs, MLA detected by kv_lora_rank."""
+    """Cache bytes per token: the MLA latent and RoPE key when kv_lora_rank is set, else the given GQA helper."""
     R = t.ref
     # What transformers writes out for a dense model: the fields present, set to null.
     nulls = {"num_hidden_layers": 28, "num_attention_heads": 24, "num_key_value_heads": None, "hidden_size": 3072,
              "head_dim": None, "kv_lora_rank": None, "qk_rope_head_dim": None}
     visible = [("Llama-3-70B, bf16", (R.LLAMA_3_70B, 2)), ("DeepSeek-V3, bf16", (R.DEEPSEEK_V3, 2)),
                ("DeepSeek-V2, bf16", (R.DEEPSEEK_V2, 2)), ("Mistral-7B, fp8", (R.MISTRAL_7B, 1)),
+               ("MLA with q_lora_rank null (DeepSeek-V2-Lite's shape), fp8", (MLA_NO_Q_LORA, 1)),
                ("GQA whose head_dim is not hidden_size / heads", ({"num_hidden_layers": 40,
                 "num_attention_heads": 32, "num_key_value_heads": 8, "hidden_size": 5120, "head_dim": 128}, 2)),
                ("MHA with num_key_value_heads, head_dim and kv_lora_rank present but null", (nulls, 2))]
@@ -100,7 +106,8 @@ def kv_bytes_per_token(t):
         with t.case(f"{label}{': ' + kind[0] if kind else ''} ({b} B/element)"):
             expected = R.kv_bytes_per_token(cfg, b)
             got = _call_on_nulls(t, "kv_bytes_per_token", cfg, b)
-            t.expect(got, expected, f"bytes per token for {_cfg_repr(cfg)}", mistakes=_kv_mistakes(cfg, b))
+            gqa = R.gqa_kv_bytes_per_token(cfg, b) if cfg.get("kv_lora_rank") else None
+            t.expect(got, expected, f"bytes per token for {_cfg_repr(cfg)}", mistakes=_kv_mistakes(cfg, b, gqa))
 
 
 def _call_on_nulls(t, name: str, cfg: dict, *args):
@@ -114,7 +121,8 @@ def _call_on_nulls(t, name: str, cfg: dict, *args):
             raise
         t.fail(f"{name}() raised on a config whose {', '.join(nulls)} are present but null:\n{e.tb_text}\n"
                "Looks like your code reads a null field as a value: config.get(key, default) gives None when "
-               "the key is there with null; write config.get(key) or default")
+               "the key is there with null, and 'kv_lora_rank' in config is true for it; a null kv_lora_rank "
+               "means the model is not MLA: test config.get(\"kv_lora_rank\")")
 
 
 def _cfg_repr(cfg: dict) -> str:

@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 
 from autograder.checks import _attention
-from autograder.checks._configs import NULL_FIELDS_7B, call, describe, non_default, random_config, shape
+from autograder.checks._configs import NULL_FIELDS_7B, call, describe, non_default, random_config
 from autograder.core import LearnerRaised, check
 
 # -- 1.1 packing ------------------------------------------------------------------------------------
@@ -440,25 +440,25 @@ MHA_7B = {"model_type": "llama", "num_hidden_layers": 32, "num_attention_heads":
           "intermediate_size": 11008}
 
 
-def memory_mistakes(cfg, nbytes, free, p, o, act, bs) -> dict:
-    s = shape(cfg)
-    per_tok = 2 * s.layers * s.kv_heads * s.head_dim * nbytes
-
-    def fit(per_token=per_tok, tokens=None, act_tokens=p, rounding=math.floor):
+def memory_mistakes(per_tok, free, p, o, act, bs) -> dict:
+    """The usual wrong memory models; `per_tok` is the given kv_bytes_per_token's value (lesson 02's formula,
+    not written here, so it has no mistakes of its own)."""
+    def fit(tokens=None, act_tokens=p, rounding=math.floor):
         tokens = math.ceil((p + o) / bs) * bs if tokens is None else tokens
-        return max(0, int(rounding(free / (tokens * per_token + act_tokens * act))))
+        return max(0, int(rounding(free / (tokens * per_tok + act_tokens * act))))
 
     wrong = {"forgets the output tokens: the KV cache grows to prompt_len + output_len tokens per sequence":
              fit(tokens=math.ceil(p / bs) * bs),
-             "counts only K, not K and V": fit(per_token=per_tok // 2),
-             "ignores num_key_value_heads (uses num_attention_heads)":
-             fit(per_token=2 * s.layers * s.heads * s.head_dim * nbytes),
              "rounds up; a batch must fit whole, so round down": fit(rounding=math.ceil),
              "rounds to the nearest whole number; a batch must fit whole, so round down": fit(rounding=round)}
     if bs > 1:
         wrong["does not round each sequence up to whole blocks of block_size tokens"] = fit(tokens=p + o)
         wrong["rounds each sequence DOWN to whole blocks; a partly filled block still takes a whole block"] = \
             fit(tokens=(p + o) // bs * bs)
+        wrong["rounds the prompt and the output up to whole blocks separately; they share the sequence's blocks, "
+              "so round their sum"] = fit(tokens=(math.ceil(p / bs) + math.ceil(o / bs)) * bs)
+        wrong["counts blocks as tokens: a block holds block_size tokens of KV, so multiply by block_size"] = \
+            fit(tokens=math.ceil((p + o) / bs))
     if act:
         wrong["ignores the activations"] = fit(act_tokens=0)
         wrong["counts activations for the output tokens too (only the prefill holds prompt_len tokens' "
@@ -471,7 +471,8 @@ def memory_mistakes(cfg, nbytes, free, p, o, act, bs) -> dict:
 
 @check(points=2, section="4.1")
 def max_batch_in_memory(t):
-    """floor(free / (KV of prompt + output, in whole blocks, + prefill activations)), never negative."""
+    """floor(free / (KV of prompt + output, in whole blocks, + prefill activations)), never negative; the KV per
+    token is the given helper's (lesson 02's formula)."""
     visible = [("Llama-3-8B, bf16, 60 GB free", (LLAMA_3_8B, 2, 60e9, 1536, 512, 0.0, 1)),
                ("Llama-3-70B, bf16, blocks of 16, activations", (LLAMA_3_70B, 2, 40e9, 1000, 210, 100e3, 16)),
                ("short sequences in blocks of 16", (LLAMA_3_8B, 2, 10e9, 20, 5, 0.0, 16)),
@@ -491,6 +492,7 @@ def max_batch_in_memory(t):
             # act_bytes_per_token=0.0 and block_size=1 are the defaults: leave them out, as a caller would
             got = call(t, "max_batch_in_memory", cfg, nbytes, free, p, o,
                        **non_default(act_bytes_per_token=(act, 0.0), block_size=(bs, 1)))
-            t.expect(got, expected, "sequences that fit", mistakes=memory_mistakes(cfg, nbytes, free, p, o, act, bs))
+            per_tok = t.ref.kv_bytes_per_token(cfg, nbytes)
+            t.expect(got, expected, "sequences that fit", mistakes=memory_mistakes(per_tok, free, p, o, act, bs))
             t.expect_true(isinstance(got, numbers.Integral) and not isinstance(got, bool),
                           f"return a whole number of sequences as an int, got {type(got).__name__}")

@@ -2,6 +2,7 @@
 import math
 
 from solutions.l06_capacity_planning import DTYPE_BITS, GiB, config_shape
+from solutions.l06_capacity_planning import kv_bytes_per_token as _m_whole
 from solutions.l06_capacity_planning import kv_bytes_per_token_per_gpu as _m_kv
 from solutions.l06_capacity_planning import param_count as _m_param_count
 from solutions.l06_capacity_planning import weight_bytes as _m_wb
@@ -83,27 +84,34 @@ def weight_bytes(n_params, dtype, group_size=128, zero_point=False):  # noqa: F8
 
 
 # ---------------------------------------------------------------- 3.1 kv_bytes_per_token_per_gpu
+# The whole model's bytes come from the given helper (_m_whole); what a learner writes is the split.
 
-@mutant(check="kv_bytes_per_token_per_gpu", message="fractional heads")
+@mutant(check="kv_bytes_per_token_per_gpu", message="divides the whole model's bytes by TP")
 def kv_bytes_per_token_per_gpu(config, kv_dtype="bf16", tp=1):
-    s = config_shape(config)
-    return 2 * config["num_hidden_layers"] * s["kv_heads"] / tp * s["head_dim"] * DTYPE_BITS[kv_dtype] / 8
+    return _m_whole(config, kv_dtype) / tp
 
 
 @mutant(check="kv_bytes_per_token_per_gpu", message="does not divide the KV heads across the TP ranks")
 def kv_bytes_per_token_per_gpu(config, kv_dtype="bf16", tp=1):  # noqa: F811
-    return _m_kv(config, kv_dtype, 1)
+    return _m_whole(config, kv_dtype)
 
 
 @mutant(check="kv_bytes_per_token_per_gpu", message="rounds the KV heads per rank down")
 def kv_bytes_per_token_per_gpu(config, kv_dtype="bf16", tp=1):  # noqa: F811
-    s = config_shape(config)
-    return 2 * config["num_hidden_layers"] * (s["kv_heads"] // tp) * s["head_dim"] * DTYPE_BITS[kv_dtype] // 8
+    kv_heads = config_shape(config)["kv_heads"]
+    return _m_whole(config, kv_dtype) // kv_heads * (kv_heads // tp)
 
 
 @mutant(check="kv_bytes_per_token_per_gpu", message="uses the query heads, not the KV heads")
 def kv_bytes_per_token_per_gpu(config, kv_dtype="bf16", tp=1):  # noqa: F811
-    return _m_kv({**config, "num_key_value_heads": config["num_attention_heads"]}, kv_dtype, tp)
+    s = config_shape(config)
+    return _m_whole(config, kv_dtype) // s["kv_heads"] * math.ceil(s["heads"] / tp)
+
+
+@mutant(check="kv_bytes_per_token_per_gpu", message="takes one head's bytes as the whole model's / num_attention_heads")
+def kv_bytes_per_token_per_gpu(config, kv_dtype="bf16", tp=1):  # noqa: F811
+    s = config_shape(config)
+    return _m_whole(config, kv_dtype) // s["heads"] * math.ceil(s["kv_heads"] / tp)
 
 
 # ---------------------------------------------------------------- 4.1 max_users

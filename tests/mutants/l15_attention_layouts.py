@@ -7,52 +7,55 @@ from solutions import l15_attention_layouts as sol  # sets TRITON_INTERPRET on C
 from tests.mutants import mutant
 
 # ---------------------------------------------------------------- 1. bytes per token
+# MHA/GQA/MQA come from the given sol.gqa_kv_bytes_per_token; what a learner writes is the MLA branch.
 
 @mutant(check="kv_bytes_per_token", message="uses the GQA formula on an MLA model")
 def kv_bytes_per_token(config, dtype_bytes):
-    heads = config["num_attention_heads"]
-    kv = config.get("num_key_value_heads") or heads
-    d = config.get("head_dim") or config["hidden_size"] // heads
-    return 2 * config["num_hidden_layers"] * kv * d * dtype_bytes
+    return sol.gqa_kv_bytes_per_token(config, dtype_bytes)
 
 
-def _m_mla_bytes(config, dtype_bytes, latent_copies, rope=True):
-    if not config.get("kv_lora_rank"):
+@mutant(check="kv_bytes_per_token", message="uses the GQA formula on an MLA model")
+def kv_bytes_per_token(config, dtype_bytes):  # noqa: F811 - MLA told by q_lora_rank, which can be null
+    if config.get("q_lora_rank"):
         return sol.kv_bytes_per_token(config, dtype_bytes)
-    per_layer = latent_copies * config["kv_lora_rank"] + (config["qk_rope_head_dim"] if rope else 0)
+    return sol.gqa_kv_bytes_per_token(config, dtype_bytes)
+
+
+def _m_mla_bytes(config, dtype_bytes, latent_copies=1, rope_copies=1):
+    if not config.get("kv_lora_rank"):
+        return sol.gqa_kv_bytes_per_token(config, dtype_bytes)
+    per_layer = latent_copies * config["kv_lora_rank"] + rope_copies * config["qk_rope_head_dim"]
     return per_layer * config["num_hidden_layers"] * dtype_bytes
 
 
 @mutant(check="kv_bytes_per_token", message="counts K and V for the MLA latent")
 def kv_bytes_per_token(config, dtype_bytes):  # noqa: F811
-    return 2 * _m_mla_bytes(config, dtype_bytes, 1) if config.get("kv_lora_rank") else \
-        sol.kv_bytes_per_token(config, dtype_bytes)
+    return 2 * _m_mla_bytes(config, dtype_bytes) if config.get("kv_lora_rank") else \
+        sol.gqa_kv_bytes_per_token(config, dtype_bytes)
 
 
 @mutant(check="kv_bytes_per_token", message="forgets the decoupled RoPE key")
 def kv_bytes_per_token(config, dtype_bytes):  # noqa: F811
-    return _m_mla_bytes(config, dtype_bytes, 1, rope=False)
+    return _m_mla_bytes(config, dtype_bytes, rope_copies=0)
+
+
+@mutant(check="kv_bytes_per_token", message="stores the latent once per head")
+def kv_bytes_per_token(config, dtype_bytes):  # noqa: F811
+    heads = config["num_attention_heads"]
+    return _m_mla_bytes(config, dtype_bytes, latent_copies=heads, rope_copies=heads)
+
+
+@mutant(check="kv_bytes_per_token", message="stores the RoPE key once per head")
+def kv_bytes_per_token(config, dtype_bytes):  # noqa: F811
+    return _m_mla_bytes(config, dtype_bytes, rope_copies=config["num_attention_heads"])
 
 
 @mutant(check="kv_bytes_per_token", message="reads a null field as a value")
 def kv_bytes_per_token(config, dtype_bytes):  # noqa: F811
-    # .get with a default: a field present but null (as transformers writes it) stays None
-    layers = config["num_hidden_layers"]
-    if config.get("kv_lora_rank"):
-        return (config["kv_lora_rank"] + config["qk_rope_head_dim"]) * layers * dtype_bytes
-    heads = config["num_attention_heads"]
-    kv_heads = config.get("num_key_value_heads", heads)
-    head_dim = config.get("head_dim", config["hidden_size"] // heads)
-    return 2 * layers * kv_heads * head_dim * dtype_bytes
-
-
-@mutant(check="kv_bytes_per_token", message="ignores an explicit head_dim")
-def kv_bytes_per_token(config, dtype_bytes):  # noqa: F811
-    if config.get("kv_lora_rank"):
-        return sol.kv_bytes_per_token(config, dtype_bytes)
-    heads = config["num_attention_heads"]
-    kv = config.get("num_key_value_heads") or heads
-    return 2 * config["num_hidden_layers"] * kv * (config["hidden_size"] // heads) * dtype_bytes
+    # `in` is true for a field present but null (as transformers writes a dense model's kv_lora_rank)
+    if "kv_lora_rank" in config:
+        return (config["kv_lora_rank"] + config["qk_rope_head_dim"]) * config["num_hidden_layers"] * dtype_bytes
+    return sol.gqa_kv_bytes_per_token(config, dtype_bytes)
 
 
 @mutant(check="kv_capacity_tokens", message="ignores kv_copies")

@@ -261,11 +261,11 @@ def batch_window_delays(arrivals, window, max_batch_size=None):  # noqa: F811
 
 
 # -- 4.1 memory -------------------------------------------------------------------------------------
+# KV per token comes from the given sol.kv_bytes_per_token; what a learner writes is the memory model.
 
-def _m_kv_per_token(config, dtype_bytes):
-    heads = config["num_attention_heads"]
-    kv = config.get("num_key_value_heads") or heads
-    return 2 * config["num_hidden_layers"] * kv * (config.get("head_dim") or config["hidden_size"] // heads) * dtype_bytes
+def _m_fit(config, dtype_bytes, free_bytes, tokens, act_tokens, act_bytes_per_token, rounding=math.floor):
+    per_seq = tokens * sol.kv_bytes_per_token(config, dtype_bytes) + act_tokens * act_bytes_per_token
+    return max(0, int(rounding(free_bytes / per_seq)))
 
 
 @mutant(check="max_batch_in_memory", message="forgets the output tokens")
@@ -285,8 +285,21 @@ def max_batch_in_memory(config, dtype_bytes, free_bytes, prompt_len, output_len,
 def max_batch_in_memory(config, dtype_bytes, free_bytes, prompt_len, output_len, act_bytes_per_token=0.0,  # noqa: F811
                         block_size=1):
     tokens = (prompt_len + output_len) // block_size * block_size
-    per_seq = tokens * _m_kv_per_token(config, dtype_bytes) + prompt_len * act_bytes_per_token
-    return max(0, int(free_bytes // per_seq))
+    return _m_fit(config, dtype_bytes, free_bytes, tokens, prompt_len, act_bytes_per_token)
+
+
+@mutant(check="max_batch_in_memory", message="rounds the prompt and the output up to whole blocks separately")
+def max_batch_in_memory(config, dtype_bytes, free_bytes, prompt_len, output_len, act_bytes_per_token=0.0,  # noqa: F811
+                        block_size=1):
+    tokens = (math.ceil(prompt_len / block_size) + math.ceil(output_len / block_size)) * block_size
+    return _m_fit(config, dtype_bytes, free_bytes, tokens, prompt_len, act_bytes_per_token)
+
+
+@mutant(check="max_batch_in_memory", message="counts blocks as tokens")
+def max_batch_in_memory(config, dtype_bytes, free_bytes, prompt_len, output_len, act_bytes_per_token=0.0,  # noqa: F811
+                        block_size=1):
+    blocks = math.ceil((prompt_len + output_len) / block_size)
+    return _m_fit(config, dtype_bytes, free_bytes, blocks, prompt_len, act_bytes_per_token)
 
 
 @mutant(check="max_batch_in_memory", message="ignores the activations")
@@ -295,34 +308,23 @@ def max_batch_in_memory(config, dtype_bytes, free_bytes, prompt_len, output_len,
     return sol.max_batch_in_memory(config, dtype_bytes, free_bytes, prompt_len, output_len, 0.0, block_size)
 
 
+@mutant(check="max_batch_in_memory", message="counts activations for the output tokens too")
+def max_batch_in_memory(config, dtype_bytes, free_bytes, prompt_len, output_len, act_bytes_per_token=0.0,  # noqa: F811
+                        block_size=1):
+    tokens = math.ceil((prompt_len + output_len) / block_size) * block_size
+    return _m_fit(config, dtype_bytes, free_bytes, tokens, prompt_len + output_len, act_bytes_per_token)
+
+
 @mutant(check="max_batch_in_memory", message="rounds up")
 def max_batch_in_memory(config, dtype_bytes, free_bytes, prompt_len, output_len, act_bytes_per_token=0.0,  # noqa: F811
                         block_size=1):
     tokens = math.ceil((prompt_len + output_len) / block_size) * block_size
-    per_seq = tokens * _m_kv_per_token(config, dtype_bytes) + prompt_len * act_bytes_per_token
-    return max(0, math.ceil(free_bytes / per_seq))
+    return _m_fit(config, dtype_bytes, free_bytes, tokens, prompt_len, act_bytes_per_token, rounding=math.ceil)
 
 
 @mutant(check="max_batch_in_memory", message="negative batch size")
 def max_batch_in_memory(config, dtype_bytes, free_bytes, prompt_len, output_len, act_bytes_per_token=0.0,  # noqa: F811
                         block_size=1):
     tokens = math.ceil((prompt_len + output_len) / block_size) * block_size
-    return int(free_bytes // (tokens * _m_kv_per_token(config, dtype_bytes) + prompt_len * act_bytes_per_token))
-
-
-@mutant(check="max_batch_in_memory", message="counts only K, not K and V")
-def max_batch_in_memory(config, dtype_bytes, free_bytes, prompt_len, output_len, act_bytes_per_token=0.0,  # noqa: F811
-                        block_size=1):
-    # F / (kv / 2 + a) == 2F / (kv + 2a): half the KV per token, the activations unchanged
-    return sol.max_batch_in_memory(config, dtype_bytes, 2 * free_bytes, prompt_len, output_len,
-                                   2 * act_bytes_per_token, block_size)
-
-
-@mutant(check="max_batch_in_memory", message="treats a field that is present but null as set")
-def max_batch_in_memory(config, dtype_bytes, free_bytes, prompt_len, output_len, act_bytes_per_token=0.0,  # noqa: F811
-                        block_size=1):
-    heads = config["num_attention_heads"]  # config.get(key, default) returns None for "key": null
-    fixed = dict(config, num_key_value_heads=config.get("num_key_value_heads", heads) * 1,
-                 head_dim=config.get("head_dim", config["hidden_size"] // heads) * 1)
-    return sol.max_batch_in_memory(fixed, dtype_bytes, free_bytes, prompt_len, output_len, act_bytes_per_token,
-                                   block_size)
+    per_seq = tokens * sol.kv_bytes_per_token(config, dtype_bytes) + prompt_len * act_bytes_per_token
+    return int(free_bytes // per_seq)
