@@ -1,0 +1,658 @@
+"""Checks for lesson 14: the verification rules of speculative decoding, its arithmetic, and the batch size at
+which it stops paying on the modeled GPU clock.
+
+Greedy verification is compared token for token on small hand-made cases, then run as the verifier of a
+speculative greedy loop over the shipped draft and target models (in the learner's process, `greedy_loop`),
+whose tokens must equal the same loop with the right rule (run here), which are plain greedy decoding of
+the target.
+
+The rejection sampler is random, so it is judged on its distribution, never on its draws. On a small
+vocabulary the exact probability of every sequence the rule can emit in one call is enumerated here
+(`emission_law`). The learner's verify is called N_CALLS times in its own process (`sample_verify`), with
+drafts drawn here from draft_probs and one torch.Generator seeded from t.rng, so a run is deterministic per
+seed; a chi-square goodness-of-fit test (bins with an expected count under 5 pooled) compares the counts of
+the emitted sequences with the exact law. A case fails when its p-value is below FALSE_ALARM = 1e-6: a right
+verifier fails a case with probability 1e-6 (under the chi-square approximation, which the lesson's tests
+calibrate), at most 4e-6 for the check's four cases. The usual wrong rules have their own exact laws; a
+failing verifier is named by the one wrong law the same test does not reject.
+
+Formula functions are compared with the reference on visible and hidden (alpha, gamma, c); the modeled
+speedup and the break-even batch on visible and hidden (chip, alpha, gamma, context, c, batch), their usual
+wrong versions computed here with reference_engine.gpu_model.
+"""
+from __future__ import annotations
+
+import math
+from collections import Counter
+from functools import partial
+from pathlib import Path
+
+import torch
+
+from autograder.core import check
+
+F64 = torch.float64
+N_CALLS = 6000         # verify calls per case: the weakest named mistake is > 100 sigma away at this N
+FALSE_ALARM = 1e-6     # the p-value below which a case fails: how often a right verifier fails a case
+MIN_EXPECTED = 5.0     # chi-square bins with a smaller expected count are pooled into one
+CKPT = Path(__file__).resolve().parents[2] / "reference_engine" / "checkpoints"
+
+
+def _t(rows) -> torch.Tensor:
+    return torch.tensor(rows, dtype=F64)
+
+
+def _fmt(xs) -> str:
+    return "[" + ", ".join(f"{x:.3f}" for x in xs) + "]"
+
+
+# -- 1.1 greedy verification ------------------------------------------------------------------------------
+
+def greedy_rule(logits: torch.Tensor, drafts: torch.Tensor, kind: str = "") -> list[int]:
+    """Greedy verification, right (kind "") or one of its usual wrong versions (GREEDY_MISTAKES)."""
+    best = logits.argmax(dim=-1).tolist()
+    k, out = len(drafts), []
+    if kind == "continue":
+        return best[:k + 1]  # the argmax of every row, matched or not
+    for i, d in enumerate(drafts.tolist()):
+        t = best[i + 1] if kind == "off_by_one" else best[i]
+        if t == d:
+            out.append(d)
+            continue
+        if kind != "prefix_only":
+            out.append(d if kind == "emit_draft" else t)
+        return out
+    return out if kind == "no_bonus" else out + [best[k]]
+
+
+GREEDY_MISTAKES = {
+    "never emits the bonus token: when all k drafts match, row k's argmax is one more token for free":
+        "no_bonus",
+    "emits only the accepted drafts at a mismatch; the target's own argmax at that position is emitted too "
+    "(every step emits at least one token)": "prefix_only",
+    "emits the draft token at the mismatch; the target's argmax replaces it": "emit_draft",
+    "keeps going after a mismatch: the rows after it were computed on a rejected draft, so the step ends there":
+        "continue",
+    "compares draft_tokens[i] with row i + 1; row i of target_logits scores draft position i": "off_by_one",
+}
+
+
+def _logits(rows_argmax: list[int], V: int, seed: int) -> torch.Tensor:
+    """Random logits [len(rows_argmax), V] whose row i has its maximum at rows_argmax[i]."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(len(rows_argmax), V, generator=g, dtype=torch.float32)
+    for i, a in enumerate(rows_argmax):
+        x[i, a] = x[i].max() + 1.0 + float(torch.rand((), generator=g))
+    return x
+
+
+GREEDY_CASES = [
+    ("visible: all 3 drafts match", (_logits([4, 1, 6, 2], 8, 0), torch.tensor([4, 1, 6]))),
+    ("visible: the first draft is rejected", (_logits([3, 3, 0], 8, 1), torch.tensor([5, 3]))),
+    ("visible: a mismatch at position 2 of 4", (_logits([7, 2, 1, 1, 5], 8, 2), torch.tensor([7, 2, 6, 1]))),
+]
+
+
+def random_greedy_case(rng):
+    k, V = rng.randint(1, 5), rng.randint(4, 12)
+    best = [rng.randrange(V) for _ in range(k + 1)]
+    agree = rng.randint(0, k)  # drafts 0 .. agree-1 match, draft `agree` (if any) does not
+    drafts = best[:agree] + [(best[agree] + rng.randrange(1, V)) % V for _ in range(k - agree)]
+    return _logits(best, V, rng.randrange(2**31)), torch.tensor(drafts)
+
+
+def greedy_loop(verify_fn, prompts: list, gamma: int, max_new: int) -> dict:
+    """(A harness: runs in the learner's process under `t.run`, and here with `greedy_rule`.) Speculative greedy
+    decoding with the shipped draft and target, every forward recomputed from the whole sequence: per step the
+    draft proposes `gamma` argmax tokens, the target scores gamma + 1 positions in one forward, and
+    verify_fn(logits [gamma + 1, V], drafts [gamma]) says what is emitted. Returns {"tokens": per prompt its
+    first max_new new tokens, "problem": None, or what a verify_fn return value broke}."""
+    from reference_engine import train
+
+    torch.set_num_threads(1)
+    target, draft = (train.load_checkpoint(CKPT / name) for name in ("target", "draft"))
+    out = []
+    with torch.no_grad():
+        for prompt in prompts:
+            ids = list(prompt)
+            while len(ids) - len(prompt) < max_new:
+                drafts = []
+                for _ in range(gamma):
+                    drafts.append(int(draft(torch.tensor([ids + drafts]))[0, -1].argmax()))
+                logits = target(torch.tensor([ids + drafts]))[0, len(ids) - 1:]
+                emitted = verify_fn(logits, torch.tensor(drafts))
+                if not isinstance(emitted, list) or not all(type(x) is int for x in emitted):
+                    return {"tokens": None, "problem": f"verify_greedy returned {type(emitted).__name__} "
+                                                       f"{str(emitted)[:60]}, not a list of Python ints"}
+                if not 1 <= len(emitted) <= gamma + 1:
+                    return {"tokens": None, "problem": f"verify_greedy returned {len(emitted)} tokens for {gamma} "
+                                                       f"drafts (a step emits 1 to {gamma + 1})"}
+                ids += emitted
+            out.append(ids[len(prompt):len(prompt) + max_new])
+    return {"tokens": out, "problem": None}
+
+
+def _prompts() -> list[list[int]]:
+    from tokenizers import Tokenizer
+    tok = Tokenizer.from_file(str(CKPT / "target" / "tokenizer.json"))
+    return [tok.encode(s).ids for s in ("import os\n\n\ndef ", "class Cache:\n    def __init__(self, ")]
+
+
+LOOP_GAMMA, LOOP_TOKENS = 3, 24
+
+
+@check(points=3, section="1.1", timeout=90)
+def verify_greedy(t):
+    """Greedy verification: the target's argmax while it matches the drafts, then the target's own token; in a
+    speculative loop over the shipped models, exactly the tokens of plain greedy decoding."""
+    for label, (logits, drafts) in t.cases(visible=GREEDY_CASES, hidden=random_greedy_case, n=3):
+        with t.case(f"{label}: argmax per row {logits.argmax(-1).tolist()}, drafts {drafts.tolist()}"):
+            got, expected = t.both("verify_greedy", logits, drafts)
+            t.expect(got, expected, "the emitted tokens",
+                     mistakes={name: greedy_rule(logits, drafts, kind) for name, kind in GREEDY_MISTAKES.items()},
+                     hint="Return a list of Python ints (tensor.tolist()).")
+    prompts = _prompts()
+    hidden = [[t.rng.randrange(1, 2048) for _ in range(t.rng.randint(4, 12))]]
+    for label, ps in t.cases(visible=[("visible: two code prompts", prompts)], hidden=[hidden], label="random prompt"):
+        with t.case(f"{label}: speculative greedy loop over the shipped draft and target, gamma {LOOP_GAMMA}, "
+                    f"{LOOP_TOKENS} tokens per prompt"):
+            expected = greedy_loop(greedy_rule, ps, LOOP_GAMMA, LOOP_TOKENS)
+            got = t.run(greedy_loop, t.learner("verify_greedy"), ps, LOOP_GAMMA, LOOP_TOKENS,
+                        what="a speculative greedy loop with your verify_greedy")
+            if got["problem"]:
+                t.fail(got["problem"])
+            if got["tokens"] != expected["tokens"]:
+                wrong = {name: greedy_loop(partial(greedy_rule, kind=kind), ps, LOOP_GAMMA, LOOP_TOKENS)["tokens"]
+                         for name, kind in GREEDY_MISTAKES.items() if kind in ("emit_draft", "continue", "off_by_one")}
+                t.expect(got["tokens"], expected["tokens"],
+                         "the generated tokens (they must equal plain greedy decoding of the target)", mistakes=wrong)
+
+
+# -- 1.2 / 1.3 acceptance probability and residual ----------------------------------------------------------
+
+def _rows(rng, n, V, zeros=True):
+    out = []
+    for _ in range(n):
+        w = [rng.random() ** 2 + 0.01 for _ in range(V)]
+        if zeros and rng.random() < 0.5:
+            w[rng.randrange(V)] = 0.0
+        out.append([x / sum(w) for x in w])
+    return out
+
+
+P2 = [[0.5, 0.3, 0.15, 0.05], [0.1, 0.6, 0.2, 0.1], [0.25, 0.25, 0.25, 0.25]]
+Q2 = [[0.2, 0.5, 0.1, 0.2], [0.4, 0.3, 0.3, 0.0], [0.25, 0.25, 0.25, 0.25]]
+PAIR_CASES = [
+    ("visible: one row", (_t([0.6, 0.3, 0.1, 0.0]), _t([0.2, 0.2, 0.3, 0.3]))),
+    ("visible: three rows, the last with p == q", (_t(P2), _t(Q2))),
+]
+
+
+def random_pair_case(rng):
+    k, V = rng.randint(1, 4), rng.randint(3, 8)
+    return _t(_rows(rng, k, V)), _t(_rows(rng, k, V))
+
+
+def acceptance_mistakes(p, q) -> dict:
+    ratio = torch.where(q > 0, (p / q.clamp(min=1e-300)).clamp(max=1), torch.ones_like(p))
+    inverse = torch.where(p > 0, (q / p.clamp(min=1e-300)).clamp(max=1), torch.ones_like(p))
+    both = torch.minimum(p, q).sum(-1)
+    return {"takes p/q without the min: E_q[p/q] = sum p = 1 always; a token with p > q is accepted with "
+            "probability 1, not p/q": (q * p / q.clamp(min=1e-300)).sum(-1),
+            "averages min(1, p/q) over the vocabulary; weight each token by q(x), the chance the draft proposes it":
+                ratio.mean(-1),
+            "takes the ratio upside down: min(1, q/p)": (q * inverse).sum(-1),
+            "returns the rejection probability 1 - sum min(p, q)": 1 - both,
+            "uses max(p, q) instead of min(p, q)": torch.maximum(p, q).sum(-1),
+            "forgets to sum over the vocabulary (returns min(p, q) per token)": torch.minimum(p, q)}
+
+
+def residual_mistakes(p, q) -> dict:
+    def norm(x):
+        s = x.sum(-1, keepdim=True)
+        return torch.where(s > 0, x / s.clamp(min=1e-300), p)
+    excess = (p - q).clamp(min=0)
+    nan_rows = excess / excess.sum(-1, keepdim=True)
+    return {"does not normalize max(0, p - q): divide it by its sum": excess,
+            "takes max(0, q - p): the residual is where the target wants more than the draft gave": norm((q - p).clamp(min=0)),
+            "returns p: after a rejection, sample from the excess of p over q, or tokens q overproposes come out "
+            "too often": p,
+            "normalizes |p - q|: only the tokens with p > q get mass": norm((p - q).abs()),
+            "divides by a zero sum where p == q (return p for such a row)": nan_rows}
+
+
+@check(points=2, section="1.2")
+def acceptance_rate(t):
+    """The acceptance probability of a drafted token: sum over the vocabulary of min(p, q)."""
+    for label, (p, q) in t.cases(visible=PAIR_CASES, hidden=random_pair_case, n=3):
+        with t.case(f"{label}: {p.shape[0] if p.dim() > 1 else 1} row(s) of V={p.shape[-1]}"):
+            got, expected = t.both("acceptance_rate", p, q)
+            t.expect(got, expected, "acceptance probability", mistakes=acceptance_mistakes(p, q))
+
+
+@check(points=2, section="1.3")
+def residual_distribution(t):
+    """The distribution sampled after a rejection: norm(max(0, p - q)), p where p == q."""
+    for label, (p, q) in t.cases(visible=PAIR_CASES, hidden=random_pair_case, n=3):
+        with t.case(f"{label}: {p.shape[0] if p.dim() > 1 else 1} row(s) of V={p.shape[-1]}"):
+            got, expected = t.both("residual_distribution", p, q)
+            t.expect(got, expected, "residual distribution", mistakes=residual_mistakes(p, q))
+
+
+# -- 1.4 the rejection sampler, judged on its distribution --------------------------------------------------
+
+def _residual_row(p, q, how: str) -> list[float]:
+    """The distribution a variant samples after a rejection (as a list of probabilities)."""
+    if how == "p":
+        return list(p)
+    diff = [max(0.0, (b - a) if how == "swap" else (a - b)) for a, b in zip(p, q)]
+    total = sum(diff)
+    if how == "cdf_unnormalized":  # inverse-CDF sampling of an unnormalized row: the missing mass lands last
+        return diff[:-1] + [1.0 - sum(diff[:-1])]
+    return [d / total for d in diff] if total > 0 else list(p)
+
+
+def emission_law(p: list, q: list, accept: str = "min", residual: str = "norm", bonus: str = "last",
+                 after_reject: str = "stop") -> dict:
+    """The exact probability of every token sequence one call emits, for drafts x_i ~ q_i drawn independently
+    (fixed rows: the check's setting). p: k + 1 rows, q: k rows (lists of floats).
+
+    The right rule: accept="min", residual="norm", bonus="last", after_reject="stop". Wrong ones:
+    accept="inverse" (min(1, q/p)); residual="p" | "swap" | "cdf_unnormalized" (see _residual_row);
+    bonus="none" | "previous" (no bonus token, or drawn from p_{k-1}); after_reject="continue" (keeps
+    examining the next drafts after emitting the resampled token)."""
+    k, law = len(q), {}
+
+    def add(seq, prob):
+        if prob > 0:
+            law[seq] = law.get(seq, 0.0) + prob
+
+    def walk(i, seq, prob):
+        if prob == 0:
+            return
+        if i == k:
+            if bonus == "none":
+                add(seq, prob)
+            else:
+                for y, py in enumerate(p[k if bonus == "last" else k - 1]):
+                    add(seq + (y,), prob * py)
+            return
+        reject = 0.0
+        for x, qx in enumerate(q[i]):
+            if qx == 0:
+                continue
+            px = p[i][x]
+            a = min(1.0, px / qx) if accept == "min" else (min(1.0, qx / px) if px > 0 else 1.0)
+            walk(i + 1, seq + (x,), prob * qx * a)
+            reject += qx * (1 - a)
+        if reject > 1e-15:
+            for y, ry in enumerate(_residual_row(p[i], q[i], residual)):
+                if after_reject == "continue":
+                    walk(i + 1, seq + (y,), prob * reject * ry)
+                else:
+                    add(seq + (y,), prob * reject * ry)
+
+    walk(0, (), 1.0)
+    return law
+
+
+VERIFY_MISTAKES = {
+    "resamples from p after a rejection; sample from norm(max(0, p - q)), or the tokens the draft overproposes "
+    "come out too often": dict(residual="p"),
+    "resamples from norm(max(0, q - p)): the residual is where the target wants more than the draft gave":
+        dict(residual="swap"),
+    "samples max(0, p - q) without normalizing it (by inverse CDF, so the missing mass lands on the last token)":
+        dict(residual="cdf_unnormalized"),
+    "accepts with min(1, q/p): the ratio is target over draft, p/q": dict(accept="inverse"),
+    "never emits the bonus token: when all k drafts are accepted, one more token comes from target_probs[k]":
+        dict(bonus="none"),
+    "draws the bonus token from target_probs[k - 1]; the last row, target_probs[k], predicts the token after "
+    "the last draft": dict(bonus="previous"),
+    "keeps examining drafts after a rejection; the drafts after it were drawn given a rejected token, so the step "
+    "ends with the resampled token": dict(after_reject="continue"),
+}
+
+
+def chi_square(counts: Counter, law: dict, n: int) -> tuple[float, int, float]:
+    """(statistic, degrees of freedom, p-value) of a chi-square goodness-of-fit test of `counts` (n draws)
+    against `law`; bins with an expected count under MIN_EXPECTED are pooled into one. A sequence the law
+    gives probability 0 makes the statistic infinite (p-value 0)."""
+    if any(seq not in law for seq in counts):
+        return math.inf, 0, 0.0
+    stat, bins, pool_e, pool_o = 0.0, 0, 0.0, 0
+    for seq, prob in law.items():
+        e, o = n * prob, counts.get(seq, 0)
+        if e >= MIN_EXPECTED:
+            stat, bins = stat + (o - e) ** 2 / e, bins + 1
+        else:
+            pool_e, pool_o = pool_e + e, pool_o + o
+    if pool_e > 0:
+        stat, bins = stat + (pool_o - pool_e) ** 2 / pool_e, bins + 1
+    df = max(bins - 1, 1)
+    pvalue = float(torch.special.gammaincc(torch.tensor(df / 2, dtype=F64), torch.tensor(stat / 2, dtype=F64)))
+    return stat, df, pvalue
+
+
+def sample_verify(verify_fn, target_probs, draft_probs, drafts, seed: int) -> dict:
+    """(A harness: runs in the learner's process under `t.run`.) verify_fn(target_probs, draft_probs, drafts[j],
+    generator) for every row j of drafts, one torch.Generator seeded with `seed` for all of them. Returns
+    {"outputs": the return values (None if one is not a list of ints), "problem": None or what is wrong,
+    "deterministic": whether the first 50 calls, rerun with a fresh generator of the same seed, return the
+    same, "modified": whether an argument changed}."""
+    before = (target_probs.clone(), draft_probs.clone(), drafts.clone())
+    gen = torch.Generator().manual_seed(seed)
+    outputs = []
+    for row in drafts:
+        out = verify_fn(target_probs, draft_probs, row.clone(), gen)
+        if not isinstance(out, list) or not all(type(x) is int for x in out):
+            return {"outputs": None, "problem": f"verify returned {type(out).__name__} {str(out)[:60]}, not a list "
+                                                "of Python ints", "deterministic": True, "modified": False}
+        outputs.append(out)
+    gen = torch.Generator().manual_seed(seed)
+    again = [verify_fn(target_probs, draft_probs, row.clone(), gen) for row in drafts[:50]]
+    modified = not all(torch.equal(a, b) for a, b in zip(before, (target_probs, draft_probs, drafts)))
+    return {"outputs": outputs, "problem": None, "deterministic": again == outputs[:50], "modified": modified}
+
+
+VERIFY_CASES = [
+    ("visible: V=4, k=2 (q proposes token 3 never at position 1)", (P2, Q2[:2])),
+    ("visible: V=5, k=3", ([[0.05, 0.4, 0.3, 0.2, 0.05], [0.3, 0.3, 0.1, 0.1, 0.2], [0.1, 0.1, 0.6, 0.1, 0.1],
+                            [0.2, 0.2, 0.2, 0.2, 0.2]],
+                           [[0.3, 0.2, 0.3, 0.1, 0.1], [0.25, 0.5, 0.05, 0.1, 0.1], [0.2, 0.2, 0.2, 0.2, 0.2]])),
+]
+
+
+def random_verify_case(rng):
+    k, V = rng.randint(1, 3), rng.randint(3, 5)
+    return _rows(rng, k + 1, V), _rows(rng, k, V)
+
+
+def _length_shares(law_or_counts: dict, k: int, n: float = 1.0) -> list[float]:
+    shares = [0.0] * (k + 1)
+    for seq, w in law_or_counts.items():
+        if 1 <= len(seq) <= k + 1:
+            shares[len(seq) - 1] += w / n
+    return shares
+
+
+def _first_token_shares(counts: Counter, V: int, n: int) -> list[float]:
+    shares = [0.0] * V
+    for seq, w in counts.items():
+        if seq and 0 <= seq[0] < V:
+            shares[seq[0]] += w / n
+    return shares
+
+
+def judge_verify(t, run: dict, p: list, q: list):
+    """Fail the case unless the emitted sequences fit the exact law of the rejection sampler."""
+    if run["problem"]:
+        t.fail(run["problem"])
+    t.expect_true(not run["modified"], "verify modified an argument in place; the caller still needs it")
+    k, V, outs = len(q), len(p[0]), run["outputs"]
+    bad = next((o for o in outs if not 1 <= len(o) <= k + 1 or not all(0 <= x < V for x in o)), None)
+    t.expect_true(bad is None, f"verify returned {bad} for k={k} drafts over V={V} tokens: a call emits 1 to "
+                               f"k + 1 = {k + 1} token ids in 0 .. {V - 1}")
+    right = emission_law(p, q)
+    wrong = {name: emission_law(p, q, **kw) for name, kw in VERIFY_MISTAKES.items()}
+    for name, law in wrong.items():
+        if _law_distance(law, right) > 1e-12:
+            t.offered.add(name)
+    counts = Counter(tuple(o) for o in outs)
+    stat, df, pvalue = chi_square(counts, right, len(outs))
+    if pvalue >= FALSE_ALARM:
+        t.expect_true(run["deterministic"], "the distribution is right, but two runs with generators of the same "
+                                            "seed emit different tokens: draw every random number from `generator`")
+        return
+    impossible = next((s for s in counts if s not in right), None)
+    why = (f"it emitted {list(impossible)}, which the rule can never emit" if impossible is not None else
+           f"chi-square {stat:.0f} on {df} degrees of freedom, p-value {pvalue:.2g} (a case fails below "
+           f"{FALSE_ALARM:g}: a right verifier fails it once in a million runs)")
+    fits = _fitting_mistakes(counts, right, wrong, len(outs))
+    named = f" Looks like your code {fits[0]}." if len(fits) == 1 else ""
+    t.fail(f"over {len(outs)} calls (drafts drawn from draft_probs), the sequences verify emits do not follow the "
+           f"rejection sampler's exact law: {why}.\n"
+           f"  tokens emitted per call (1 .. {k + 1}): yours {_fmt(_length_shares(counts, k, len(outs)))}, "
+           f"the rule's {_fmt(_length_shares(right, k))}\n"
+           f"  first emitted token: yours {_fmt(_first_token_shares(counts, V, len(outs)))}, "
+           f"target_probs[0] {_fmt(p[0])} (the rule emits exactly p_0)." + named)
+
+
+def _law_distance(a: dict, b: dict) -> float:
+    return sum(abs(a.get(s, 0.0) - b.get(s, 0.0)) for s in set(a) | set(b))
+
+
+def _fitting_mistakes(counts: Counter, right: dict, wrong: dict, n: int) -> list[str]:
+    """The wrong laws the test does not reject on these counts (laws equal to each other named together)."""
+    groups: list[tuple[list[str], dict]] = []
+    for name, law in wrong.items():
+        if _law_distance(law, right) <= 1e-12:
+            continue
+        same = next((g for g in groups if _law_distance(g[1], law) <= 1e-12), None)
+        if same:
+            same[0].append(name)
+        else:
+            groups.append(([name], law))
+    return ["; or your code ".join(names) for names, law in groups if chi_square(counts, law, n)[2] >= FALSE_ALARM]
+
+
+@check(points=4, section="1.4", timeout=120)
+def verify(t):
+    """The rejection sampler: the law of what it emits, judged by a chi-square test against the exact law
+    (false-alarm rate 1e-6 per case), and that it draws from its generator only."""
+    for label, (p, q) in t.cases(visible=VERIFY_CASES, hidden=random_verify_case, n=2):
+        k, V = len(q), len(p[0])
+        g = torch.Generator().manual_seed(t.rng.randrange(2**31))
+        drafts = torch.stack([torch.multinomial(_t(row), N_CALLS, replacement=True, generator=g) for row in q], 1)
+        seed = t.rng.randrange(2**31)
+        with t.case(f"{label}: V={V}, k={k}, {N_CALLS} calls"):
+            run = t.run(sample_verify, t.learner("verify"), _t(p), _t(q), drafts, seed,
+                        what=f"verify, called {N_CALLS} times,")
+            judge_verify(t, run, p, q)
+
+
+# -- 2. the arithmetic --------------------------------------------------------------------------------------
+
+def _geometric(alpha, terms) -> float:
+    return float(terms) if alpha == 1 else (1 - alpha ** terms) / (1 - alpha)
+
+
+def tokens_mistakes(alpha, gamma) -> dict:
+    e = _geometric(alpha, gamma + 1)
+    return {"sums 1 + alpha + ... + alpha^(gamma - 1), one term short: draft i is emitted with probability "
+            "alpha^(i+1) and every step adds one token of the target's own": _geometric(alpha, gamma),
+            "counts only the accepted drafts; every step also emits the target's own token (resample or bonus)":
+                e - 1,
+            "uses 1 + gamma * alpha: a draft counts only if every draft before it was accepted too": 1 + gamma * alpha,
+            "uses 1 / (1 - alpha), the limit of infinitely many drafts": math.inf if alpha == 1 else 1 / (1 - alpha)}
+
+
+TOKENS_CASES = [("visible", (0.5, 2)), ("visible", (0.8, 4)), ("visible: alpha = 1, every draft accepted", (1.0, 4)),
+                ("visible: gamma = 0, plain decoding", (0.7, 0))]
+
+
+def random_formula_case(rng):
+    return round(rng.uniform(0.05, 0.98), 3), rng.randint(1, 10), round(rng.uniform(0.01, 0.6), 3)
+
+
+@check(points=2, section="2.1")
+def expected_tokens_per_step(t):
+    """(1 - alpha^(gamma+1)) / (1 - alpha) tokens per target forward; gamma + 1 at alpha = 1."""
+    for label, (alpha, gamma) in t.cases(visible=TOKENS_CASES, hidden=lambda r: random_formula_case(r)[:2], n=3):
+        with t.case(f"{label}: alpha={alpha}, gamma={gamma}"):
+            got, expected = t.both("expected_tokens_per_step", alpha, gamma)
+            t.expect(got, expected, "expected tokens per step", mistakes=tokens_mistakes(alpha, gamma), rtol=1e-9)
+
+
+def speedup_mistakes(alpha, gamma, c) -> dict:
+    e = _geometric(alpha, gamma + 1)
+    return {"divides by gamma * c: the target's verification forward costs one step too": e / (gamma * c) if gamma * c
+            else math.inf,
+            "leaves out the draft's cost (returns the expected tokens per step)": e,
+            "counts gamma + 1 draft forwards per step; the draft runs once per drafted token": e / ((gamma + 1) * c + 1),
+            "multiplies the draft cost in (gamma * c + 1) instead of dividing by it": e * (gamma * c + 1)}
+
+
+SPEEDUP_CASES = [("visible", (0.8, 4, 0.05)), ("visible: a slow draft", (0.6, 3, 0.5)),
+                 ("visible: alpha = 1", (1.0, 5, 0.1))]
+
+
+@check(points=2, section="2.2")
+def speedup(t):
+    """Leviathan et al.'s wall-time speedup: expected tokens per step over (gamma * c + 1)."""
+    for label, (alpha, gamma, c) in t.cases(visible=SPEEDUP_CASES, hidden=random_formula_case, n=3):
+        with t.case(f"{label}: alpha={alpha}, gamma={gamma}, c={c}"):
+            got, expected = t.both("speedup", alpha, gamma, c)
+            t.expect(got, expected, "speedup", mistakes=speedup_mistakes(alpha, gamma, c), rtol=1e-9)
+
+
+def _speedup(alpha, gamma, c) -> float:
+    return _geometric(alpha, gamma + 1) / (gamma * c + 1)
+
+
+def best_gamma_mistakes(alpha, c, max_gamma) -> dict:
+    best = lambda gs, f: max(gs, key=lambda g: (f(g), -g))
+    return {"never returns 0; when no gamma beats plain decoding (speedup 1 at gamma = 0), do not speculate":
+                best(range(1, max_gamma + 1), lambda g: _speedup(alpha, g, c)),
+            "stops at max_gamma - 1: the range of gammas includes max_gamma":
+                best(range(max_gamma), lambda g: _speedup(alpha, g, c)),
+            "maximizes the expected tokens per step, ignoring what the drafts cost":
+                best(range(max_gamma + 1), lambda g: _geometric(alpha, g + 1))}
+
+
+BEST_CASES = [("visible", (0.8, 0.05, 10)), ("visible: speculation does not pay", (0.3, 0.5, 10)),
+              ("visible: the best gamma is max_gamma", (0.95, 0.01, 6))]
+
+
+def random_best_case(rng):
+    return round(rng.uniform(0.2, 0.97), 3), round(rng.uniform(0.005, 0.5), 3), rng.randint(2, 16)
+
+
+@check(points=2, section="2.3")
+def best_gamma(t):
+    """The gamma in 0 .. max_gamma with the largest speedup (0: do not speculate)."""
+    for label, (alpha, c, max_gamma) in t.cases(visible=BEST_CASES, hidden=random_best_case, n=3):
+        with t.case(f"{label}: alpha={alpha}, c={c}, max_gamma={max_gamma}"):
+            got, expected = t.both("best_gamma", alpha, c, max_gamma)
+            t.expect(got, expected, "best gamma", mistakes=best_gamma_mistakes(alpha, c, max_gamma), count=True)
+
+
+# -- 3. the modeled GPU clock -------------------------------------------------------------------------------
+
+def modeled(model, chip, alpha, gamma, context, c, batch, kind: str = "") -> float:
+    """The modeled speedup, right (kind "") or one of its usual wrong versions (MODELED_MISTAKES), computed
+    with reference_engine.gpu_model."""
+    from reference_engine import gpu_model as gm
+
+    shape, hw = gm.MODELS[model], gm.CHIPS[chip]
+    step = lambda comp: gm.step_time(shape, hw, comp).time_s
+
+    def lm_head(rows):
+        _, m, n, k, calls = gm.gemm_shapes(shape, rows, rows)[-1]
+        return calls * gm.roofline(*gm.matmul_cost(m, n, k, shape.weight_bytes), hw.peak_flops * hw.gemm_eff,
+                                   hw.bandwidth * hw.mem_eff)[0]
+
+    t_decode = step(gm.Composition.decode_batch(batch, context))
+    extra = lm_head(batch * (gamma + 1)) - lm_head(batch)
+    chunks = gm.Composition(prefills=((gamma + 1, context),) * batch)
+    t_verify = {"leviathan": lambda: t_decode, "full_steps": lambda: (gamma + 1) * t_decode,
+                "no_lm_head": lambda: step(chunks),
+                "as_decodes": lambda: step(gm.Composition.decode_batch(batch * (gamma + 1), context)) + extra,
+                "one_chunk": lambda: step(gm.Composition(prefills=((batch * (gamma + 1), context),))) + extra,
+                }.get(kind, lambda: step(chunks) + extra)()
+    drafting = 0.0 if kind == "no_draft" else gamma * c * t_decode
+    return _geometric(alpha, gamma + 1) * t_decode / (drafting + t_verify)
+
+
+MODELED_MISTAKES = {
+    "charges the verification forward as one decode step: that is speedup(alpha, gamma, c), true only while the "
+    "step is memory-bound": "leviathan",
+    "charges the verification forward as gamma + 1 decode steps; it is one forward, whose weights are read once":
+        "full_steps",
+    "leaves out the extra lm_head rows: step_time charges one logit row per sequence, verification needs gamma + 1":
+        "no_lm_head",
+    "leaves out the draft's cost (gamma * c * t_decode)": "no_draft",
+    "models the verification tokens as batch * (gamma + 1) decode sequences, each reading the whole KV cache; "
+    "they are one chunk of gamma + 1 tokens per sequence": "as_decodes",
+    "models verification as one chunk of batch * (gamma + 1) tokens (one long sequence); each sequence has its "
+    "own chunk at its own context": "one_chunk",
+}
+
+MODELED_CASES = [
+    ("visible: batch 1", ("llama-3-8b", "H100", 0.7, 4, 1024, 0.2, 1)),
+    ("visible: batch 256", ("llama-3-8b", "H100", 0.7, 4, 1024, 0.2, 256)),
+    ("visible: A100, long context", ("llama-3-8b", "A100", 0.8, 3, 4096, 0.1, 64)),
+]
+
+
+def random_modeled_case(rng):
+    alpha, gamma, c = random_formula_case(rng)
+    return ("llama-3-8b", rng.choice(["A100", "H100", "H200"]), alpha, min(gamma, 8), rng.choice([128, 512, 2048]),
+            c, rng.choice([1, 8, 32, 96, 200, 384]))
+
+
+def _modeled_label(label, case, last: str = "batch") -> str:
+    model, chip, alpha, gamma, context, c, n = case
+    return f"{label}: {model} on {chip}, alpha={alpha}, gamma={gamma}, context={context}, c={c}, {last}={n}"
+
+
+@check(points=3, section="3.1", timeout=30)
+def modeled_speedup(t):
+    """The speedup at a decode batch on the modeled GPU clock: draft steps and one verification chunk per
+    sequence against plain decode steps."""
+    for label, case in t.cases(visible=MODELED_CASES, hidden=random_modeled_case, n=3):
+        with t.case(_modeled_label(label, case)):
+            got, expected = t.both("modeled_speedup", *case)
+            t.expect(got, expected, "modeled speedup", rtol=1e-9,
+                     mistakes={name: modeled(*case, kind=kind) for name, kind in MODELED_MISTAKES.items()})
+
+
+def first_not_paying(f, max_batch: int, batches=None) -> int | None:
+    """The smallest batch (of `batches`, default 1 .. max_batch) with f(batch) <= 1, by bisection over a
+    speedup that falls with the batch; None if f(max_batch) > 1 (or no listed batch qualifies)."""
+    if batches is not None:
+        return next((b for b in batches if f(b) <= 1), None)
+    if f(max_batch) > 1:
+        return None
+    lo, hi = 0, max_batch
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if f(mid) > 1 else (lo, mid)
+    return hi
+
+
+def break_even_mistakes(model, chip, alpha, gamma, context, c, max_batch) -> dict:
+    f = lambda kind: (lambda b: modeled(model, chip, alpha, gamma, context, c, b, kind=kind))
+    right = first_not_paying(f(""), max_batch)
+    powers = [2 ** i for i in range(max_batch.bit_length()) if 2 ** i <= max_batch]
+    out = {"returns the last batch at which speculation still pays, one less than the first at which it stops":
+           right - 1 if right else right,
+           "returns max_batch when speculation still pays there; return None": max_batch if right is None else right,
+           "tries only powers of two; the answer is the smallest batch, found by bisection or a scan":
+           first_not_paying(f(""), max_batch, powers)}
+    for name, kind in MODELED_MISTAKES.items():
+        if kind in ("leviathan", "full_steps", "as_decodes"):
+            out[f"{name} (in modeled_speedup)"] = first_not_paying(f(kind), max_batch)
+    return out
+
+
+BREAK_EVEN_CASES = [
+    ("visible: it stops paying", ("llama-3-8b", "H100", 0.7, 4, 1024, 0.2, 1024)),
+    ("visible: long context, it pays up to max_batch", ("llama-3-8b", "H100", 0.7, 4, 4096, 0.2, 1024)),
+    ("visible: it never pays", ("llama-3-8b", "H100", 0.3, 4, 1024, 0.5, 1024)),
+    ("visible: H200, gamma 2", ("llama-3-8b", "H200", 0.75, 2, 512, 0.1, 1024)),
+]
+
+
+def random_break_even_case(rng):
+    model, chip, alpha, gamma, context, c, _ = random_modeled_case(rng)
+    return model, chip, alpha, gamma, context, c, 1024
+
+
+@check(points=3, section="3.2", timeout=60)
+def break_even_batch(t):
+    """The smallest batch at which the modeled speedup is <= 1 (None if it still pays at max_batch)."""
+    for label, case in t.cases(visible=BREAK_EVEN_CASES, hidden=random_break_even_case, n=2):
+        with t.case(_modeled_label(label, case, "max_batch")):
+            got, expected = t.both("break_even_batch", *case)
+            t.expect(got, expected, "break-even batch", mistakes=break_even_mistakes(*case),
+                     count=expected is not None)

@@ -1,0 +1,449 @@
+"""Lesson 14: speculative decoding.
+
+A small draft model proposes gamma tokens, one forward each; the target model scores all of them in one
+forward of gamma + 1 positions (each drafted token, plus one past the last), and a verification rule keeps
+a prefix of the drafts and adds one token of the target's own. Every target forward therefore emits
+between 1 and gamma + 1 tokens, and with the rule of section 1 the emitted text has exactly the target
+model's distribution.
+
+Notation (Leviathan et al. 2023; Chen et al. 2023 swap the letters p and q):
+  p = the target's next-token distribution, q = the draft's; k = gamma = drafted tokens per step;
+  alpha = the probability that a drafted token is accepted; c = the cost of one draft forward over the
+  cost of one target forward (a decode step of the same batch).
+
+Sections: 1. verification (greedy, the acceptance probability, the residual distribution, the rejection
+sampler); 2. the arithmetic (tokens per target step, speedup, best gamma); 3. the batch size at which
+speculation stops paying, on the modeled GPU clock (reference_engine/gpu_model.py). The bottom of the file
+holds given helpers the notebook uses: the shipped models with a KV cache, a speculative decoding loop,
+and the acceptance measurement.
+"""
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import torch
+
+# -- 1. verification ----------------------------------------------------------------------------------
+
+
+def verify_greedy(target_logits: torch.Tensor, draft_tokens: torch.Tensor) -> list[int]:
+    """Exercise 1.1: greedy verification of k drafted tokens for one sequence.
+
+    target_logits: [k + 1, V], the target's logits at the k + 1 positions it scored in one forward: row i
+      (i < k) predicts the token at draft position i, given the context and draft_tokens[:i]; row k
+      predicts the token after the last draft.
+    draft_tokens: [k] int64, the drafted token ids.
+
+    Walk i = 0, 1, ...: t = argmax of row i (torch.argmax: the first index on ties). If t equals
+    draft_tokens[i], emit it and go on; otherwise emit t (the target's own choice) and stop. If all k
+    match, emit the argmax of row k too (the bonus token). Returns the emitted token ids as a list of
+    Python ints, 1 to k + 1 of them: exactly the tokens plain greedy decoding of the target would produce
+    next.
+
+    >>> logits = torch.tensor([[0., 5., 1.], [3., 0., 1.], [0., 0., 9.]])
+    >>> verify_greedy(logits, torch.tensor([1, 0]))
+    [1, 0, 2]
+    >>> verify_greedy(logits, torch.tensor([1, 2]))
+    [1, 0]
+    """
+    ### BEGIN SOLUTION
+    best = target_logits.argmax(dim=-1).tolist()
+    out = []
+    for i, d in enumerate(draft_tokens.tolist()):
+        out.append(best[i])
+        if best[i] != d:
+            return out  # the target disagrees: its own token replaces the draft, and the step ends
+    out.append(best[len(out)])  # every draft accepted: the last row gives one token more
+    return out
+    ### END SOLUTION
+
+
+def acceptance_rate(target_probs: torch.Tensor, draft_probs: torch.Tensor) -> torch.Tensor:
+    """Exercise 1.2: the probability that a token drawn from the draft is accepted, per position.
+
+    target_probs, draft_probs: [..., V], probability rows (each sums to 1) of the target (p) and the draft
+    (q) at the same positions. A drafted x ~ q is accepted with probability min(1, p(x) / q(x)), so the
+    acceptance probability is E_{x~q}[min(1, p(x)/q(x))] = sum_x min(p(x), q(x)) (= 1 - the total variation
+    distance between p and q). Returns a tensor of shape [...] (the last dimension summed out).
+
+    >>> acceptance_rate(torch.tensor([0.5, 0.5, 0.0]), torch.tensor([0.25, 0.25, 0.5]))
+    tensor(0.5000)
+    """
+    ### BEGIN SOLUTION
+    return torch.minimum(target_probs, draft_probs).sum(dim=-1)
+    ### END SOLUTION
+
+
+def residual_distribution(target_probs: torch.Tensor, draft_probs: torch.Tensor) -> torch.Tensor:
+    """Exercise 1.3: the distribution to sample from after a rejection: norm(max(0, p - q)), per row.
+
+    target_probs, draft_probs: [..., V] probability rows p and q. Returns [..., V]: max(0, p - q) divided by
+    its sum over the last dimension. Where that sum is 0 (p == q: then a rejection never happens, so any
+    distribution would do), return p itself, so that every row is a distribution.
+
+    >>> residual_distribution(torch.tensor([0.5, 0.5, 0.0]), torch.tensor([0.25, 0.25, 0.5]))
+    tensor([0.5000, 0.5000, 0.0000])
+    """
+    ### BEGIN SOLUTION
+    excess = (target_probs - draft_probs).clamp(min=0)
+    total = excess.sum(dim=-1, keepdim=True)
+    return torch.where(total > 0, excess / total.clamp(min=torch.finfo(excess.dtype).tiny), target_probs)
+    ### END SOLUTION
+
+
+def verify(target_probs: torch.Tensor, draft_probs: torch.Tensor, draft_tokens: torch.Tensor,
+           generator: torch.Generator) -> list[int]:
+    """Exercise 1.4: the rejection sampler of Leviathan et al. 2023 / Chen et al. 2023, for one sequence.
+
+    target_probs: [k + 1, V], the target's distributions p_0 .. p_k (row i: the token at draft position i;
+      row k: the token after the last draft). draft_probs: [k, V], the draft's q_0 .. q_{k-1}, from which
+      draft_tokens[i] was drawn. draft_tokens: [k] int64. generator: a torch.Generator, the only source of
+      randomness.
+
+    For i = 0, 1, ..., k - 1, with x = draft_tokens[i]:
+      draw u = torch.rand((), generator=generator, dtype=target_probs.dtype);
+      if u < p_i(x) / q_i(x) (that is, with probability min(1, p_i(x) / q_i(x))), emit x and go on;
+      else emit one token drawn from residual_distribution(p_i, q_i) with
+        torch.multinomial(row, 1, generator=generator), and stop.
+    If all k drafts were accepted, emit one more token, drawn from p_k with torch.multinomial (the bonus).
+
+    The random draws are exactly, in order: one torch.rand per draft examined (the first rejection is the
+    last one examined), then one torch.multinomial. Returns the emitted token ids, a list of 1 to k + 1
+    Python ints. Do not modify the arguments.
+
+    Why it is exact: the first emitted token is x with probability q(x) min(1, p(x)/q(x)) = min(p(x), q(x))
+    from acceptance, plus P(reject) * residual(x) = max(0, p(x) - q(x)) from the resample; the sum is p(x).
+    """
+    ### BEGIN SOLUTION
+    k = draft_tokens.shape[0]
+    out = []
+    for i, x in enumerate(draft_tokens.tolist()):
+        u = torch.rand((), generator=generator, dtype=target_probs.dtype)
+        if u < target_probs[i, x] / draft_probs[i, x]:
+            out.append(x)
+            continue
+        row = residual_distribution(target_probs[i], draft_probs[i])
+        out.append(int(torch.multinomial(row, 1, generator=generator)))
+        return out
+    out.append(int(torch.multinomial(target_probs[k], 1, generator=generator)))
+    return out
+    ### END SOLUTION
+
+
+# -- 2. the arithmetic ----------------------------------------------------------------------------------
+
+
+def expected_tokens_per_step(alpha: float, gamma: int) -> float:
+    """Exercise 2.1: expected tokens emitted per target forward with gamma drafts, each accepted independently
+    with probability alpha (Leviathan et al. 2023's i.i.d. assumption).
+
+    Draft i is emitted only if drafts 0 .. i are all accepted (probability alpha^(i+1)), and every step emits
+    one token of the target's own (the resample or the bonus): 1 + alpha + ... + alpha^gamma
+    = (1 - alpha^(gamma + 1)) / (1 - alpha), which is gamma + 1 at alpha = 1. alpha in [0, 1], gamma >= 0.
+
+    >>> expected_tokens_per_step(0.5, 2)
+    1.75
+    >>> expected_tokens_per_step(1.0, 4)
+    5.0
+    """
+    ### BEGIN SOLUTION
+    if alpha == 1:
+        return float(gamma + 1)
+    return (1 - alpha ** (gamma + 1)) / (1 - alpha)
+    ### END SOLUTION
+
+
+def speedup(alpha: float, gamma: int, c: float) -> float:
+    """Exercise 2.2: the expected wall-time speedup of speculative decoding over plain decoding
+    (Leviathan et al. 2023, Theorem 3.8): expected_tokens_per_step(alpha, gamma) / (gamma * c + 1).
+
+    One step costs gamma draft forwards (c each, in units of one target forward) plus one target forward
+    that verifies them; plain decoding gets one token per target forward. c >= 0. gamma = 0 gives 1.
+
+    >>> round(speedup(0.8, 4, 0.05), 4)
+    2.8013
+    """
+    ### BEGIN SOLUTION
+    return expected_tokens_per_step(alpha, gamma) / (gamma * c + 1)
+    ### END SOLUTION
+
+
+def best_gamma(alpha: float, c: float, max_gamma: int) -> int:
+    """Exercise 2.3: the gamma in 0 .. max_gamma (both included) with the largest speedup(alpha, gamma, c);
+    the smallest such gamma on ties. 0 means "do not speculate": no gamma beats plain decoding.
+
+    >>> best_gamma(0.8, 0.05, 10), best_gamma(0.3, 0.5, 10)
+    (8, 0)
+    """
+    ### BEGIN SOLUTION
+    return max(range(max_gamma + 1), key=lambda g: (speedup(alpha, g, c), -g))
+    ### END SOLUTION
+
+
+# -- 3. when speculation stops paying: the batch size ----------------------------------------------------
+
+
+def lm_head_seconds(model: str, chip: str, rows: int) -> float:
+    """Modeled seconds of the lm_head GEMM on `rows` rows (reference_engine.gpu_model's roofline, at the
+    chip's achievable fractions). gpu_model.step_time runs lm_head on one row per sequence, which is what a
+    decode or a prefill chunk needs; verification needs gamma + 1 rows per sequence."""
+    from reference_engine import gpu_model as gm
+
+    shape, c = gm.MODELS[model], gm.CHIPS[chip]
+    _, m, n, k, calls = gm.gemm_shapes(shape, rows, rows)[-1]
+    flops, nbytes = gm.matmul_cost(m, n, k, shape.weight_bytes)
+    return calls * gm.roofline(flops, nbytes, c.peak_flops * c.gemm_eff, c.bandwidth * c.mem_eff)[0]
+
+
+def modeled_speedup(model: str, chip: str, alpha: float, gamma: int, context: int, c: float, batch: int) -> float:
+    """Exercise 3.1: the speedup of speculative decoding at a decode batch of `batch` sequences, on the modeled
+    GPU clock (reference_engine.gpu_model).
+
+    model: a key of gpu_model.MODELS ("llama-3-8b"); chip: a key of gpu_model.CHIPS ("H100"). Every sequence
+    has `context` tokens in its KV cache. With step_time = gpu_model.step_time(MODELS[model], CHIPS[chip], ...)
+    .time_s:
+      t_decode = step_time of Composition.decode_batch(batch, context): one plain decode step;
+      t_verify = step_time of Composition(prefills=((gamma + 1, context),) * batch): the verification forward,
+                 a chunk of gamma + 1 tokens per sequence at its context (a Composition's decodes hold one
+                 token each), plus lm_head_seconds(model, chip, batch * (gamma + 1))
+                 - lm_head_seconds(model, chip, batch): step_time charges lm_head on one row per sequence,
+                 verification needs logits at all gamma + 1 positions;
+      one draft forward costs c * t_decode (c: the draft's step over the target's, at the same batch).
+    Returns expected_tokens_per_step(alpha, gamma) * t_decode / (gamma * c * t_decode + t_verify): tokens per
+    second with speculation over tokens per second without. While the step is memory-bound, t_verify is
+    close to t_decode and this is speedup(alpha, gamma, c); once its GEMMs are compute-bound, their time grows
+    with the (gamma + 1) times more tokens verification puts in the step.
+    """
+    ### BEGIN SOLUTION
+    from reference_engine import gpu_model as gm
+
+    shape, hw = gm.MODELS[model], gm.CHIPS[chip]
+    t_decode = gm.step_time(shape, hw, gm.Composition.decode_batch(batch, context)).time_s
+    t_verify = gm.step_time(shape, hw, gm.Composition(prefills=((gamma + 1, context),) * batch)).time_s
+    t_verify += lm_head_seconds(model, chip, batch * (gamma + 1)) - lm_head_seconds(model, chip, batch)
+    return expected_tokens_per_step(alpha, gamma) * t_decode / (gamma * c * t_decode + t_verify)
+    ### END SOLUTION
+
+
+def break_even_batch(model: str, chip: str, alpha: float, gamma: int, context: int, c: float,
+                     max_batch: int = 1024) -> int | None:
+    """Exercise 3.2: the smallest batch in 1 .. max_batch at which speculation stops paying:
+    modeled_speedup(model, chip, alpha, gamma, context, c, batch) <= 1. None if it still pays at max_batch.
+
+    The modeled speedup does not rise again once it falls with the batch (the check and the lesson's tests
+    rely on that), so a bisection finds the same batch as a scan from 1, in about log2(max_batch) calls.
+    gamma >= 1.
+    """
+    ### BEGIN SOLUTION
+    pays = lambda b: modeled_speedup(model, chip, alpha, gamma, context, c, b) > 1
+    if pays(max_batch):
+        return None
+    lo, hi = 0, max_batch  # speculation pays at lo (0: nothing known yet), stops paying at hi
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if pays(mid):
+            lo = mid
+        else:
+            hi = mid
+    return hi
+    ### END SOLUTION
+
+
+# -- given: the shipped models with a KV cache, a speculative loop, and the measurements -----------------
+
+def checkpoints_dir() -> Path:
+    """reference_engine/checkpoints (found from the package, never a fixed path)."""
+    from reference_engine import train
+    return Path(train.__file__).resolve().parent / "checkpoints"
+
+
+def load_models(threads: int = 1):
+    """(target, draft): the shipped ~3.3M and ~0.6M parameter Llamas (reference_engine/train.py's model), fp32."""
+    from reference_engine import train
+
+    torch.set_num_threads(threads)
+    return tuple(train.load_checkpoint(checkpoints_dir() / name) for name in ("target", "draft"))
+
+
+def tokenizer():
+    """The tokenizer both shipped models share (byte-level BPE, 2048 ids)."""
+    from tokenizers import Tokenizer
+    return Tokenizer.from_file(str(checkpoints_dir() / "target" / "tokenizer.json"))
+
+
+def heldout_contexts(n: int, length: int) -> list[list[int]]:
+    """n token windows of `length` tokens, evenly spaced over the held-out files (reference_engine/train.py's
+    split: files whose sha1(relative path) % 20 == 0, never trained on), joined by <|endoftext|>."""
+    from reference_engine import train
+
+    _, held, _ = train.split_corpus()
+    stream = train.token_stream(tokenizer(), held)
+    return [w.tolist() for w in train.eval_windows(stream, length, n)]
+
+
+class CachedModel:
+    """One sequence through a shipped Llama with a KV cache, so a step computes only its new tokens.
+
+    feed(ids) appends tokens and returns their logits [len(ids), V]; rollback(n) keeps the first n cached
+    tokens (how rejected drafts leave the cache: their K/V are simply overwritten later). `seconds` adds up
+    the wall time spent in feed()."""
+
+    def __init__(self, model):
+        a = model.args
+        self.model, self.a, self.len, self.seconds = model, a, 0, 0.0
+        shape = (a.num_hidden_layers, a.num_key_value_heads, a.max_position_embeddings, a.head_dim)
+        self.k, self.v = torch.zeros(shape), torch.zeros(shape)
+
+    def feed(self, ids: list[int]) -> torch.Tensor:
+        t0 = time.perf_counter()
+        logits = self._forward(ids)
+        self.seconds += time.perf_counter() - t0
+        return logits
+
+    @torch.no_grad()
+    def _forward(self, ids: list[int]) -> torch.Tensor:
+        from reference_engine import train
+
+        a, m, n, start = self.a, self.model, len(ids), self.len
+        if start + n > a.max_position_embeddings:
+            raise ValueError(f"{start + n} tokens exceed the model's {a.max_position_embeddings} positions")
+        cos, sin = train.rope_cos_sin(a, torch.arange(start, start + n))
+        keys = torch.arange(start + n)
+        mask = keys[None, :] <= torch.arange(start, start + n)[:, None]  # causal, offset by the cached tokens
+        x = m.model.embed_tokens(torch.tensor([ids]))
+        group = a.num_attention_heads // a.num_key_value_heads
+        for i, layer in enumerate(m.model.layers):
+            att, h = layer.self_attn, layer.input_layernorm(x)
+            q = att.q_proj(h).view(1, n, a.num_attention_heads, a.head_dim).transpose(1, 2)
+            k = att.k_proj(h).view(1, n, a.num_key_value_heads, a.head_dim).transpose(1, 2)
+            v = att.v_proj(h).view(1, n, a.num_key_value_heads, a.head_dim).transpose(1, 2)
+            q, k = train.apply_rope(q, cos, sin), train.apply_rope(k, cos, sin)
+            self.k[i, :, start:start + n], self.v[i, :, start:start + n] = k[0], v[0]
+            kk = self.k[i, :, :start + n].repeat_interleave(group, dim=0)[None]
+            vv = self.v[i, :, :start + n].repeat_interleave(group, dim=0)[None]
+            y = torch.nn.functional.scaled_dot_product_attention(q, kk, vv, attn_mask=mask)
+            x = x + att.o_proj(y.transpose(1, 2).reshape(1, n, -1))
+            x = x + layer.mlp(layer.post_attention_layernorm(x))
+        self.len = start + n
+        return m.lm_head(m.model.norm(x))[0]
+
+    def rollback(self, n: int) -> None:
+        self.len = min(self.len, n)
+
+
+def _probs(logits: torch.Tensor, temperature: float) -> torch.Tensor:
+    return torch.softmax(logits.double() / temperature, dim=-1)
+
+
+def generate(target, prompt: list[int], max_new_tokens: int, temperature: float = 0.0, seed: int = 0) -> dict:
+    """Plain decoding with the KV cache: one target forward per token. Greedy at temperature 0.
+    Returns {"tokens": new token ids, "target_forwards": forwards after the prompt's, "seconds": wall time,
+    "decode_seconds": wall time after the prompt's forward, "forward_seconds": of it, time inside forwards}."""
+    gen = torch.Generator().manual_seed(seed)
+    start = time.perf_counter()
+    cache, out = CachedModel(target), []
+    logits = cache.feed(prompt)[-1]
+    prefilled, prefill_s = time.perf_counter(), cache.seconds
+    for _ in range(max_new_tokens):
+        t = int(logits.argmax()) if temperature == 0 else int(torch.multinomial(_probs(logits, temperature), 1,
+                                                                                 generator=gen))
+        out.append(t)
+        if len(out) < max_new_tokens:
+            logits = cache.feed([t])[-1]
+    end = time.perf_counter()
+    return {"tokens": out, "target_forwards": len(out) - 1, "seconds": end - start, "decode_seconds": end - prefilled,
+            "forward_seconds": cache.seconds - prefill_s}
+
+
+def speculative_generate(target, draft, prompt: list[int], max_new_tokens: int, gamma: int,
+                         temperature: float = 0.0, seed: int = 0, verifier=None, greedy_verifier=None) -> dict:
+    """Speculative decoding of one sequence with KV caches: per step the draft proposes gamma tokens (one
+    forward each; sampled at `temperature`, argmax at 0), the target scores gamma + 1 positions in one forward,
+    and `verifier` (default: this module's verify; at temperature 0 `greedy_verifier`, default verify_greedy)
+    decides what is emitted. Both caches then roll back to the accepted tokens; the draft feeds the one token it
+    has not seen yet (the bonus, or its own last draft when all were accepted) in its next forward.
+
+    Returns {"tokens": new token ids (max_new_tokens of them), "target_forwards", "draft_forwards" (after the
+    prompt's), "accepted": drafts accepted per step, "seconds": wall time, "decode_seconds": wall time after the
+    prompt's forwards, "target_seconds" / "draft_seconds": of it, time inside each model's forwards}."""
+    verifier = verifier or verify
+    greedy_verifier = greedy_verifier or verify_greedy
+    gen = torch.Generator().manual_seed(seed)
+    start = time.perf_counter()
+    tc, dc = CachedModel(target), CachedModel(draft)
+    ids = list(prompt)
+    tc.feed(ids[:-1])
+    dc.feed(ids[:-1])
+    prefilled, prefill_t, prefill_d = time.perf_counter(), tc.seconds, dc.seconds
+    out, accepted, draft_forwards = [], [], 0
+    while len(out) < max_new_tokens:
+        base = len(ids) - 1                       # tokens both caches hold; ids[-1] is not cached yet
+        drafts, qs = [], []
+        pending = ids[dc.len:]                    # what the draft has not seen (1 or 2 tokens)
+        for _ in range(gamma):
+            logits = dc.feed(pending)[-1]
+            draft_forwards += 1
+            if temperature == 0:
+                x = int(logits.argmax())
+            else:
+                qs.append(_probs(logits, temperature))
+                x = int(torch.multinomial(qs[-1], 1, generator=gen))
+            drafts.append(x)
+            pending = [x]
+        logits = tc.feed([ids[-1]] + drafts)      # [gamma + 1, V]
+        d = torch.tensor(drafts, dtype=torch.long)
+        if temperature == 0:
+            emitted = greedy_verifier(logits, d)
+        else:
+            emitted = verifier(_probs(logits, temperature), torch.stack(qs), d, gen)
+        accepted.append(len(emitted) - 1)
+        ids += emitted
+        out += emitted
+        tc.rollback(base + len(emitted))          # keep ids[-1] and the accepted drafts; ids[-1] is new
+        dc.rollback(base + len(emitted))
+    end = time.perf_counter()
+    return {"tokens": out[:max_new_tokens], "target_forwards": len(accepted), "draft_forwards": draft_forwards,
+            "accepted": accepted, "seconds": end - start, "decode_seconds": end - prefilled,
+            "target_seconds": tc.seconds - prefill_t, "draft_seconds": dc.seconds - prefill_d}
+
+
+@torch.no_grad()
+def measure_acceptance(target, draft, contexts: list[list[int]], gamma: int = 8, temperature: float = 1.0,
+                       seed: int = 0, verifier=None, greedy_verifier=None) -> dict:
+    """One speculative step of gamma drafts from the end of each context (held-out text): the draft proposes,
+    the target scores gamma + 1 positions, and the verifier decides (at temperature 0: verify_greedy).
+
+    Returns {"accepted": per context, how many drafts were accepted (0 .. gamma);
+             "expected": per context and draft position, acceptance_rate(p_i, q_i) (only meaningful while the
+                         earlier drafts were accepted; exact at position 0)}.
+    Because the verifier's draws come in draft order, a step with gamma' < gamma drafts on the same draws
+    accepts min(accepted, gamma') of them: one run measures every gamma up to `gamma`."""
+    verifier = verifier or verify
+    greedy_verifier = greedy_verifier or verify_greedy
+    gen = torch.Generator().manual_seed(seed)
+    accepted, expected = [], []
+    for ctx in contexts:
+        dc, qs, drafts = CachedModel(draft), [], []
+        logits = dc.feed(ctx)[-1]
+        for i in range(gamma):
+            if temperature == 0:
+                x = int(logits.argmax())
+                qs.append(torch.nn.functional.one_hot(torch.tensor(x), logits.shape[-1]).double())
+            else:
+                qs.append(_probs(logits, temperature))
+                x = int(torch.multinomial(qs[-1], 1, generator=gen))
+            drafts.append(x)
+            if i < gamma - 1:
+                logits = dc.feed([x])[-1]
+        logits = target(torch.tensor([ctx + drafts]))[0, len(ctx) - 1:]   # [gamma + 1, V]
+        d = torch.tensor(drafts, dtype=torch.long)
+        if temperature == 0:
+            emitted = greedy_verifier(logits, d)
+            p = torch.nn.functional.one_hot(logits.argmax(-1), logits.shape[-1]).double()
+        else:
+            p = _probs(logits, temperature)
+            emitted = verifier(p, torch.stack(qs), d, gen)
+        accepted.append(len(emitted) - 1)
+        expected.append(acceptance_rate(p[:gamma], torch.stack(qs)).tolist())
+    return {"accepted": accepted, "expected": expected}

@@ -1,0 +1,248 @@
+"""Plausible wrong answers for lesson 14; each must be caught, and named, by its check.
+
+Graded as source (see tests/mutants/__init__.py): `sol` is the right answer's namespace, helpers here are
+prefixed `_m_`."""
+import torch
+
+from tests.mutants import mutant
+
+# -- 1.1 greedy verification ------------------------------------------------------------------------------
+
+
+def _m_greedy(target_logits, draft_tokens, kind):
+    best = target_logits.argmax(dim=-1).tolist()
+    out = []
+    for i, d in enumerate(draft_tokens.tolist()):
+        t = best[i + 1] if kind == "off_by_one" else best[i]
+        if t != d:
+            if kind == "continue":
+                out.append(t)
+                continue
+            return out + [d if kind == "emit_draft" else t]
+        out.append(d)
+    return out if kind == "no_bonus" else out + [best[len(draft_tokens)]]
+
+
+@mutant(check="verify_greedy", message="never emits the bonus token")
+def verify_greedy(target_logits, draft_tokens):
+    return _m_greedy(target_logits, draft_tokens, "no_bonus")
+
+
+@mutant(check="verify_greedy", message="emits the draft token at the mismatch")
+def verify_greedy(target_logits, draft_tokens):  # noqa: F811
+    return _m_greedy(target_logits, draft_tokens, "emit_draft")
+
+
+@mutant(check="verify_greedy", message="keeps going after a mismatch")
+def verify_greedy(target_logits, draft_tokens):  # noqa: F811
+    return _m_greedy(target_logits, draft_tokens, "continue")
+
+
+@mutant(check="verify_greedy", message="compares draft_tokens[i] with row i + 1")
+def verify_greedy(target_logits, draft_tokens):  # noqa: F811
+    return _m_greedy(target_logits, draft_tokens, "off_by_one")
+
+
+@mutant(check="verify_greedy", message="tensor.tolist()")
+def verify_greedy(target_logits, draft_tokens):  # noqa: F811
+    return torch.tensor(sol.verify_greedy(target_logits, draft_tokens))  # a tensor, not a list of ints
+
+
+# -- 1.2 / 1.3 --------------------------------------------------------------------------------------------
+
+@mutant(check="acceptance_rate", message="takes p/q without the min")
+def acceptance_rate(target_probs, draft_probs):
+    ratio = target_probs / draft_probs.clamp(min=1e-300)   # p/q, not min(1, p/q)
+    return (draft_probs * ratio).sum(dim=-1)
+
+
+@mutant(check="acceptance_rate", message="averages min(1, p/q) over the vocabulary")
+def acceptance_rate(target_probs, draft_probs):  # noqa: F811
+    ratio = torch.where(draft_probs > 0, target_probs / draft_probs.clamp(min=1e-300), torch.ones_like(target_probs))
+    return ratio.clamp(max=1).mean(dim=-1)
+
+
+@mutant(check="residual_distribution", message="does not normalize max(0, p - q)")
+def residual_distribution(target_probs, draft_probs):
+    return (target_probs - draft_probs).clamp(min=0)
+
+
+@mutant(check="residual_distribution", message="divides by a zero sum where p == q")
+def residual_distribution(target_probs, draft_probs):  # noqa: F811
+    excess = (target_probs - draft_probs).clamp(min=0)
+    return excess / excess.sum(dim=-1, keepdim=True)
+
+
+@mutant(check="residual_distribution", message="returns p")
+def residual_distribution(target_probs, draft_probs):  # noqa: F811
+    return target_probs.clone()
+
+
+# -- 1.4 the rejection sampler ----------------------------------------------------------------------------
+
+def _m_verify(p, q, drafts, gen, accept="min", residual="norm", bonus="last", after_reject="stop", rng=True):
+    k, out = drafts.shape[0], []
+    draw = (lambda: torch.rand((), generator=gen, dtype=p.dtype)) if rng else (lambda: torch.rand((), dtype=p.dtype))
+    pick = (lambda row: int(torch.multinomial(row, 1, generator=gen))) if rng else \
+        (lambda row: int(torch.multinomial(row, 1)))
+    for i, x in enumerate(drafts.tolist()):
+        ratio = p[i, x] / q[i, x] if accept == "min" else q[i, x] / p[i, x]
+        if draw() < ratio:
+            out.append(x)
+            continue
+        if residual == "p":
+            out.append(pick(p[i]))
+        elif residual == "cdf_unnormalized":  # inverse CDF of max(0, p - q) without dividing by its sum
+            cdf = (p[i] - q[i]).clamp(min=0).cumsum(0)
+            u = torch.rand((), generator=gen, dtype=p.dtype)
+            out.append(min(int((cdf <= u).sum()), p.shape[1] - 1))
+        else:
+            out.append(pick(sol.residual_distribution(p[i], q[i])))
+        if after_reject == "stop":
+            return out
+    if bonus != "none":  # every draft accepted (or examined, after_reject="continue")
+        out.append(pick(p[k if bonus == "last" else k - 1]))
+    return out
+
+
+@mutant(check="verify", message="resamples from p after a rejection")
+def verify(target_probs, draft_probs, draft_tokens, generator):
+    return _m_verify(target_probs, draft_probs, draft_tokens, generator, residual="p")
+
+
+@mutant(check="verify", message="never emits the bonus token")
+def verify(target_probs, draft_probs, draft_tokens, generator):  # noqa: F811
+    return _m_verify(target_probs, draft_probs, draft_tokens, generator, bonus="none")
+
+
+@mutant(check="verify", message="accepts with min(1, q/p)")
+def verify(target_probs, draft_probs, draft_tokens, generator):  # noqa: F811
+    return _m_verify(target_probs, draft_probs, draft_tokens, generator, accept="inverse")
+
+
+@mutant(check="verify", message="keeps examining drafts after a rejection")
+def verify(target_probs, draft_probs, draft_tokens, generator):  # noqa: F811
+    return _m_verify(target_probs, draft_probs, draft_tokens, generator, after_reject="continue")
+
+
+@mutant(check="verify", message="without normalizing it")
+def verify(target_probs, draft_probs, draft_tokens, generator):  # noqa: F811
+    return _m_verify(target_probs, draft_probs, draft_tokens, generator, residual="cdf_unnormalized")
+
+
+@mutant(check="verify", message="draws the bonus token from target_probs[k - 1]")
+def verify(target_probs, draft_probs, draft_tokens, generator):  # noqa: F811
+    return _m_verify(target_probs, draft_probs, draft_tokens, generator, bonus="previous")
+
+
+@mutant(check="verify", message="draw every random number from `generator`")
+def verify(target_probs, draft_probs, draft_tokens, generator):  # noqa: F811
+    return _m_verify(target_probs, draft_probs, draft_tokens, generator, rng=False)  # torch's global RNG
+
+
+# -- 2. the arithmetic ------------------------------------------------------------------------------------
+
+@mutant(check="expected_tokens_per_step", message="one term short")
+def expected_tokens_per_step(alpha, gamma):
+    return float(gamma) if alpha == 1 else (1 - alpha ** gamma) / (1 - alpha)
+
+
+@mutant(check="expected_tokens_per_step", message="ZeroDivisionError")
+def expected_tokens_per_step(alpha, gamma):  # noqa: F811
+    return (1 - alpha ** (gamma + 1)) / (1 - alpha)  # alpha = 1 not handled
+
+
+@mutant(check="expected_tokens_per_step", message="uses 1 + gamma * alpha")
+def expected_tokens_per_step(alpha, gamma):  # noqa: F811
+    return 1 + gamma * alpha
+
+
+@mutant(check="speedup", message="divides by gamma * c")
+def speedup(alpha, gamma, c):
+    return sol.expected_tokens_per_step(alpha, gamma) / (gamma * c)
+
+
+@mutant(check="speedup", message="leaves out the draft's cost")
+def speedup(alpha, gamma, c):  # noqa: F811
+    return sol.expected_tokens_per_step(alpha, gamma)
+
+
+@mutant(check="best_gamma", message="never returns 0")
+def best_gamma(alpha, c, max_gamma):
+    return max(range(1, max_gamma + 1), key=lambda g: (sol.speedup(alpha, g, c), -g))
+
+
+@mutant(check="best_gamma", message="stops at max_gamma - 1")
+def best_gamma(alpha, c, max_gamma):  # noqa: F811
+    return max(range(max_gamma), key=lambda g: (sol.speedup(alpha, g, c), -g))
+
+
+@mutant(check="best_gamma", message="ignoring what the drafts cost")
+def best_gamma(alpha, c, max_gamma):  # noqa: F811
+    return max(range(max_gamma + 1), key=lambda g: (sol.expected_tokens_per_step(alpha, g), -g))
+
+
+# -- 3. the modeled GPU clock -----------------------------------------------------------------------------
+
+def _m_modeled(model, chip, alpha, gamma, context, c, batch, verify_composition, lm_head=True):
+    from reference_engine import gpu_model as gm
+
+    shape, hw = gm.MODELS[model], gm.CHIPS[chip]
+    t_decode = gm.step_time(shape, hw, gm.Composition.decode_batch(batch, context)).time_s
+    t_verify = gm.step_time(shape, hw, verify_composition).time_s
+    if lm_head:
+        t_verify += sol.lm_head_seconds(model, chip, batch * (gamma + 1)) - sol.lm_head_seconds(model, chip, batch)
+    return sol.expected_tokens_per_step(alpha, gamma) * t_decode / (gamma * c * t_decode + t_verify)
+
+
+@mutant(check="modeled_speedup", message="charges the verification forward as one decode step")
+def modeled_speedup(model, chip, alpha, gamma, context, c, batch):
+    return sol.speedup(alpha, gamma, c)
+
+
+@mutant(check="modeled_speedup", message="leaves out the extra lm_head rows")
+def modeled_speedup(model, chip, alpha, gamma, context, c, batch):  # noqa: F811
+    from reference_engine.gpu_model import Composition
+    return _m_modeled(model, chip, alpha, gamma, context, c, batch,
+                      Composition(prefills=((gamma + 1, context),) * batch), lm_head=False)
+
+
+@mutant(check="modeled_speedup", message="batch * (gamma + 1) decode sequences")
+def modeled_speedup(model, chip, alpha, gamma, context, c, batch):  # noqa: F811
+    from reference_engine.gpu_model import Composition
+    return _m_modeled(model, chip, alpha, gamma, context, c, batch,
+                      Composition.decode_batch(batch * (gamma + 1), context))
+
+
+@mutant(check="modeled_speedup", message="one chunk of batch * (gamma + 1) tokens")
+def modeled_speedup(model, chip, alpha, gamma, context, c, batch):  # noqa: F811
+    from reference_engine.gpu_model import Composition
+    return _m_modeled(model, chip, alpha, gamma, context, c, batch,
+                      Composition(prefills=((batch * (gamma + 1), context),)))
+
+
+@mutant(check="break_even_batch", message="tries only powers of two")
+def break_even_batch(model, chip, alpha, gamma, context, c, max_batch=1024):
+    b = 1
+    while b <= max_batch:
+        if sol.modeled_speedup(model, chip, alpha, gamma, context, c, b) <= 1:
+            return b
+        b *= 2
+    return None
+
+
+@mutant(check="break_even_batch", message="returns max_batch when speculation still pays there")
+def break_even_batch(model, chip, alpha, gamma, context, c, max_batch=1024):  # noqa: F811
+    found = sol.break_even_batch(model, chip, alpha, gamma, context, c, max_batch)
+    return max_batch if found is None else found
+
+
+@mutant(check="break_even_batch", message="the last batch at which speculation still pays")
+def break_even_batch(model, chip, alpha, gamma, context, c, max_batch=1024):  # noqa: F811
+    found = sol.break_even_batch(model, chip, alpha, gamma, context, c, max_batch)
+    return found - 1 if found else found
+
+
+@mutant(check="break_even_batch", message="(in modeled_speedup)")
+def modeled_speedup(model, chip, alpha, gamma, context, c, batch):  # noqa: F811
+    return sol.speedup(alpha, gamma, c)  # break_even_batch calls this wrong modeled_speedup

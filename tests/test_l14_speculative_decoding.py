@@ -1,0 +1,248 @@
+"""Lesson 14 beyond the shared tests: the rejection sampler's exactness, the check's statistics (exact law,
+calibrated false-alarm rate, power against every named mistake), the greedy loop against plain greedy, the
+KV-cached helpers, and the modeled-clock assumptions the break-even search relies on."""
+import math
+import random
+from collections import Counter
+
+import pytest
+import torch
+
+from autograder.checks import l14_speculative_decoding as checks
+from autograder.compare import compare
+from reference_engine import train
+from solutions import l14_speculative_decoding as S
+
+
+def _random_pq(rng, k, V):
+    return checks._rows(rng, k + 1, V), checks._rows(rng, k, V)
+
+
+# -- the exact law -------------------------------------------------------------------------------------------
+
+def test_law_sums_to_one_and_each_emitted_token_has_the_target_distribution():
+    """Given that position j is reached (drafts 0 .. j-1 accepted), the token emitted there is distributed as
+    p_j: the property that makes speculative sampling exact (fixed rows stand for the conditionals)."""
+    rng = random.Random(0)
+    for _ in range(50):
+        k, V = rng.randint(1, 3), rng.randint(2, 5)
+        p, q = _random_pq(rng, k, V)
+        law = checks.emission_law(p, q)
+        assert math.isclose(sum(law.values()), 1.0, rel_tol=1e-12)
+        for j in range(k + 1):
+            reach = sum(w for s, w in law.items() if len(s) > j)
+            if reach == 0:
+                continue  # p and q disjoint at an earlier position: nothing gets this far
+            for y in range(V):
+                share = sum(w for s, w in law.items() if len(s) > j and s[j] == y) / reach
+                assert math.isclose(share, p[j][y], rel_tol=1e-9, abs_tol=1e-12)
+        for name, kw in checks.VERIFY_MISTAKES.items():
+            assert math.isclose(sum(checks.emission_law(p, q, **kw).values()), 1.0, rel_tol=1e-9), name
+
+
+def test_reference_verify_follows_the_law():
+    rng = random.Random(1)
+    p, q = _random_pq(rng, 2, 4)
+    drafts = torch.stack([torch.multinomial(checks._t(r), 4000, replacement=True,
+                                            generator=torch.Generator().manual_seed(i)) for i, r in enumerate(q)], 1)
+    run = checks.sample_verify(S.verify, checks._t(p), checks._t(q), drafts, seed=3)
+    assert run["deterministic"] and not run["modified"]
+    counts = Counter(tuple(o) for o in run["outputs"])
+    assert checks.chi_square(counts, checks.emission_law(p, q), len(drafts))[2] > 1e-3
+
+
+def test_truncated_gamma_accepts_the_prefix_of_the_same_draws():
+    """measure_acceptance's claim: with the same generator, verify on the first g drafts accepts min(A, g)."""
+    rng = random.Random(2)
+    for trial in range(200):
+        p, q = _random_pq(rng, 6, 4)
+        P, Q = checks._t(p), checks._t(q)
+        drafts = torch.stack([torch.multinomial(row, 1, generator=torch.Generator().manual_seed(trial)) for row in Q])[:, 0]
+        full = len(S.verify(P, Q, drafts, torch.Generator().manual_seed(trial))) - 1
+        for g in range(1, 7):
+            cut = len(S.verify(P[:g + 1], Q[:g], drafts[:g], torch.Generator().manual_seed(trial))) - 1
+            assert cut == min(full, g)
+
+
+# -- the check's statistics -------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("case", [c for _, c in checks.VERIFY_CASES] + [_random_pq(random.Random(9), 3, 5)])
+def test_chi_square_false_alarm_rate_is_calibrated(case):
+    """Counts drawn from the exact law itself: the test's p-values are close to uniform, so FALSE_ALARM is the
+    rate at which a right verifier fails a case (checked here at 1% and 0.1%, where it can be measured)."""
+    p, q = case
+    law = checks.emission_law(p, q)
+    seqs = list(law)
+    probs = torch.tensor([law[s] for s in seqs], dtype=torch.float64)
+    g = torch.Generator().manual_seed(0)
+    reps = 3000
+    pvalues = []
+    for _ in range(reps):
+        draws = torch.multinomial(probs, checks.N_CALLS, replacement=True, generator=g)
+        bins = torch.bincount(draws, minlength=len(seqs)).tolist()
+        counts = Counter({seqs[i]: n for i, n in enumerate(bins) if n})
+        pvalues.append(checks.chi_square(counts, law, checks.N_CALLS)[2])
+    for level in (0.01, 0.001):
+        rate = sum(pv < level for pv in pvalues) / reps
+        sd = math.sqrt(level * (1 - level) / reps)
+        assert abs(rate - level) < 4 * sd + 0.002, (level, rate)
+
+
+def _noncentrality(true_law: dict, tested: dict, n: int) -> float:
+    """The chi-square statistic's expected excess when counts come from true_law and are tested against tested."""
+    total = 0.0
+    for s in set(true_law) | set(tested):
+        a, b = true_law.get(s, 0.0), tested.get(s, 0.0)
+        if b == 0 and a > 0:
+            return math.inf
+        if b > 0:
+            total += (a - b) ** 2 / b
+    return n * total
+
+
+def test_every_verify_mistake_is_far_from_the_rule_and_from_the_others_on_a_visible_case():
+    """Power: on some visible case each named mistake's law is hundreds of chi-square units away from the right
+    law (so it fails) and from every other mistake's (so it alone is named)."""
+    for name, kw in checks.VERIFY_MISTAKES.items():
+        ok = False
+        for _, (p, q) in checks.VERIFY_CASES:
+            mine = checks.emission_law(p, q, **kw)
+            others = [checks.emission_law(p, q)] + [checks.emission_law(p, q, **k2)
+                                                   for n2, k2 in checks.VERIFY_MISTAKES.items() if n2 != name]
+            if all(_noncentrality(mine, other, checks.N_CALLS) > 400 for other in others):
+                ok = True
+        assert ok, name
+
+
+# -- greedy ----------------------------------------------------------------------------------------------------
+
+def test_greedy_rule_matches_the_reference():
+    rng = random.Random(3)
+    for _ in range(300):
+        logits, drafts = checks.random_greedy_case(rng)
+        assert checks.greedy_rule(logits, drafts) == S.verify_greedy(logits, drafts)
+
+
+@pytest.fixture(scope="module")
+def models():
+    return S.load_models()
+
+
+def test_greedy_loop_equals_plain_greedy(models):
+    """The check's expected tokens (the loop with the right rule) are plain greedy decoding of the target."""
+    target, _ = models
+    prompts = checks._prompts()
+    loop = checks.greedy_loop(checks.greedy_rule, prompts, checks.LOOP_GAMMA, checks.LOOP_TOKENS)
+    for prompt, got in zip(prompts, loop["tokens"]):
+        assert got == train.greedy(target, prompt, checks.LOOP_TOKENS)[len(prompt):]
+
+
+def test_cached_model_matches_the_full_forward_and_rolls_back(models):
+    ids = list(range(5, 60))
+    for model in models:
+        full = model(torch.tensor([ids]))[0].detach()
+        cache = S.CachedModel(model)
+        parts = [cache.feed(ids[:30]), cache.feed(ids[30:31]), cache.feed(ids[31:])]
+        assert torch.allclose(torch.cat(parts), full, atol=1e-4)
+        cache.rollback(20)
+        assert torch.allclose(cache.feed(ids[20:40]), full[20:40], atol=1e-4)
+
+
+def test_speculative_greedy_equals_plain_greedy_with_the_kv_cache(models):
+    target, draft = models
+    prompt = S.tokenizer().encode("def parse(self, text):\n    ").ids
+    plain = S.generate(target, prompt, 40)["tokens"]
+    assert plain == train.greedy(target, prompt, 40)[len(prompt):]
+    for gamma in (1, 3, 5):
+        spec = S.speculative_generate(target, draft, prompt, 40, gamma)
+        assert spec["tokens"] == plain
+        assert spec["target_forwards"] == len(spec["accepted"]) < 40
+        assert all(0 <= a <= gamma for a in spec["accepted"])
+
+
+def test_speculative_sampling_runs_and_counts(models):
+    target, draft = models
+    spec = S.speculative_generate(target, draft, [1, 2, 3, 4], 30, 3, temperature=1.0, seed=5)
+    assert len(spec["tokens"]) == 30 and sum(a + 1 for a in spec["accepted"]) >= 30
+    again = S.speculative_generate(target, draft, [1, 2, 3, 4], 30, 3, temperature=1.0, seed=5)
+    assert again["tokens"] == spec["tokens"]
+
+
+# -- the arithmetic and the modeled clock ----------------------------------------------------------------------
+
+def test_expected_tokens_is_the_mean_of_a_simulated_step():
+    rng = random.Random(4)
+    for alpha, gamma in ((0.6, 3), (0.9, 6), (0.2, 1)):
+        n, total = 40000, 0
+        for _ in range(n):
+            accepted = 0
+            while accepted < gamma and rng.random() < alpha:
+                accepted += 1
+            total += accepted + 1
+        assert total / n == pytest.approx(S.expected_tokens_per_step(alpha, gamma), rel=0.02)
+
+
+def test_best_gamma_is_the_brute_force_argmax():
+    rng = random.Random(5)
+    for _ in range(200):
+        alpha, c, top = rng.uniform(0, 1), rng.uniform(0, 1), rng.randint(0, 12)
+        vals = [S.speedup(alpha, g, c) for g in range(top + 1)]
+        assert S.best_gamma(alpha, c, top) == vals.index(max(vals))
+
+
+def test_check_variant_equals_the_reference_modeled_speedup():
+    rng = random.Random(6)
+    for _ in range(30):
+        case = checks.random_modeled_case(rng)
+        assert checks.modeled(*case) == pytest.approx(S.modeled_speedup(*case), rel=1e-12)
+
+
+def test_modeled_speedup_is_leviathan_at_batch_one_and_falls_with_the_batch():
+    """At batch 1 the step is memory-bound: verification costs about one decode step. The speedup never rises
+    again once it falls (what break_even_batch's bisection relies on), over a grid of settings."""
+    for chip in ("A100", "H100", "H200"):
+        for context in (128, 1024, 4096):
+            for alpha, gamma, c in ((0.5, 2, 0.3), (0.7, 4, 0.2), (0.9, 8, 0.05)):
+                assert S.modeled_speedup("llama-3-8b", chip, alpha, gamma, context, c, 1) == \
+                    pytest.approx(S.speedup(alpha, gamma, c), rel=0.03)
+                vals = [S.modeled_speedup("llama-3-8b", chip, alpha, gamma, context, c, b) for b in range(1, 700, 7)]
+                assert all(b <= a + 1e-12 for a, b in zip(vals, vals[1:])), (chip, context, alpha, gamma, c)
+
+
+def test_break_even_bisection_equals_a_scan():
+    for chip, alpha, gamma, context, c in (("H100", 0.7, 4, 1024, 0.2), ("A100", 0.6, 3, 256, 0.3),
+                                           ("H200", 0.8, 6, 512, 0.1)):
+        scan = next((b for b in range(1, 513)
+                     if S.modeled_speedup("llama-3-8b", chip, alpha, gamma, context, c, b) <= 1), None)
+        assert S.break_even_batch("llama-3-8b", chip, alpha, gamma, context, c, 512) == scan
+
+
+# -- every mistake a check names shows in a visible case (so on every seed) -----------------------------------
+
+def _exercised(cases, expected_fn, mistakes_fn) -> set:
+    seen = set()
+    for _, args in cases:
+        expected = expected_fn(*args)
+        seen |= {name for name, wrong in mistakes_fn(*args).items() if compare(wrong, expected, rtol=1e-9)}
+    return seen
+
+
+def test_every_named_mistake_shows_in_a_visible_case():
+    greedy = _exercised(checks.GREEDY_CASES, S.verify_greedy, lambda lg, d: {
+        n: checks.greedy_rule(lg, d, kind) for n, kind in checks.GREEDY_MISTAKES.items()})
+    assert greedy == set(checks.GREEDY_MISTAKES)
+    acc = _exercised(checks.PAIR_CASES, S.acceptance_rate, checks.acceptance_mistakes)
+    assert acc == set(checks.acceptance_mistakes(*checks.PAIR_CASES[0][1]))
+    res = _exercised(checks.PAIR_CASES, S.residual_distribution, checks.residual_mistakes)
+    assert res == set(checks.residual_mistakes(*checks.PAIR_CASES[0][1]))
+    tok = _exercised(checks.TOKENS_CASES, S.expected_tokens_per_step, checks.tokens_mistakes)
+    assert tok == set(checks.tokens_mistakes(0.5, 2))
+    spd = _exercised(checks.SPEEDUP_CASES, S.speedup, checks.speedup_mistakes)
+    assert spd == set(checks.speedup_mistakes(0.5, 2, 0.1))
+    best = _exercised(checks.BEST_CASES, S.best_gamma, checks.best_gamma_mistakes)
+    assert best == set(checks.best_gamma_mistakes(0.5, 0.1, 3))
+    mod = _exercised(checks.MODELED_CASES, S.modeled_speedup,
+                     lambda *case: {n: checks.modeled(*case, kind=k) for n, k in checks.MODELED_MISTAKES.items()})
+    assert mod == set(checks.MODELED_MISTAKES)
+    be = _exercised(checks.BREAK_EVEN_CASES, S.break_even_batch, checks.break_even_mistakes)
+    assert be == set(checks.break_even_mistakes(*checks.BREAK_EVEN_CASES[0][1]))
