@@ -17,7 +17,9 @@ from . import (  # noqa: F401 - importing a lesson's module registers its templa
     l05_latency_metrics,
     l06_capacity_planning,
     l07_chunked_prefill,
+    l14_speculative_decoding,
     l15_attention_layouts,
+    l18_prefix_caching,
     l19_offline_batch,
 )
 from .question import REGISTRY, Template
