@@ -2,8 +2,11 @@
 # Check your work with `course check 07`. (Generated from solutions/l07_chunked_prefill.py by
 # `course sync`; keep the names and signatures.)
 """Lesson 07: chunked prefill. One token budget per engine step, spent on running decodes first and
-then on slices ("chunks") of prompts, first come first served; and the budget that keeps every step
-under an inter-token-latency SLO while getting a long prompt its first token as soon as possible.
+then on slices ("chunks") of prompts, first come first served; vLLM's partial-prefill controls
+(long_prefill_token_threshold, max_long_partial_prefills), which keep one long prompt from taking every
+prefill token so that short prompts behind it get their first token quickly; and the budget that keeps
+every step under an inter-token-latency SLO while getting a long prompt its first token as soon as
+possible.
 
 Times are in seconds. A "budget" counts every token a step computes, decode tokens included (vLLM's
 max_num_batched_tokens).
@@ -35,11 +38,32 @@ def plan_step(decode_ids: list[str], prefill_queue: list[dict], budget: int) -> 
 
 
 class ChunkedPrefillPolicy:
-    """Exercise 1.2: the same rule as a reference_engine SchedulerPolicy, plugged into the engine with
-    LLM(path, scheduler_policy=ChunkedPrefillPolicy()).
+    """Exercise 1.2: chunked prefill with vLLM's partial-prefill controls, as a reference_engine
+    SchedulerPolicy: LLM(path, scheduler_policy=ChunkedPrefillPolicy(long_prefill_token_threshold=32)).
 
-    The engine has already given every running decode its token; schedule() spends what is left.
+    Plain FCFS chunking (exercise 1.1, lesson 03's ContinuousPolicy) gives the oldest prompt every token the
+    decodes leave, so a short prompt queued behind a long one waits for the whole long prefill. Two knobs,
+    named as in vLLM's SchedulerConfig, let short prompts through:
+
+    long_prefill_token_threshold (T >= 1): a candidate is *long* when it still has more than T tokens to
+      compute (seq.num_uncomputed_tokens > T; vLLM's scheduler tests what is left, get_num_new_tokens(), so a
+      long prompt on its last chunk, or one mostly found in the prefix cache, counts as short). No
+      candidate gets more than T tokens in a step.
+    max_long_partial_prefills (M >= 1): at most M long candidates get tokens in one step. A long candidate
+      past that cap is held back (left out this step), and the candidates behind it are still considered:
+      a short prompt may go ahead of a long one (that is the point).
+
+    Both apply to chunked prefill only. With budget.chunked_prefill False no prefill is partial (a prompt
+    goes whole or waits), and the rule is lesson 03's plain FCFS.
     """
+
+    def __init__(self, long_prefill_token_threshold: int, max_long_partial_prefills: int = 1):
+        for name, v in (("long_prefill_token_threshold", long_prefill_token_threshold),
+                        ("max_long_partial_prefills", max_long_partial_prefills)):
+            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+                raise ValueError(f"{name} must be a positive integer, got {v!r}")
+        self.long_prefill_token_threshold = long_prefill_token_threshold
+        self.max_long_partial_prefills = max_long_partial_prefills
 
     def schedule(self, candidates: list, budget) -> list[tuple]:
         """candidates: Sequences oldest first (partly prefilled prompts, then the waiting queue).
@@ -47,9 +71,15 @@ class ChunkedPrefillPolicy:
         budget.chunked_prefill says whether a prompt may be split, budget.try_take(seq, n) checks the
         tokens, batch slots and free KV blocks for n tokens of seq and spends them if they fit.
 
-        Returns [(seq, num_tokens), ...]: each candidate in order gets min(seq.num_uncomputed_tokens,
-        budget.tokens) tokens (all of them when chunking is off); stop at the first one that does not
-        fit (FCFS: nobody overtakes a request that waits for room).
+        Returns [(seq, num_tokens), ...] in candidate order. With budget.chunked_prefill, for each candidate
+        in order (T, M as in the class docstring; "long" means seq.num_uncomputed_tokens > T):
+          1. a long candidate when M long ones were already picked this step is held back: skip it;
+          2. otherwise it gets n = min(seq.num_uncomputed_tokens, T, budget.tokens) tokens; if
+             budget.try_take(seq, n) says no (no tokens left, no batch slot, too few free KV blocks),
+             stop: nobody overtakes a request that waits for room (FCFS);
+          3. else it is picked (and counts against M if long).
+        Without chunked prefill: each candidate in order gets all its seq.num_uncomputed_tokens; stop at
+        the first that does not fit (no threshold, no cap).
         """
         raise NotImplementedError("Exercise 1.2 (ChunkedPrefillPolicy.schedule): see section 1.2 of lessons/l07_chunked_prefill.ipynb")
 

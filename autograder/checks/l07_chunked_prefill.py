@@ -1,14 +1,14 @@
-"""Checks for lesson 07: a step planner with a token budget, the same rule as an engine scheduler
-policy, the per-step cost model, the budget that meets an ITL SLO, and the chunks of a prefill that
-starts after a prefix-cache hit.
+"""Checks for lesson 07: a step planner with a token budget, an engine scheduler policy with vLLM's
+partial-prefill controls (a chunk cap and a cap on long prefills a step), the per-step cost model, the
+budget that meets an ITL SLO, and the chunks of a prefill that starts after a prefix-cache hit.
 
 plan_step is driven through whole simulated runs (requests arrive, prefill in chunks, decode, leave)
 and compared with the reference at every step; its wrong variants below name the usual mistakes.
 The policy runs inside the engine on the shipped target model, in the learner's process
 (`engine_harness.run_engine`), which records what each schedule() call was given (the budget, the
 candidates) and what it picked, as data. Here every recorded call is judged with the reference rule
-on the same inputs, and the usual wrong rules name a wrong pick; the generated tokens, the budget and
-the KV pool are compared with a run of the engine's own FCFS policy, made here.
+on the same inputs, and the usual wrong rules name a wrong pick; the schedule, the generated tokens, the
+budget and the KV pool are compared with a run of the reference policy (`t.reference`).
 """
 from __future__ import annotations
 
@@ -196,19 +196,35 @@ def replay(call: dict, block_size: int):
     return seqs, Budget(call["tokens"], call["slots"], _Blocks(call["free_blocks"], block_size), call["chunked"])
 
 
-def rule(candidates, budget, need=lambda s: s.num_uncomputed_tokens, skip=False, whole=False, started=True,
-         tokens_only=False, always_chunk=False):
-    """The reference rule (FCFS, chunks of what the budget has left) and its usual wrong versions:
-    skip (overtaking), need (what a prompt asks for), whole (never chunks), started=False (never
-    continues a started prompt), tokens_only (counts tokens itself instead of budget.try_take),
-    always_chunk (chunks even when budget.chunked_prefill is False)."""
-    picked, left = [], budget.tokens
+def rule(candidates, budget, threshold: int, max_long: int, need=lambda s: s.num_uncomputed_tokens,
+         long_by=lambda s: s.num_uncomputed_tokens, skip=False, whole=False, started=True, tokens_only=False,
+         always_chunk=False, no_threshold=False, no_budget_min=False, no_cap=False, count_all=False,
+         stop_at_held=False, long_at_threshold=False, cap_unchunked=False):
+    """The reference rule (the solution's docstring: with chunked prefill, a long candidate past the cap is
+    held back, the others get min(uncomputed, threshold, budget.tokens), FCFS stop at the first that does
+    not fit; without, whole or stop) and its usual wrong versions, one keyword each:
+    need (what a prompt asks for), long_by / long_at_threshold (which prompts are long), skip (overtaking),
+    whole (never chunks), started=False (never continues a started prompt), tokens_only (counts tokens itself
+    instead of budget.try_take), always_chunk (ignores budget.chunked_prefill), no_threshold / no_budget_min
+    (a term missing from the chunk's min), no_cap / count_all / stop_at_held / cap_unchunked (the long cap
+    missing, counting every prompt, stopping the step at a held prompt, applied with chunking off).
+    Returns [(seq_id, num_tokens)]."""
+    chunked = budget.chunked_prefill or always_chunk
+    capped = (chunked or cap_unchunked) and not no_cap
+    picked, left, longs = [], budget.tokens, 0
     for seq in candidates:
         if not started and not seq.is_waiting:
             continue
+        is_long = long_by(seq) >= threshold if long_at_threshold else long_by(seq) > threshold
+        counts = is_long or count_all
+        if capped and counts and longs >= max_long:
+            if stop_at_held:
+                break
+            continue
         n = need(seq)
-        if (budget.chunked_prefill or always_chunk) and not whole:
-            n = min(n, left if tokens_only else budget.tokens)
+        if chunked and not whole:
+            n = n if no_threshold else min(n, threshold)
+            n = n if no_budget_min else min(n, left if tokens_only else budget.tokens)
         if tokens_only:
             if not 0 < n <= left:
                 break
@@ -218,17 +234,35 @@ def rule(candidates, budget, need=lambda s: s.num_uncomputed_tokens, skip=False,
                 continue
             break
         picked.append((seq.seq_id, n))
+        longs += counts
     return picked
 
 
 POLICY_MISTAKES = {
-    "lets a later request overtake one that does not fit (FCFS stops at the first that does not fit)":
-        dict(skip=True),
+    "gives a prompt up to all of budget.tokens; no chunk is larger than long_prefill_token_threshold (take "
+    "min(num_uncomputed_tokens, threshold, budget.tokens))": dict(no_threshold=True),
+    "caps a chunk at the threshold but not at budget.tokens, so a prompt that would get the tokens left gets "
+    "nothing and the step stops early": dict(no_budget_min=True),
+    "never holds a long prompt back: at most max_long_partial_prefills long prompts (more than the threshold "
+    "left to compute) get tokens in one step": dict(no_cap=True),
+    "counts every prompt against max_long_partial_prefills; only long ones count, short prompts always may "
+    "go": dict(count_all=True),
+    "stops the step at a long prompt held back by the cap; skip it and go on: a short prompt behind it may "
+    "still go (that is what the cap is for)": dict(stop_at_held=True),
+    "decides a prompt is long by num_prompt_tokens; what counts is what it still has to compute "
+    "(num_uncomputed_tokens), so a long prompt on its last chunk no longer holds a long slot":
+        dict(long_by=lambda s: s.num_prompt_tokens),
+    "counts a prompt with exactly long_prefill_token_threshold tokens left as long; long means more than the "
+    "threshold": dict(long_at_threshold=True),
+    "holds long prompts back with chunking off too; a prompt scheduled whole finishes its prefill in the step, "
+    "nothing is partial, and the rule is plain FCFS": dict(cap_unchunked=True),
+    "lets a later request overtake one that does not fit (FCFS stops at the first that does not fit; only a "
+    "long prompt held back by the cap is skipped)": dict(skip=True),
     "asks for a prompt's full length (num_prompt_tokens) instead of what is still uncomputed "
     "(num_uncomputed_tokens), so partly prefilled prompts cannot continue and get prefilled again":
         dict(need=lambda s: s.num_prompt_tokens),
-    "admits a prompt whole even when it is larger than the budget left (take min(num_uncomputed_tokens, "
-    "budget.tokens) when budget.chunked_prefill)": dict(whole=True),
+    "admits a prompt whole even when it is larger than the threshold or the budget left (with "
+    "budget.chunked_prefill, a prompt gets min(num_uncomputed_tokens, threshold, budget.tokens))": dict(whole=True),
     "never continues a started prompt: candidates with is_waiting False (partly prefilled) come first and "
     "need their next chunk": dict(started=False),
     "counts only tokens, without budget.try_take: free KV blocks and batch slots limit a step too":
@@ -237,89 +271,108 @@ POLICY_MISTAKES = {
     "or waits for a later step)": dict(always_chunk=True),
 }
 
-def _call_label(i: int, call: dict) -> str:
+
+def _call_label(i: int, call: dict, policy: tuple) -> str:
     cands = [(c["seq_id"], c["uncomputed"], c["prompt"], c["waiting"]) for c in call["candidates"]]
-    return (f"schedule() call {i + 1} (engine step {call['step']}): budget.tokens={call['tokens']}, "
-            f"budget.slots={call['slots']}, budget.free_blocks={call['free_blocks']}, "
+    return (f"schedule() call {i + 1} (engine step {call['step']}) of ChunkedPrefillPolicy{policy}: "
+            f"budget.tokens={call['tokens']}, budget.slots={call['slots']}, budget.free_blocks={call['free_blocks']}, "
             f"budget.chunked_prefill={call['chunked']}, candidates (seq_id, num_uncomputed_tokens, "
             f"num_prompt_tokens, is_waiting) {cands}")
 
 
-def judge_calls(t, run: dict):
+def judge_calls(t, run: dict, policy: tuple):
     """Every recorded schedule() call the policy returned from, against the reference rule on the same
-    inputs; the first wrong pick fails the case, named by the one wrong rule that picks the same."""
+    inputs; the first wrong pick fails the case, named by the one wrong rule that picks the same. A wrong
+    rule that picks differently on some call counts as tested (it would have been caught)."""
     hint = next((f"Looks like your code {m}." for p, m in POLICY_ERRORS
                  if run["error"] is not None and p in run["error"]["message"]), "")
     for i, call in enumerate(run["policy_calls"]):
         if call["picks"] is None and i == len(run["policy_calls"]) - 1 and run["error"] is not None:
             return  # it raised, or returned no list of pairs: the engine's error says which
-        expected = rule(*replay(call, run["block_size"]))
+        expected = rule(*replay(call, run["block_size"]), *policy)
+        wrong = {name: rule(*replay(call, run["block_size"]), *policy, **kw) for name, kw in POLICY_MISTAKES.items()}
+        t.offered.update(name for name, w in wrong.items() if w != expected)
         if call["picks"] == expected:
             continue
-        wrong = {name: rule(*replay(call, run["block_size"]), **kw) for name, kw in POLICY_MISTAKES.items()}
         try:
-            t.expect(call["picks"], expected, f"{_call_label(i, call)}: your policy returned (seq_id, num_tokens) "
-                     f"{call['picks']}, expected {expected}", mistakes=wrong, hint=hint)
+            t.expect(call["picks"], expected, f"{_call_label(i, call, policy)}: your policy returned (seq_id, "
+                     f"num_tokens) {call['picks']}, expected {expected}", mistakes=wrong, hint=hint)
         except CaseFailed as e:
             t.fail(f"{e}\n{stopped(run)}" if run["error"] is not None else str(e))
 
 
-def engine_case(t, llm_kwargs: dict, prompts: list, max_tokens: int):
-    expected = run_engine(prompts, max_tokens, llm_kwargs)  # the engine's own FCFSPolicy, here
+def reference_run(ref, prompts: list, max_tokens: int, llm_kwargs: dict, policy: tuple) -> dict:
+    """The engine run with the reference ChunkedPrefillPolicy(*policy) (for t.reference: plain data in and out)."""
+    return run_engine(prompts, max_tokens, llm_kwargs, make={"scheduler_policy": (ref.ChunkedPrefillPolicy, *policy)},
+                      record_policy=True, catch=True)
+
+
+def engine_case(t, llm_kwargs: dict, policy: tuple, prompts: list, max_tokens: int):
+    expected = t.reference(reference_run, prompts, max_tokens, llm_kwargs, policy)
+    if expected["error"] is not None:
+        raise RuntimeError(f"the reference policy failed in the engine: {expected['error']['message']}")
     run = t.run(run_engine, prompts, max_tokens, llm_kwargs, what="the engine, running your policy,",
-                make={"scheduler_policy": (t.learner("ChunkedPrefillPolicy"),)},
+                make={"scheduler_policy": (t.learner("ChunkedPrefillPolicy"), *policy)},
                 max_steps=4 * expected["steps"] + 20, record_policy=True, catch=True)
-    judge_calls(t, run)
+    judge_calls(t, run, policy)
     if run["error"] is not None:
         t.fail(stopped(run, POLICY_ERRORS))
-    t.expect_true(run["finished"], f"the requests did not finish in {run['steps']} steps (FCFS needs "
-                                   f"{expected['steps']}): does your policy make progress?")
-    t.expect(run["tokens"], expected["tokens"], "generated token ids (greedy) vs the engine's own policy")
+    t.expect_true(run["finished"], f"the requests did not finish in {run['steps']} steps (the reference policy "
+                                   f"needs {expected['steps']}): does your policy make progress?")
+    t.expect(run["schedule"], expected["schedule"], "the per-step schedule (each step: prompts prefilled, prefill "
+             "tokens, decodes, preemptions) vs the reference policy's")
+    t.expect(run["tokens"], expected["tokens"], "generated token ids (greedy) vs the reference policy's run")
     limit = run["max_num_batched_tokens"]
     over = [k for k, n in enumerate(run["step_tokens"]) if n > limit]
     t.expect_true(not over, f"steps {over} computed more than max_num_batched_tokens={limit} tokens")
-    t.expect(sum(s[1] for s in run["schedule"]), sum(s[1] for s in expected["schedule"]),
-             "prompt tokens prefilled in all")
     t.expect_true(run["leak"] is None, run["leak"] or "")
 
 
-def _prompts(rng, n, lo, hi):
-    return [[rng.randrange(1, 2048) for _ in range(rng.randint(lo, hi))] for _ in range(n)]
-
-
-def _visible_prompts(seed: int, lens) -> list:
-    rng = random.Random(seed)
+def _prompts(rng, lens) -> list:
     return [[rng.randrange(1, 2048) for _ in range(n)] for n in lens]
 
 
+def _visible_prompts(seed: int, lens) -> list:
+    return _prompts(random.Random(seed), lens)
+
+
+# (label, (LLM keywords, (long_prefill_token_threshold, max_long_partial_prefills), prompts)); max_tokens 6
 ENGINE_CASES = [
-    ("visible: chunked, budget 16, 6 KV blocks of 16 (forces preemption)",
-     (dict(num_blocks=6, max_num_seqs=4, max_num_batched_tokens=16), _visible_prompts(0, (36, 12, 40, 21, 17)))),
-    ("visible: chunked prefill off, budget 96, 6 KV blocks of 16",
-     (dict(num_blocks=6, max_num_seqs=4, max_num_batched_tokens=96, enable_chunked_prefill=False),
-      _visible_prompts(1, (30, 30, 40, 12)))),
-    ("visible: chunked prefill off, budget 64, plenty of KV blocks (a prompt larger than the budget left waits)",
-     (dict(num_blocks=40, max_num_seqs=4, max_num_batched_tokens=64, max_model_len=64, enable_chunked_prefill=False),
-      _visible_prompts(2, (40, 30, 20, 50)))),
+    ("visible: a long prompt, then short ones; budget 40, threshold 16, one long prefill a step",
+     (dict(num_blocks=64, max_num_seqs=6, max_num_batched_tokens=40), (16, 1), _visible_prompts(0, (120, 9, 14, 16, 12)))),
+    ("visible: two long prompts (48 and 64 tokens) and short ones; budget 32, threshold 16, one long a step",
+     (dict(num_blocks=64, max_num_seqs=6, max_num_batched_tokens=32), (16, 1), _visible_prompts(1, (48, 64, 10, 40, 7)))),
+    ("visible: three long prompts, two long prefills a step; budget 48, threshold 12",
+     (dict(num_blocks=64, max_num_seqs=5, max_num_batched_tokens=48), (12, 2), _visible_prompts(2, (50, 36, 41, 5, 30)))),
+    ("visible: 6 KV blocks of 16 (forces preemption); budget 20, threshold 10, two long prefills a step",
+     (dict(num_blocks=6, max_num_seqs=4, max_num_batched_tokens=20), (10, 2), _visible_prompts(26, (25, 17, 39, 48, 45)))),
+    ("visible: chunked prefill off, budget 96; two long prompts fit one step whole",
+     (dict(num_blocks=40, max_num_seqs=4, max_num_batched_tokens=96, max_model_len=96, enable_chunked_prefill=False),
+      (16, 1), _visible_prompts(4, (30, 40, 20, 50, 12)))),
 ]
 
 
 def random_engine_case(rng):
-    budget = rng.randint(8, 24)
-    return (dict(num_blocks=rng.randint(6, 10), max_num_seqs=rng.randint(3, min(6, budget)),
-                 max_num_batched_tokens=budget), _prompts(rng, rng.randint(4, 6), 8, 40))
+    """Long prompts among short ones, a random threshold and cap; KV blocks from tight to plenty."""
+    budget = rng.randint(16, 48)
+    threshold = rng.randint(6, max(6, budget // 2))
+    lens = [rng.randint(threshold + 1, 4 * threshold) if rng.random() < 0.5 else rng.randint(3, threshold)
+            for _ in range(rng.randint(4, 6))]
+    kwargs = dict(num_blocks=rng.choice([8, 12, 64]), max_num_seqs=rng.randint(3, 6), max_num_batched_tokens=budget)
+    return kwargs, (threshold, rng.choice([1, 1, 2])), _prompts(rng, lens)
 
 
-@check(points=3, section="1.2", timeout=60)
+@check(points=3, section="1.2", timeout=90)
 def chunked_policy_in_engine(t):
-    """The policy in the engine: the reference pick at every call, reference tokens, budget held, no
-    re-prefill, no leaked blocks."""
-    stub_guard(t, "ChunkedPrefillPolicy")
-    for label, (kwargs, prompts) in t.cases(visible=ENGINE_CASES, hidden=random_engine_case, n=1):
+    """The policy in the engine: the reference pick at every call (long prompts capped and held back, short
+    ones let through, FCFS otherwise), the reference schedule and tokens, budget held, no leaked blocks."""
+    stub_guard(t, "ChunkedPrefillPolicy", 16)
+    for label, (kwargs, policy, prompts) in t.cases(visible=ENGINE_CASES, hidden=random_engine_case, n=1):
         if label.startswith("hidden"):
-            label = f"{label}: chunked, budget {kwargs['max_num_batched_tokens']}"
+            label = (f"{label}: budget {kwargs['max_num_batched_tokens']}, threshold {policy[0]}, "
+                     f"{policy[1]} long prefill(s) a step, {kwargs['num_blocks']} KV blocks")
         with t.case(f"{label}, prompts of {[len(p) for p in prompts]} tokens"):
-            engine_case(t, kwargs, prompts, max_tokens=6)
+            engine_case(t, kwargs, policy, prompts, max_tokens=6)
 
 
 # -- 2.1 step time ---------------------------------------------------------------------------------

@@ -1,7 +1,9 @@
-"""Lesson 07 questions: the stall of an unchunked prompt, step times, a step's plan, and the budget for an ITL SLO."""
+"""Lesson 07 questions: the stall of an unchunked prompt, step times, a step's plan, a short request behind a long
+prompt (FCFS chunking against vLLM's partial-prefill controls), and the budget for an ITL SLO."""
 from __future__ import annotations
 
 import math
+from types import SimpleNamespace
 
 from .pools import pick
 from .question import Numeric, Open, fmt, template
@@ -146,6 +148,79 @@ def plan(rng, ref):
             [f"after the decodes and '{ids[first]}': {budget + rem[target] - d - rem[first]} left, more than its "
              f"{rem[target]} remaining: it finishes its prefill"],
             "A chunk never exceeds what the prompt has left: the rest of the budget flows to the next prompt.", rtol=0)])
+
+
+class _Tokens:
+    """A scheduler Budget for a question: tokens only (batch slots and KV blocks are no limit)."""
+
+    def __init__(self, tokens: int):
+        self.tokens, self.chunked_prefill = tokens, True
+
+    def try_take(self, seq, n: int) -> bool:
+        if not 0 < n <= min(self.tokens, seq.num_uncomputed_tokens):
+            return False
+        self.tokens -= n
+        return True
+
+
+def prefill_done_steps(policy, prompts: list[int], budget: int, decodes: int) -> list[int]:
+    """The step in which each prompt's prefill ends (its first token), all arriving together while `decodes`
+    streams decode (a fixed count), each step planned by `policy` (a SchedulerPolicy) on what they leave."""
+    seqs = [SimpleNamespace(i=i, num_prompt_tokens=n, num_uncomputed_tokens=n, is_waiting=True, num_slots=1)
+            for i, n in enumerate(prompts)]
+    done, step = [None] * len(seqs), 0
+    while None in done:
+        step += 1
+        started = [s for s in seqs if not s.is_waiting and s.num_uncomputed_tokens]
+        for s, n in policy.schedule(started + [s for s in seqs if s.is_waiting], _Tokens(budget - decodes)):
+            s.num_uncomputed_tokens, s.is_waiting = s.num_uncomputed_tokens - n, False
+            if s.num_uncomputed_tokens == 0:
+                done[s.i] = step
+    return done
+
+
+@template(STEM, "a short request behind a long prompt")
+def behind_long(rng, ref):
+    from reference_engine.scheduler import FCFSPolicy  # the engine's FCFS chunking: exercise 1.1's rule
+
+    while True:  # a threshold the short request is under, leaving room for it beside the long prompt's chunk
+        d, budget = pick(rng, [16, 32, 64]), pick(rng, [512, 1024, 2048])
+        p, short = rng.randrange(4000, 20001, 250), rng.randrange(50, 301, 10)
+        fits = [t for t in (128, 256, 512, 1024) if short <= t and t + short <= budget - d]
+        if fits:
+            threshold = pick(rng, fits)
+            break
+    fcfs = prefill_done_steps(FCFSPolicy(), [p, short], budget, d)
+    capped = prefill_done_steps(ref.ChunkedPrefillPolicy(threshold, 1), [p, short], budget, d)
+    share = budget - d
+    return Numeric(
+        f"A token budget of {budget} per step (decode tokens included), {d} streams decoding. A {p:,}-token prompt "
+        f"arrives, and right behind it a {short}-token request. With plain FCFS chunking (decodes first, then prompt "
+        "chunks oldest first), in which step does the short request get its first token? (Count the arrival step as "
+        "step 1; keep the decode count fixed.)", "steps", fcfs[1],
+        [f"each step: {d} decode tokens, leaving {budget} - {d} = {share} for prompts",
+         f"the long prompt is first in line and takes all {share} until its last chunk: ceil({p:,} / {share}) = "
+         f"{fcfs[0]} steps",
+         f"the short request gets only what the long prompt's last chunk leaves: its prefill ends in step {fcfs[1]}"],
+        "FCFS chunking makes a short request's TTFT hostage to the prompt in front of it (head-of-line blocking).",
+        rtol=0, mistakes={"forgets that the decode tokens spend the budget": prefill_done_steps(
+                              FCFSPolicy(), [p, short], budget + d, d)[1],
+                          "lets the short request go first": 1},
+        follow_ups=[
+            Numeric(f"Now the scheduler runs with vLLM's long_prefill_token_threshold={threshold} and "
+                    "max_long_partial_prefills=1: in which step does the short request get its first token?", "steps",
+                    capped[1],
+                    [f"the long prompt has more than {threshold} tokens to compute: it is long, and its chunk is capped "
+                     f"at {threshold}", f"{share} - {threshold} = {share - threshold} tokens are left in the step: the "
+                     f"{short}-token request (short: at most {threshold}) takes them: step {capped[1]}"],
+                    "A chunk cap lets short prompts share every step with the long one instead of waiting for it.",
+                    rtol=0, mistakes={"keeps FCFS order": fcfs[1]}),
+            Numeric("And how many steps does the long prompt's prefill take now?", "steps", capped[0],
+                    [f"at most {threshold} tokens a step: ceil({p:,} / {threshold}) = {capped[0]} steps, "
+                     f"against {fcfs[0]} under FCFS"],
+                    "The long prompt pays for the others' TTFT; past the GPU's knee its smaller steps are also cheaper, "
+                    "so it loses less time than steps.", rtol=0,
+                    mistakes={"divides by the budget's share, not the threshold": fcfs[0]})])
 
 
 def first_chunk_budget(ref, c, slo, p, d, ctx) -> int | None:

@@ -79,100 +79,277 @@ def plan_step(decode_ids, prefill_queue, budget):  # noqa: F811
 
 
 # -- 1.2 the engine policy --------------------------------------------------------------------------
+# Each wrong policy takes the right one's arguments; `_m_Base` keeps them and the loop the wrong versions
+# change one line of.
 
-class _m_SkipAhead:
+class _m_Base:
+    def __init__(self, long_prefill_token_threshold, max_long_partial_prefills=1):
+        self.t, self.m = long_prefill_token_threshold, max_long_partial_prefills
+
+    def is_long(self, seq):
+        return seq.num_uncomputed_tokens > self.t
+
+    def held(self, seq, longs):
+        return self.is_long(seq) and longs >= self.m
+
+    def chunk(self, seq, budget):
+        return min(seq.num_uncomputed_tokens, self.t, budget.tokens)
+
     def schedule(self, candidates, budget):
-        picked = []
+        picked, longs = [], 0
         for seq in candidates:
-            n = min(seq.num_uncomputed_tokens, budget.tokens) if budget.chunked_prefill else seq.num_uncomputed_tokens
-            if budget.try_take(seq, n):
-                picked.append((seq, n))
+            n = seq.num_uncomputed_tokens
+            if budget.chunked_prefill:
+                if self.held(seq, longs):
+                    continue
+                n = self.chunk(seq, budget)
+            if not budget.try_take(seq, n):
+                break
+            picked.append((seq, n))
+            longs += self.is_long(seq)
         return picked
 
 
-class _m_FullPrompt:
+class _m_NoThreshold(_m_Base):
+    """Holds long prompts back, but lets each take all the budget left (lesson 03's chunk)."""
+
+    def chunk(self, seq, budget):
+        return min(seq.num_uncomputed_tokens, budget.tokens)
+
+
+class _m_NoBudgetMin(_m_Base):
+    def chunk(self, seq, budget):
+        return min(seq.num_uncomputed_tokens, self.t)
+
+
+class _m_NoLongCap(_m_Base):
+    """Chunks of at most the threshold, but every long prompt goes: FCFS with smaller chunks."""
+
+    def held(self, seq, longs):
+        return False
+
+
+class _m_CapsEveryPrompt(_m_Base):
+    """Counts every prompt it picks against max_long_partial_prefills."""
+
     def schedule(self, candidates, budget):
         picked = []
         for seq in candidates:
-            n = min(seq.num_prompt_tokens, budget.tokens) if budget.chunked_prefill else seq.num_uncomputed_tokens
+            n = seq.num_uncomputed_tokens
+            if budget.chunked_prefill:
+                if len(picked) >= self.m:
+                    continue
+                n = self.chunk(seq, budget)
             if not budget.try_take(seq, n):
                 break
             picked.append((seq, n))
         return picked
 
 
-class _m_NoChunking:
+class _m_StopsAtHeld(_m_Base):
+    """Stops the step at the first long prompt past the cap, so nothing behind it goes."""
+
     def schedule(self, candidates, budget):
-        picked = []
+        picked, longs = [], 0
         for seq in candidates:
-            if not budget.try_take(seq, seq.num_uncomputed_tokens):
+            n = seq.num_uncomputed_tokens
+            if budget.chunked_prefill:
+                if self.held(seq, longs):
+                    break
+                n = self.chunk(seq, budget)
+            if not budget.try_take(seq, n):
                 break
-            picked.append((seq, seq.num_uncomputed_tokens))
+            picked.append((seq, n))
+            longs += self.is_long(seq)
         return picked
 
 
-class _m_IgnoresBudgetLeft:
+class _m_LongByPromptLength(_m_Base):
+    def is_long(self, seq):
+        return seq.num_prompt_tokens > self.t
+
+
+class _m_LongAtThreshold(_m_Base):
+    def is_long(self, seq):
+        return seq.num_uncomputed_tokens >= self.t
+
+
+class _m_CapsUnchunked(_m_Base):
+    """Holds long prompts back whether or not prompts are chunked."""
+
+    def schedule(self, candidates, budget):
+        picked, longs = [], 0
+        for seq in candidates:
+            if self.held(seq, longs):
+                continue
+            n = self.chunk(seq, budget) if budget.chunked_prefill else seq.num_uncomputed_tokens
+            if not budget.try_take(seq, n):
+                break
+            picked.append((seq, n))
+            longs += self.is_long(seq)
+        return picked
+
+
+class _m_SkipAhead(_m_Base):
+    def schedule(self, candidates, budget):
+        picked, longs = [], 0
+        for seq in candidates:
+            n = seq.num_uncomputed_tokens
+            if budget.chunked_prefill:
+                if self.held(seq, longs):
+                    continue
+                n = self.chunk(seq, budget)
+            if budget.try_take(seq, n):  # no break: a later one that fits goes ahead
+                picked.append((seq, n))
+                longs += self.is_long(seq)
+        return picked
+
+
+class _m_FullPrompt(_m_Base):
+    def chunk(self, seq, budget):
+        return min(seq.num_prompt_tokens, self.t, budget.tokens)
+
+
+class _m_NoChunking(_m_Base):
+    def chunk(self, seq, budget):
+        return seq.num_uncomputed_tokens
+
+
+class _m_IgnoresBudgetLeft(_m_Base):
     """Takes tokens without asking the budget (as if the decodes had not spent any of it)."""
 
     def schedule(self, candidates, budget):
-        picked, left = [], budget.tokens + 4
+        picked, left, longs = [], budget.tokens + 4, 0
         for seq in candidates:
-            n = min(seq.num_uncomputed_tokens, left) if budget.chunked_prefill else seq.num_uncomputed_tokens
+            if budget.chunked_prefill and self.held(seq, longs):
+                continue
+            n = min(seq.num_uncomputed_tokens, self.t, left) if budget.chunked_prefill else seq.num_uncomputed_tokens
             if n <= 0:
                 break
             picked.append((seq, n))
             left -= n
+            longs += self.is_long(seq)
         return picked
 
 
-class _m_AlwaysChunks:
+class _m_TokensOnly(_m_Base):
+    """Counts the tokens itself and never asks budget.try_take (KV blocks and slots unchecked)."""
+
+    def schedule(self, candidates, budget):
+        picked, left, longs = [], budget.tokens, 0
+        for seq in candidates:
+            n = seq.num_uncomputed_tokens
+            if budget.chunked_prefill:
+                if self.held(seq, longs):
+                    continue
+                n = min(n, self.t, left)
+            if not 0 < n <= left:
+                break
+            picked.append((seq, n))
+            left -= n
+            longs += self.is_long(seq)
+        return picked
+
+
+class _m_AlwaysChunks(_m_Base):
     """Chunks whatever the switch says: with chunked prefill off, a prompt must go whole or wait."""
 
     def schedule(self, candidates, budget):
-        picked = []
+        picked, longs = [], 0
         for seq in candidates:
-            n = min(seq.num_uncomputed_tokens, budget.tokens)
+            if self.held(seq, longs):
+                continue
+            n = self.chunk(seq, budget)
             if not budget.try_take(seq, n):
                 break
             picked.append((seq, n))
+            longs += self.is_long(seq)
         return picked
 
 
 class _m_WaitingOnly:
     """Serves the waiting queue only: a prompt it started never gets its next chunk."""
 
+    def __init__(self, *args):
+        self.right = sol.ChunkedPrefillPolicy(*args)
+
     def schedule(self, candidates, budget):
-        return sol.ChunkedPrefillPolicy().schedule([s for s in candidates if s.is_waiting], budget)
+        return self.right.schedule([s for s in candidates if s.is_waiting], budget)
+
+
+@mutant(check="chunked_policy_in_engine", message="no chunk is larger than long_prefill_token_threshold")
+def ChunkedPrefillPolicy(long_prefill_token_threshold, max_long_partial_prefills=1):
+    return _m_NoThreshold(long_prefill_token_threshold, max_long_partial_prefills)
+
+
+@mutant(check="chunked_policy_in_engine", message="but not at budget.tokens")
+def ChunkedPrefillPolicy(long_prefill_token_threshold, max_long_partial_prefills=1):  # noqa: F811
+    return _m_NoBudgetMin(long_prefill_token_threshold, max_long_partial_prefills)
+
+
+@mutant(check="chunked_policy_in_engine", message="never holds a long prompt back")
+def ChunkedPrefillPolicy(long_prefill_token_threshold, max_long_partial_prefills=1):  # noqa: F811
+    return _m_NoLongCap(long_prefill_token_threshold, max_long_partial_prefills)
+
+
+@mutant(check="chunked_policy_in_engine", message="counts every prompt against max_long_partial_prefills")
+def ChunkedPrefillPolicy(long_prefill_token_threshold, max_long_partial_prefills=1):  # noqa: F811
+    return _m_CapsEveryPrompt(long_prefill_token_threshold, max_long_partial_prefills)
+
+
+@mutant(check="chunked_policy_in_engine", message="stops the step at a long prompt held back by the cap")
+def ChunkedPrefillPolicy(long_prefill_token_threshold, max_long_partial_prefills=1):  # noqa: F811
+    return _m_StopsAtHeld(long_prefill_token_threshold, max_long_partial_prefills)
+
+
+@mutant(check="chunked_policy_in_engine", message="decides a prompt is long by num_prompt_tokens")
+def ChunkedPrefillPolicy(long_prefill_token_threshold, max_long_partial_prefills=1):  # noqa: F811
+    return _m_LongByPromptLength(long_prefill_token_threshold, max_long_partial_prefills)
+
+
+@mutant(check="chunked_policy_in_engine", message="exactly long_prefill_token_threshold tokens left as long")
+def ChunkedPrefillPolicy(long_prefill_token_threshold, max_long_partial_prefills=1):  # noqa: F811
+    return _m_LongAtThreshold(long_prefill_token_threshold, max_long_partial_prefills)
+
+
+@mutant(check="chunked_policy_in_engine", message="holds long prompts back with chunking off too")
+def ChunkedPrefillPolicy(long_prefill_token_threshold, max_long_partial_prefills=1):  # noqa: F811
+    return _m_CapsUnchunked(long_prefill_token_threshold, max_long_partial_prefills)
 
 
 @mutant(check="chunked_policy_in_engine", message="overtake one that does not fit")
-def ChunkedPrefillPolicy():
-    return _m_SkipAhead()
+def ChunkedPrefillPolicy(long_prefill_token_threshold, max_long_partial_prefills=1):  # noqa: F811
+    return _m_SkipAhead(long_prefill_token_threshold, max_long_partial_prefills)
 
 
 @mutant(check="chunked_policy_in_engine", message="instead of what is still uncomputed")
-def ChunkedPrefillPolicy():  # noqa: F811
-    return _m_FullPrompt()
+def ChunkedPrefillPolicy(long_prefill_token_threshold, max_long_partial_prefills=1):  # noqa: F811
+    return _m_FullPrompt(long_prefill_token_threshold, max_long_partial_prefills)
 
 
 @mutant(check="chunked_policy_in_engine", message="admits a prompt whole")
-def ChunkedPrefillPolicy():  # noqa: F811
-    return _m_NoChunking()
+def ChunkedPrefillPolicy(long_prefill_token_threshold, max_long_partial_prefills=1):  # noqa: F811
+    return _m_NoChunking(long_prefill_token_threshold, max_long_partial_prefills)
 
 
 @mutant(check="chunked_policy_in_engine", message="more tokens than the budget left")
-def ChunkedPrefillPolicy():  # noqa: F811
-    return _m_IgnoresBudgetLeft()
+def ChunkedPrefillPolicy(long_prefill_token_threshold, max_long_partial_prefills=1):  # noqa: F811
+    return _m_IgnoresBudgetLeft(long_prefill_token_threshold, max_long_partial_prefills)
+
+
+@mutant(check="chunked_policy_in_engine", message="without budget.try_take")
+def ChunkedPrefillPolicy(long_prefill_token_threshold, max_long_partial_prefills=1):  # noqa: F811
+    return _m_TokensOnly(long_prefill_token_threshold, max_long_partial_prefills)
 
 
 @mutant(check="chunked_policy_in_engine", message="never continues a started prompt")
-def ChunkedPrefillPolicy():  # noqa: F811
-    return _m_WaitingOnly()
+def ChunkedPrefillPolicy(long_prefill_token_threshold, max_long_partial_prefills=1):  # noqa: F811
+    return _m_WaitingOnly(long_prefill_token_threshold, max_long_partial_prefills)
 
 
 @mutant(check="chunked_policy_in_engine", message="chunks a prompt although budget.chunked_prefill is False")
-def ChunkedPrefillPolicy():  # noqa: F811
-    return _m_AlwaysChunks()
+def ChunkedPrefillPolicy(long_prefill_token_threshold, max_long_partial_prefills=1):  # noqa: F811
+    return _m_AlwaysChunks(long_prefill_token_threshold, max_long_partial_prefills)
 
 
 # -- 2.1 step_time ----------------------------------------------------------------------------------
