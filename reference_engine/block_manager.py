@@ -108,8 +108,32 @@ class BlockManager:
             self.allocator.free(b)
         seq.block_table = []
 
+    def trim(self, seq) -> None:
+        """Speculative decoding's rollback: after num_computed_tokens went back past rejected draft tokens,
+        free the blocks beyond ceil(num_computed_tokens / block_size). Their slots held only rejected
+        tokens; a kept partly filled block is simply overwritten from its first free slot on."""
+        keep = -(-seq.num_computed_tokens // self.block_size)
+        for b in reversed(seq.block_table[keep:]):
+            self.allocator.free(b)
+        del seq.block_table[keep:]
+
     def num_free(self) -> int:
         return self.allocator.num_free()
+
+    # Prefix-caching hooks the scheduler calls; without a prefix cache they do nothing (prefix_cache.py's
+    # CachingBlockManager implements them).
+    def publish(self, seqs) -> None:
+        """Offer each running sequence's computed full blocks to the prefix cache."""
+
+    def lookup(self, seqs) -> None:
+        """Tentatively give each waiting sequence its cached prefix (block_table, num_computed_tokens)."""
+
+    def forget(self, seqs) -> None:
+        """Undo lookup() for sequences the scheduler did not admit."""
+
+    def commit(self, seqs) -> int:
+        """Make lookup() final for admitted sequences; returns the tokens they found cached."""
+        return 0
 
     def check_consistency(self, live_seqs) -> None:
         """Raise ConsistencyError unless ref counts equal table membership and free + used = all blocks.

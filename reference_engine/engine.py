@@ -9,14 +9,16 @@ from dataclasses import replace
 import torch
 
 from .attention import get_backend
-from .block_manager import BlockAllocator, BlockManager
+from .block_manager import BlockAllocator
 from .config import kv_bytes_per_token
 from .device import default_device, default_dtype
 from .loader import load_model
 from .model_runner import ModelRunner
+from .prefix_cache import PrefixCacheStats, make_block_manager
 from .sampling import SamplingParams, make_generator, sample
 from .scheduler import FCFSPolicy, ScheduledSeq, Scheduler, SchedulerOutput
 from .sequence import CompletionOutput, RequestMetrics, RequestOutput, Sequence, Status, StepOutput, StepStats
+from .spec_decode import SpecDecoder, SpeculativeConfig
 
 CPU_KV_CACHE_BYTES = 512 << 20  # default KV budget on CPU; capped by what max_num_seqs full sequences need
 _DTYPES = {"float32": torch.float32, "fp32": torch.float32, "float": torch.float32, "bfloat16": torch.bfloat16,
@@ -28,6 +30,12 @@ class LLMEngine:
     num_blocks (KV blocks of block_size tokens; default: kv_cache_memory_bytes, or 512 MiB on CPU /
     80% of free GPU memory, capped at max_num_seqs full-length sequences), block_allocator /
     scheduler_policy / attention_backend (the hooks in interfaces.py), clock (timestamps).
+    speculative_config: vLLM's dict, {"model": draft_dir, "num_speculative_tokens": k} or {"method": "ngram",
+    "num_speculative_tokens": k, "prompt_lookup_max": n}, optionally "verifier" (interfaces.SpeculativeVerifier);
+    see spec_decode.py.
+    enable_prefix_caching (vLLM's name; default False): full KV blocks stay cached after their request and
+    later requests starting with the same tokens skip computing them; prefix_cache: the cache to use, a
+    class or callable block_size -> interfaces.PrefixCache (default prefix_cache.HashPrefixCache).
 
     Trace replay: add_request(prompt, params, arrival_time=t) as requests arrive, step() in a loop
     while has_unfinished(); each finished request's RequestOutput comes in a StepOutput.output.
@@ -36,7 +44,8 @@ class LLMEngine:
     def __init__(self, model, *, block_size: int = 16, num_blocks: int | None = None, max_num_seqs: int = 64,
                  max_num_batched_tokens: int | None = None, enable_chunked_prefill: bool = True, device=None,
                  dtype=None, attention_backend=None, block_allocator=None, scheduler_policy=None,
-                 max_model_len: int | None = None, kv_cache_memory_bytes: int | None = None, clock=time.perf_counter):
+                 max_model_len: int | None = None, kv_cache_memory_bytes: int | None = None, clock=time.perf_counter,
+                 speculative_config: dict | None = None, enable_prefix_caching: bool = False, prefix_cache=None):
         for name, v in (("block_size", block_size), ("max_num_seqs", max_num_seqs)):
             if not isinstance(v, int) or v < 1:
                 raise ValueError(f"{name} must be a positive integer, got {v!r}")
@@ -60,11 +69,12 @@ class LLMEngine:
                              f"the longest sequence ({self.max_seq_len}) so a preempted one can be prefilled in one step")
         self.max_num_seqs, self.max_num_batched_tokens = max_num_seqs, max_num_batched_tokens
         allocator = (block_allocator or BlockAllocator)(self.num_blocks)
-        self.block_manager = BlockManager(allocator, block_size, self.num_blocks)
+        self.block_manager = make_block_manager(allocator, block_size, self.num_blocks, enable_prefix_caching, prefix_cache)
         policy = scheduler_policy() if isinstance(scheduler_policy, type) else (scheduler_policy or FCFSPolicy())
         self.scheduler = Scheduler(self.block_manager, policy, max_num_seqs, max_num_batched_tokens, enable_chunked_prefill)
         self.backend = get_backend(attention_backend, self.device)
         self.runner = ModelRunner(self.model, block_size, self.num_blocks, self.device, self.dtype, self.backend)
+        self.spec = None if speculative_config is None else SpecDecoder(SpeculativeConfig.from_dict(speculative_config), self)
         self.requests: dict[str, list[Sequence]] = {}
         self.step_stats: list[StepStats] = []
         self._ids, self._seq_ids = itertools.count(), itertools.count()
@@ -148,6 +158,8 @@ class LLMEngine:
                 self.scheduler.finish(seq)
                 seq.finish_reason, seq.metrics.finish_time = "abort", now
                 aborted.append(StepOutput(request_id, seq.index, [], True, "abort"))
+        if self.spec is not None:
+            self.spec.collect()  # unverified drafts leave the output; the draft model's cache is freed
         output = self._request_output(seqs)
         if aborted:
             aborted[-1].output = output
@@ -168,10 +180,18 @@ class LLMEngine:
         the last of them (so it follows the drafts) and num_logits goes back to 1. The rows equal a plain
         forward over the same tokens. A verifier turns them into the sampler's distributions with
         sampling.sampling_probs and decides which drafts to keep.
+
+        With speculative_config the engine does that itself (spec_decode.py): drafts are proposed before
+        scheduling, verified after the forward, and a sequence's StepOutput carries every token it emitted.
         """
         outputs, self._aborted = self._aborted, []
         t0 = self.clock()
+        if self.spec is not None:
+            self.spec.propose(self.scheduler.running, self.max_num_batched_tokens)
         so = self.scheduler.schedule()
+        if self.spec is not None:
+            for seq in so.preempted:
+                self.spec.discard(seq)  # it recomputes; the drafts go
         if so.block_copies:
             self.runner.copy_blocks(so.block_copies)
         if so.scheduled:
@@ -188,28 +208,34 @@ class LLMEngine:
             self._record_stats(so, t0, in_prefill)
         elif so.preempted:
             self._record_stats(so, t0, [])
+        if self.spec is not None:
+            self.spec.collect()
         return outputs
 
     def _sample(self, chunks: list[tuple[Sequence, torch.Tensor]]) -> list[StepOutput]:
         """chunks: (sequence, its chunk's logit rows) for every chunk that yielded rows. One token for each
         sequence whose chunk reached its last token, from the last row; the rows of a sequence asking for
         num_logits > 1 are kept across its chunks until then, and returned in its StepOutput."""
-        seqs, last_rows, kept = [], [], []
+        seqs, last_rows, kept, verified = [], [], [], []
         for seq, rows in chunks:
             if seq.num_logits > 1:
                 seq.kept_logits.append(rows)
                 if seq.num_computed_tokens < seq.num_tokens:  # not the last chunk: the rest come later
                     continue
                 rows, seq.kept_logits, seq.num_logits = torch.cat(seq.kept_logits), [], 1
+            if self.spec is not None and self.spec.has_drafts(seq):
+                verified.append((seq, rows))
+                continue
             group = [seq] + self._fork(seq) if seq.pending_forks else [seq]
             seqs += group
             last_rows += [rows[-1]] * len(group)
             kept += [rows if len(rows) > 1 else None] * len(group)
-        if not seqs:
+        if not seqs and not verified:
             return []
-        logits = torch.stack(last_rows)
-        tokens = sample(logits, [s.params for s in seqs], [s.generator for s in seqs]).tolist()
-        now, outputs = self.clock(), []
+        logits = torch.stack(last_rows) if seqs else None
+        tokens = sample(logits, [s.params for s in seqs], [s.generator for s in seqs]).tolist() if seqs else []
+        now = self.clock()
+        outputs = [self._append_verified(seq, rows, now) for seq, rows in verified]
         for i, (seq, tok) in enumerate(zip(seqs, tokens)):
             if seq.logprobs is not None:
                 seq.logprobs.append(_logprobs(logits[i], tok, seq.params.logprobs))
@@ -217,6 +243,19 @@ class LLMEngine:
             out.logits = kept[i]
             outputs.append(out)
         return outputs
+
+    def _append_verified(self, seq: Sequence, rows: torch.Tensor, now: float) -> StepOutput:
+        """Speculative decoding: the verifier's tokens for seq (rows [k + 1, vocab], one per verified position),
+        appended one by one until one ends the sequence; one StepOutput carries them all."""
+        tokens = self.spec.verify(seq, rows)
+        for i, tok in enumerate(tokens):
+            if seq.logprobs is not None:
+                seq.logprobs.append(_logprobs(rows[i], tok, seq.params.logprobs))
+            out = self._append_token(seq, tok, now)
+            if out.finished:
+                break
+        out.new_token_ids = tokens[:i + 1]
+        return out
 
     def _fork(self, parent: Sequence) -> list[Sequence]:
         """Parallel sampling: n - 1 children share the parent's blocks (ref counts), copy-on-write later."""
@@ -272,7 +311,14 @@ class LLMEngine:
             num_prefill_tokens=sum(s.num_tokens for s in prefill), num_decode_tokens=sum(s.num_tokens for s in decode),
             num_prefill_seqs=len(prefill), num_decode_seqs=len(decode),
             num_running=len(self.scheduler.running), num_waiting=len(self.scheduler.waiting),
-            num_preempted=len(so.preempted), blocks_used=self.num_blocks - free, blocks_free=free))
+            num_preempted=len(so.preempted), blocks_used=self.num_blocks - free, blocks_free=free,
+            num_cached_tokens=so.num_cached_tokens,
+            **(self.spec.take_step_counts() if self.spec is not None else {})))
+
+    @property
+    def prefix_cache_stats(self) -> PrefixCacheStats | None:
+        """Prefix-cache totals (queries, hits, evictions) since the engine started; None with caching off."""
+        return getattr(self.block_manager, "stats", None)
 
     @torch.inference_mode()
     def score(self, prompt) -> torch.Tensor:

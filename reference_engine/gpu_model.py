@@ -192,15 +192,23 @@ def kv_bytes_per_token(shape: ModelShape, tp: int = 1) -> int:
 class Composition:
     """One step's work. prefills: (tokens, context) per prefill chunk, context = that sequence's tokens
     already in the KV cache before the chunk. decodes: the context of each decode token (its sequence's
-    cached tokens; the new token attends to context + 1 keys)."""
+    cached tokens; the new token attends to context + 1 keys). logit_rows: rows lm_head computes; None (the
+    default, and what a value equal to it becomes) = one per sequence. Speculative decoding's verification
+    of k drafts is a chunk of k + 1 tokens that needs all k + 1 rows."""
     prefills: tuple[tuple[int, int], ...] = ()
     decodes: tuple[int, ...] = ()
+    logit_rows: int | None = None
 
     def __post_init__(self):
         object.__setattr__(self, "prefills", tuple((int(n), int(c)) for n, c in self.prefills))
         object.__setattr__(self, "decodes", tuple(int(c) for c in self.decodes))
         if any(n < 1 or c < 0 for n, c in self.prefills) or any(c < 0 for c in self.decodes):
             raise ValueError(f"chunks need tokens >= 1 and contexts >= 0, got {self}")
+        if self.logit_rows is not None:
+            if not 0 <= int(self.logit_rows) <= self.num_tokens:
+                raise ValueError(f"logit_rows must be in 0 .. num_tokens ({self.num_tokens}), got {self.logit_rows}")
+            rows = int(self.logit_rows)
+            object.__setattr__(self, "logit_rows", None if rows == self.num_seqs else rows)
 
     @classmethod
     def decode_batch(cls, batch: int, context: int, chunk: int = 0, chunk_context: int = 0) -> Composition:
@@ -211,7 +219,12 @@ class Composition:
     def from_schedule(cls, so) -> Composition:
         """From the engine's SchedulerOutput, read before the step moves num_computed_tokens on."""
         return cls(prefills=tuple((s.num_tokens, s.seq.num_computed_tokens) for s in so.prefills),
-                   decodes=tuple(s.seq.num_computed_tokens for s in so.decodes))
+                   decodes=tuple(s.seq.num_computed_tokens for s in so.decodes),
+                   logit_rows=sum(max(1, s.num_logits) for s in so.scheduled))  # k + 1 for a verification
+
+    @property
+    def num_logit_rows(self) -> int:
+        return self.num_seqs if self.logit_rows is None else self.logit_rows
 
     @property
     def num_prefill_tokens(self) -> int:
@@ -282,7 +295,8 @@ def roofline(flops: float, nbytes: float, peak_flops: float, bandwidth: float) -
 
 def gemm_shapes(shape: ModelShape, tokens: int, logit_rows: int, tp: int = 1) -> list[tuple[str, int, int, int, int]]:
     """The weight GEMMs of one forward on one rank as (name, m, n, k, calls): C[m, n] = A[m, k] @ W[k, n].
-    q/k/v and gate/up are fused (as vLLM does); lm_head runs on `logit_rows` rows (one per sequence)."""
+    q/k/v and gate/up are fused (as vLLM does); lm_head runs on `logit_rows` rows (one per sequence, k + 1 for a
+    sequence verifying k drafts)."""
     r, h, d = rank_dims(shape, tp), shape.hidden, shape.head_dim
     return [("qkv_proj", tokens, (r["heads"] + 2 * r["kv_heads"]) * d, h, shape.layers),
             ("o_proj", tokens, h, r["heads"] * d, shape.layers),
@@ -305,7 +319,7 @@ def _gemm_kernels(shape, chip, comp, tp) -> list[KernelTime]:
     """One KernelTime per weight GEMM of gemm_shapes: each call's roofline at the chip's GEMM fractions, x calls."""
     peak, bw = chip.peak_flops * chip.gemm_eff, chip.bandwidth * chip.mem_eff
     out = []
-    for name, m, n, k, calls in gemm_shapes(shape, comp.num_tokens, comp.num_seqs, tp):
+    for name, m, n, k, calls in gemm_shapes(shape, comp.num_tokens, comp.num_logit_rows, tp):
         flops, nbytes = matmul_cost(m, n, k, shape.weight_bytes)
         t, c, mem = roofline(flops, nbytes, peak, bw)
         out.append(KernelTime(name, "gemm", calls, calls * flops, calls * nbytes, calls * c, calls * mem, calls * t,

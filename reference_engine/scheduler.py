@@ -13,6 +13,17 @@ Order of a step (vLLM V1 / Sarathi-Serve style, one token budget for everything)
      RuntimeError naming the fault instead.
 A prompt whose last chunk is a single token finishes in the decode batch (it is one query token
 against cached context, exactly a decode), so a policy never sees it.
+
+Speculative decoding (spec_decode.py): a sequence past its prompt with k draft tokens appended has k + 1
+uncomputed tokens. It is still decoding, so step 1 schedules it, all k + 1 tokens at once (the engine
+sizes drafts to the budget), as one chunk run by the prefill kernel; it is never a policy candidate.
+Step 1 leaves one token of the budget for every later sequence of the decode phase, so a plain decode
+always gets its token (drafts appended by hand beyond the budget are verified over several steps).
+
+Prefix caching (prefix_cache.py, enable_prefix_caching=True): a step first publishes the full blocks
+running sequences have computed; before the policy runs, each waiting candidate is looked up and starts
+with its cached prefix counted as computed (num_computed_tokens, block_table), so a policy sees and
+budgets only the tokens left to compute; lookups of requests it does not admit are undone.
 """
 from __future__ import annotations
 
@@ -50,6 +61,7 @@ class SchedulerOutput:
     prefills: list[ScheduledSeq] = field(default_factory=list)
     preempted: list[Sequence] = field(default_factory=list)
     block_copies: list[tuple[int, int]] = field(default_factory=list)  # (src, dst) copy-on-write
+    num_cached_tokens: int = 0  # prefix caching: tokens admitted sequences found cached (not computed)
 
     @property
     def scheduled(self) -> list[ScheduledSeq]:
@@ -118,23 +130,34 @@ class Scheduler:
 
     def schedule(self) -> SchedulerOutput:
         out = SchedulerOutput()
-        for seq in list(self.running):
-            if seq.status is Status.RUNNING and seq.num_uncomputed_tokens == 1:
-                self._schedule_decode(seq, out)
+        self.bm.publish(self.running)  # prefix caching: full blocks computed so far become findable
+        # decoding: one uncomputed token, or past the prompt with draft tokens to verify
+        phase = [s for s in self.running if s.status is Status.RUNNING and (s.num_uncomputed_tokens == 1 or not s.in_prefill)]
+        used = 0
+        for i, seq in enumerate(phase):
+            if seq.status is not Status.RUNNING:  # preempted for an older one meanwhile
+                continue
+            n = seq.num_uncomputed_tokens
+            if n > 1:  # drafts: keep a token for each later decode (the budget covers max_num_seqs of them)
+                n = min(n, self.max_num_batched_tokens - used - sum(s.status is Status.RUNNING for s in phase[i + 1:]))
+            used += self._schedule_decode(seq, n, out)
         while True:
             # After a preemption, admit nobody new this step (as vLLM does): the freed blocks would
             # otherwise go straight back to the victim's re-prefill and the cache would thrash.
             admit = not out.preempted or not self.running
-            started = [s for s in self.running if s.num_uncomputed_tokens > 1]  # partly prefilled prompts
+            started = [s for s in self.running if s.num_uncomputed_tokens > 1 and s.in_prefill]  # partly prefilled prompts
             candidates = started + (list(self.waiting) if admit else [])
-            decisions = self.policy.schedule(candidates, self._budget(len(out.decodes)))
-            self._check(decisions, candidates, len(out.decodes))
-            if decisions or out.decodes:
+            self._lookup(candidates)
+            decisions = self.policy.schedule(candidates, self._budget(used))
+            self._check(decisions, candidates, used)
+            if decisions or out.decodes or out.prefills:
                 break
-            self._check_progress(started, len(out.decodes))  # nothing runs: the policy must pick something
+            self._check_progress(started, used)  # nothing runs: the policy must pick something
             if not self.running:
                 break
             self._preempt_newest(out)  # only partly prefilled prompts run and none can grow
+        out.num_cached_tokens = self.bm.commit([seq for seq, _ in decisions if seq.is_waiting])
+        self.bm.forget(self.waiting)  # looked up, not admitted: back to no blocks
         for seq, n in decisions:
             if seq.is_waiting:
                 self.waiting.remove(seq)
@@ -144,12 +167,23 @@ class Scheduler:
             out.prefills.append(ScheduledSeq.chunk(seq, n))
         return out
 
-    def _schedule_decode(self, seq: Sequence, out: SchedulerOutput) -> None:
-        while not self.bm.can_reserve(seq, 1):
+    def _schedule_decode(self, seq: Sequence, n: int, out: SchedulerOutput) -> int:
+        """n tokens of a decoding sequence (1, or up to k + 1 with drafts), preempting the newest running
+        sequences until its blocks fit. Returns the tokens scheduled (0 if seq itself was preempted)."""
+        while not self.bm.can_reserve(seq, n):
             if self._preempt_newest(out) is seq:
-                return
-        out.block_copies += self.bm.reserve(seq, 1)
-        out.decodes.append(ScheduledSeq.chunk(seq, 1))
+                return 0
+        out.block_copies += self.bm.reserve(seq, n)
+        (out.decodes if n == 1 else out.prefills).append(ScheduledSeq.chunk(seq, n))  # > 1 query: prefill kernel
+        return n
+
+    def _lookup(self, candidates: list[Sequence]) -> None:
+        """Prefix caching: a waiting candidate that could join the batch starts with its cached prefix
+        (tentatively: committed only if the policy admits it), so the policy sees only what is left to
+        compute. Earlier lookups are undone first: the cache may have changed since."""
+        self.bm.forget(self.waiting)
+        slots = self.max_num_seqs - self._num_slots_used()
+        self.bm.lookup([s for s in candidates if s.is_waiting and s.num_slots <= slots])
 
     def _preempt_newest(self, out: SchedulerOutput) -> Sequence:
         victim = self.running[-1]  # FCFS priority: the latest admitted loses its cache first
@@ -177,20 +211,20 @@ class Scheduler:
         self.bm.free(seq)
         seq.status = Status.FINISHED
 
-    def _budget(self, num_decodes: int) -> Budget:
-        return Budget(self.max_num_batched_tokens - num_decodes, self.max_num_seqs - self._num_slots_used(), self.bm,
+    def _budget(self, decode_tokens: int) -> Budget:
+        return Budget(self.max_num_batched_tokens - decode_tokens, self.max_num_seqs - self._num_slots_used(), self.bm,
                       self.chunked_prefill)
 
     def _next_chunk(self, seq: Sequence, budget: Budget) -> int:
         """The tokens FCFS would give seq now: all it needs, or with chunked prefill what the budget has left."""
         return min(seq.num_uncomputed_tokens, budget.tokens) if self.chunked_prefill else seq.num_uncomputed_tokens
 
-    def _check_progress(self, started: list[Sequence], num_decodes: int) -> None:
+    def _check_progress(self, started: list[Sequence], decode_tokens: int) -> None:
         """The policy scheduled nothing and no decode runs: without a pick this step would do nothing, and
         every later one the same (a notebook would hang). That is the policy's fault, unless the cache is
         what stops the oldest started prompt (then the engine preempts); raise, naming the fault."""
         name = type(self.policy).__name__
-        budget = self._budget(num_decodes)
+        budget = self._budget(decode_tokens)
         if started:
             seq = started[0]
             n = self._next_chunk(seq, budget)
@@ -209,10 +243,10 @@ class Scheduler:
     def _num_slots_used(self) -> int:
         return sum(s.num_slots for s in self.running)
 
-    def _check(self, decisions, candidates, num_decodes) -> None:
+    def _check(self, decisions, candidates, decode_tokens) -> None:
         """A policy is user code: refuse decisions that break the engine's invariants, saying which."""
         allowed, seen = {id(s) for s in candidates}, set()
-        tokens, slots, blocks = num_decodes, self._num_slots_used(), 0
+        tokens, slots, blocks = decode_tokens, self._num_slots_used(), 0
         for seq, n in decisions:
             if id(seq) not in allowed or id(seq) in seen:
                 raise RuntimeError(f"scheduler policy returned {seq!r}, which is not a candidate or appears twice")

@@ -32,6 +32,25 @@ class RequestMetrics:
     token_times: list[float] = field(default_factory=list)
     finish_time: float | None = None
     num_preemptions: int = 0
+    # Prefix caching: prompt tokens found in the cache when the request was first admitted (vLLM's
+    # num_cached_tokens; 0 without prefix caching). Prefill computed only the rest.
+    num_cached_tokens: int = 0
+    # Speculative decoding (all 0 without it), vLLM's counters: steps that verified drafts for this sequence,
+    # draft tokens they verified, and those the verifier kept.
+    num_drafts: int = 0
+    num_draft_tokens: int = 0
+    num_accepted_tokens: int = 0
+
+    @property
+    def acceptance_rate(self) -> float | None:
+        """Kept drafts / verified drafts (None before any draft)."""
+        return self.num_accepted_tokens / self.num_draft_tokens if self.num_draft_tokens else None
+
+    @property
+    def tokens_per_step(self) -> float | None:
+        """Tokens a verifying target step emitted for this sequence on average: 1 + kept drafts per
+        verification (vLLM's mean acceptance length). None before any verification."""
+        return 1 + self.num_accepted_tokens / self.num_drafts if self.num_drafts else None
 
 
 class Sequence:
@@ -147,18 +166,24 @@ class RequestOutput:
     def logprobs(self) -> list[dict[int, float]] | None:
         return self.outputs[0].logprobs
 
+    @property
+    def num_cached_tokens(self) -> int:
+        """Prompt tokens served from the prefix cache (vLLM's RequestOutput.num_cached_tokens)."""
+        return self.outputs[0].metrics.num_cached_tokens
+
 
 @dataclass
 class StepOutput:
     """What one step() produced for one sequence: its new tokens, and the full output once finished (or aborted)."""
     request_id: str
     index: int
-    new_token_ids: list[int]  # empty for an aborted sequence
+    new_token_ids: list[int]  # empty for an aborted sequence; with speculative decoding, 1 to k + 1 tokens
     finished: bool
     finish_reason: str | None = None  # "stop", "length" or "abort" once finished
     output: RequestOutput | None = None  # set when the whole request (all n samples) has finished
     # [num_logits, vocab] float32 raw logits (before temperature) when the sequence asked for more than one
-    # row (Sequence.num_logits); the new token was sampled from the last row. None otherwise.
+    # row (Sequence.num_logits); the new token was sampled from the last row. None otherwise (also when the
+    # rows verified the engine's own drafts: speculative decoding consumes them).
     logits: torch.Tensor | None = None
 
 
@@ -179,3 +204,10 @@ class StepStats:
     num_preempted: int
     blocks_used: int
     blocks_free: int
+    # speculative decoding (0 without it): sequences that verified drafts this step, drafts verified, kept
+    num_drafts: int = 0
+    num_draft_tokens: int = 0
+    num_accepted_tokens: int = 0
+    # prefix caching (0 without it): prompt tokens that sequences admitted this step found cached. With it,
+    # blocks_free also counts cached blocks no request uses (evicted on demand), as vLLM's KV usage does.
+    num_cached_tokens: int = 0
