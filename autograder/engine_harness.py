@@ -226,3 +226,70 @@ def stub_guard(t, cls_name: str, *args):
     except LearnerRaised as e:
         if e.info.get("not_implemented"):
             raise NotStarted(e.info.get("message") or "the stub still raises NotImplementedError") from None
+
+
+# -- speculative decoding with a learner's verifier (lesson 14) ------------------------------------------------
+
+DRAFT = TARGET.parent / "draft"
+
+
+class YourVerifier:
+    """The learner's verify_greedy and verify as the engine's interfaces.SpeculativeVerifier (the engine's
+    messages name this class: "verifier YourVerifier returned ...")."""
+
+    def __init__(self, verify_greedy, verify):
+        self._greedy, self._verify = verify_greedy, verify
+
+    def verify_greedy(self, target_logits, draft_tokens):
+        return self._greedy(target_logits, draft_tokens)
+
+    def verify(self, target_probs, draft_probs, draft_tokens, generator):
+        return self._verify(target_probs, draft_probs, draft_tokens, generator)
+
+
+def run_speculative(prompts: list, params: list[dict], proposer: str | None, k: int = 4,
+                    llm_kwargs: dict | None = None, verify_greedy=None, verify=None) -> dict:
+    """Generate `prompts` (token-id lists) with speculative decoding on, one SamplingParams(**params[i]) per
+    prompt (ignore_eos set), and report what a caller sees. proposer: "draft" (the shipped draft model),
+    "ngram" (prompt lookup, n-grams of 1 to 3 tokens) or None (no speculation: plain decoding). The verifier
+    is YourVerifier(verify_greedy, verify) when both are given, else the engine's own.
+
+    Returns {"tokens": token ids per request (None if unfinished), "proposed" / "accepted": draft tokens
+    verified / kept per request (RequestMetrics.num_draft_tokens / num_accepted_tokens), "verifications":
+    per request, steps that verified drafts, "steps", "finished", "num_blocks", "free_blocks", "leak"
+    (None, or what consistency() and the draft model's pool say), "error": None or {"type", "message", "tb"}
+    (the engine refusing the verifier's answer, or the verifier raising); a stub's NotImplementedError raises.
+    """
+    from reference_engine import SamplingParams
+    spec = None
+    if proposer is not None:
+        spec = {"model": str(DRAFT), "num_speculative_tokens": k} if proposer == "draft" else \
+            {"method": "ngram", "num_speculative_tokens": k, "prompt_lookup_max": 3, "prompt_lookup_min": 1}
+        if verify_greedy is not None and verify is not None:
+            spec["verifier"] = YourVerifier(verify_greedy, verify)
+    engine = build_llm({**(llm_kwargs or {}), "speculative_config": spec}).engine
+    done, error = {}, None
+    ids = [engine.add_request(list(p), SamplingParams(**{**kw, "ignore_eos": True})) for p, kw in zip(prompts, params)]
+    try:
+        while engine.has_unfinished() and len(engine.step_stats) < 10_000:
+            for step_out in engine.step():
+                if step_out.output is not None:
+                    done[step_out.request_id] = step_out.output
+    except Exception as e:
+        if _not_implemented(e):
+            raise
+        error = _error(e)
+    outs = [done.get(i) for i in ids]
+    finished = error is None and not engine.has_unfinished()
+    leak = consistency(engine) if finished else None
+    if leak is None and finished and engine.spec is not None:
+        try:
+            engine.spec.proposer.check_consistency()
+        except Exception as e:  # noqa: BLE001 - the draft model's pool
+            leak = f"the draft model's KV blocks leaked or miscounted after the run: {e}"
+    metric = lambda name: [getattr(o.metrics, name) if o is not None else None for o in outs]
+    return {"tokens": [list(o.token_ids) if o is not None else None for o in outs],
+            "proposed": metric("num_draft_tokens"), "accepted": metric("num_accepted_tokens"),
+            "verifications": metric("num_drafts"), "steps": len(engine.step_stats), "finished": finished,
+            "num_blocks": engine.num_blocks, "free_blocks": engine.block_manager.num_free(), "leak": leak,
+            "error": error}

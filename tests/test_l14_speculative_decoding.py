@@ -246,3 +246,67 @@ def test_every_named_mistake_shows_in_a_visible_case():
     assert mod == set(checks.MODELED_MISTAKES)
     be = _exercised(checks.BREAK_EVEN_CASES, S.break_even_batch, checks.break_even_mistakes)
     assert be == set(checks.break_even_mistakes(*checks.BREAK_EVEN_CASES[0][1]))
+
+
+# -- 3.4 the verifier inside the engine --------------------------------------------------------------------------
+
+def test_verify_rule_makes_the_engines_draws_and_its_mistakes_differ():
+    """The check names a wrong verify by rerunning the engine with verify_rule's variants: the right variant must
+    emit exactly what the engine's own verify emits from the same generator state."""
+    from reference_engine import spec_decode as sd
+    rng = random.Random(5)
+    for trial in range(300):
+        k, V = rng.randint(1, 4), rng.randint(2, 6)
+        p, q = (checks._t(r) for r in _random_pq(rng, k, V))
+        drafts = torch.tensor([rng.randrange(V) for _ in range(k)])
+        q[torch.arange(k), drafts] = q[torch.arange(k), drafts].clamp(min=0.05)  # a draft is a token q proposes
+        q = q / q.sum(-1, keepdim=True)
+        ours = checks.verify_rule(p, q, drafts, torch.Generator().manual_seed(trial))
+        assert ours == sd.verify(p, q, drafts, torch.Generator().manual_seed(trial))
+
+
+@pytest.fixture(scope="module")
+def engine_runs():
+    from autograder.engine_harness import run_speculative
+    torch.set_num_threads(1)
+    prompts = checks._engine_prompts()
+    sampled = [{"temperature": 0.8, "top_p": 0.95, "seed": s, "max_tokens": checks.ENGINE_TOKENS} for s in (11, 12, 13)]
+    sampled.append(checks.GREEDY_PARAMS[0])
+    runs = {"plain": run_speculative(prompts, checks.GREEDY_PARAMS, None, checks.ENGINE_K, checks.ENGINE_KW)}
+    for proposer in ("draft", "ngram"):
+        runs[proposer] = checks._engine(prompts, checks.GREEDY_PARAMS, proposer)
+        runs[proposer, "sampled"] = checks._engine(prompts, sampled, proposer)
+        runs[proposer, "lesson"] = run_speculative(prompts, sampled, proposer, checks.ENGINE_K, checks.ENGINE_KW,
+                                                   verify_greedy=S.verify_greedy, verify=S.verify)
+    return prompts, sampled, runs
+
+
+def test_the_engine_cases_chunk_prompts_and_both_keep_and_reject_drafts(engine_runs):
+    prompts, _, runs = engine_runs
+    assert max(len(p) for p in prompts) > checks.ENGINE_KW["max_num_batched_tokens"], "no prompt is chunked"
+    for proposer in ("draft", "ngram"):
+        for run in (runs[proposer], runs[proposer, "sampled"]):
+            assert run["error"] is None and run["leak"] is None and run["free_blocks"] == run["num_blocks"]
+            assert 0 < sum(run["accepted"]) < sum(run["proposed"]), proposer
+        assert runs[proposer]["tokens"] == runs["plain"]["tokens"]
+
+
+def test_the_lessons_verifier_in_the_harness_equals_the_engines_own(engine_runs):
+    """What the check demands of a right answer holds for the lesson's solution, through the harness's adapter."""
+    _, _, runs = engine_runs
+    for proposer in ("draft", "ngram"):
+        mine, own = runs[proposer, "lesson"], runs[proposer, "sampled"]
+        assert (mine["tokens"], checks._counts(mine)) == (own["tokens"], checks._counts(own))
+
+
+def test_every_engine_mistake_changes_the_visible_runs(engine_runs):
+    """Each mistake the check can name gives other tokens or counts than the right rule on the visible cases."""
+    prompts, sampled, runs = engine_runs
+    for name, kind in checks.GREEDY_MISTAKES.items():
+        if kind in ("emit_draft", "off_by_one", "no_bonus", "prefix_only"):
+            wrong = checks._engine(prompts, checks.GREEDY_PARAMS, "draft", greedy_kind=kind)
+            assert (wrong["tokens"], wrong["accepted"]) != (runs["plain"]["tokens"], runs["draft"]["accepted"]), name
+    for name, kind in checks.ENGINE_VERIFY_MISTAKES.items():
+        wrong = checks._engine(prompts, sampled, "draft", verify_kind=kind)
+        assert (wrong["tokens"], wrong["accepted"]) != (runs["draft", "sampled"]["tokens"],
+                                                        runs["draft", "sampled"]["accepted"]), name

@@ -450,6 +450,144 @@ def verify(t):
             judge_verify(t, run, p, q)
 
 
+# -- 3.4 your verifier inside the engine ----------------------------------------------------------------
+
+ENGINE_K, ENGINE_TOKENS = 4, 16
+# 4 prompts at batch 4 and a 16-token budget a step: prompts are prefilled in chunks, and drafts are cut
+# while other prompts still take part of the budget
+ENGINE_KW = {"max_num_seqs": 4, "max_num_batched_tokens": 16}
+ENGINE_TEXTS = ("import os\n\n\ndef ", "class Cache:\n    def __init__(self, ",
+                "x = 1\ny = 2\nx = 1\ny = 2\nx = 1\ny = ", "def add(a, b):\n    return a + b\n\n\ndef sub(a, b):\n    return ")
+GREEDY_PARAMS = [{"temperature": 0, "max_tokens": ENGINE_TOKENS}] * len(ENGINE_TEXTS)
+
+# The engine's refusals of a verifier's answer (spec_decode.SpecDecoder._checked): (phrase, read after "your code").
+VERIFIER_ERRORS = [
+    ("returned 0 tokens", "returns no token at all for some step: at a mismatch the target's own token (the "
+                          "correction) is emitted, and when every draft matches, the bonus token; a step emits 1 "
+                          "to k + 1 tokens"),
+    ("tokens for", "returns more than k + 1 tokens: the kept drafts, then exactly one token of the target's own"),
+    ("must be a kept draft", "keeps a draft after a mismatch (or emits a token that is not the draft before the "
+                             "last position): the step ends at the first rejection, with one token of the target's"),
+    ("outside the vocabulary", "emits a token id outside the vocabulary"),
+    ("Python int", "returns something other than a list of Python ints (tensor.tolist())"),
+]
+
+
+def verify_rule(target_probs, draft_probs, draft_tokens, generator, kind: str = "") -> list[int]:
+    """The rejection sampler with the engine's draws in the engine's order, right (kind "") or one of its usual
+    wrong versions (ENGINE_VERIFY_MISTAKES), which make the same draws: given the request's generator, each
+    emits exactly the tokens the engine would emit with that rule."""
+    p, q, k, out = target_probs, draft_probs, len(draft_tokens), []
+    for i, x in enumerate(draft_tokens.tolist()):
+        u = torch.rand((), generator=generator, dtype=p.dtype)
+        ratio = q[i, x] / p[i, x] if kind == "inverse" else p[i, x] / q[i, x]
+        if u < ratio:
+            out.append(x)
+            continue
+        excess = (p[i] - q[i]).clamp(min=0)
+        row = p[i] if kind == "p" or excess.sum() == 0 else excess / excess.sum()
+        out.append(int(torch.multinomial(row, 1, generator=generator)))
+        return out
+    if kind == "no_bonus":
+        return out
+    out.append(int(torch.multinomial(p[k - 1 if kind == "previous" else k], 1, generator=generator)))
+    return out
+
+
+ENGINE_VERIFY_MISTAKES = {
+    "resamples from p after a rejection; sample from norm(max(0, p - q))": "p",
+    "accepts with min(1, q/p): the ratio is target over draft, p/q": "inverse",
+    "never emits the bonus token: when all k drafts are accepted, one more token comes from target_probs[k]":
+        "no_bonus",
+    "draws the bonus token from target_probs[k - 1]; target_probs[k] predicts the token after the last draft":
+        "previous",
+}
+
+
+def _engine_prompts() -> list[list[int]]:
+    from tokenizers import Tokenizer
+    tok = Tokenizer.from_file(str(CKPT / "target" / "tokenizer.json"))
+    return [tok.encode(s).ids for s in ENGINE_TEXTS]
+
+
+def _engine(prompts, params, proposer, greedy_kind=None, verify_kind=None) -> dict:
+    """run_speculative here: with the engine's own verifier, or (a kind given) with a rule of this module."""
+    from autograder.engine_harness import run_speculative
+    if greedy_kind is None and verify_kind is None:
+        return run_speculative(prompts, params, proposer, ENGINE_K, ENGINE_KW)
+    return run_speculative(prompts, params, proposer, ENGINE_K, ENGINE_KW,
+                           verify_greedy=partial(greedy_rule, kind=greedy_kind or ""),
+                           verify=partial(verify_rule, kind=verify_kind or ""))
+
+
+def _judge_engine_run(t, run: dict):
+    """Fail unless the run finished with every KV block back in the pool."""
+    from autograder.engine_harness import stopped
+    if run["error"] is not None:
+        t.fail(stopped(run, VERIFIER_ERRORS, who="your verifier (YourVerifier: your verify_greedy and verify)"))
+    t.expect_true(run["finished"], f"the engine stopped after {run['steps']} steps with requests unfinished")
+    t.expect_true(run["leak"] is None, str(run["leak"]))
+    t.expect_true(run["free_blocks"] == run["num_blocks"],
+                  f"{run['num_blocks'] - run['free_blocks']} KV blocks still held after every request finished")
+
+
+def _counts(run: dict) -> list:
+    return [list(x) for x in zip(run["proposed"], run["accepted"])]
+
+
+def random_seeds(rng):
+    return [rng.randrange(2**31) for _ in range(3)]
+
+
+@check(points=3, section="3.4", timeout=60)
+def verifier_in_engine(t):
+    """Your verify_greedy and verify as the engine's verifier (speculative_config["verifier"]), draft-model
+    and prompt-lookup proposers, k = 4, four prompts at batch 4 with chunked prefill: greedy requests emit
+    exactly plain greedy decoding's tokens and keep exactly as many drafts as with the engine's own verifier;
+    seeded sampled requests emit exactly the engine's own verifier's tokens (the same draws, in the same order)."""
+    from autograder.engine_harness import run_speculative
+    prompts = _engine_prompts()
+    plain = run_speculative(prompts, GREEDY_PARAMS, None, ENGINE_K, ENGINE_KW)
+    for proposer in ("draft", "ngram"):
+        with t.case(f"visible: greedy, {proposer} proposer, k={ENGINE_K}, {len(prompts)} prompts at batch "
+                    f"{len(prompts)}, chunked prefill, {ENGINE_TOKENS} tokens each"):
+            own = _engine(prompts, GREEDY_PARAMS, proposer)
+            got = t.run(run_speculative, prompts, GREEDY_PARAMS, proposer, ENGINE_K, ENGINE_KW,
+                        t.learner("verify_greedy"), t.learner("verify"),
+                        what=f"the engine with your verify_greedy ({proposer} proposer)")
+            _judge_engine_run(t, got)
+            if got["tokens"] != plain["tokens"]:
+                wrong = {name: _engine(prompts, GREEDY_PARAMS, proposer, greedy_kind=kind)["tokens"]
+                         for name, kind in GREEDY_MISTAKES.items() if kind in ("emit_draft", "off_by_one")}
+                t.expect(got["tokens"], plain["tokens"], "the generated tokens: with greedy verification they "
+                         "must equal plain greedy decoding of the target (your code emits a token the target did "
+                         "not choose)", mistakes=wrong)
+            if _counts(got) != _counts(own):
+                wrong = {name: _counts(_engine(prompts, GREEDY_PARAMS, proposer, greedy_kind=kind))
+                         for name, kind in GREEDY_MISTAKES.items() if kind in ("no_bonus", "prefix_only")}
+                t.expect(_counts(got), _counts(own), "[draft tokens verified, drafts kept] per request (the "
+                         "tokens are right, but the engine's own verifier keeps more or fewer drafts)", mistakes=wrong)
+    for label, seeds in t.cases(visible=[("visible", [11, 12, 13])], hidden=random_seeds, n=1, label="random seeds"):
+        params = [{"temperature": 0.8, "top_p": 0.95, "seed": s, "max_tokens": ENGINE_TOKENS} for s in seeds]
+        params.append(GREEDY_PARAMS[0])  # a greedy request in the same batch
+        for proposer in ("draft", "ngram"):
+            with t.case(f"{label}: sampled, temperature 0.8, top_p 0.95, seeds {seeds} and one greedy request, "
+                        f"{proposer} proposer, k={ENGINE_K}"):
+                own = _engine(prompts, params, proposer)
+                got = t.run(run_speculative, prompts, params, proposer, ENGINE_K, ENGINE_KW,
+                            t.learner("verify_greedy"), t.learner("verify"),
+                            what=f"the engine with your verify ({proposer} proposer)")
+                _judge_engine_run(t, got)
+                mine, right = list(zip(got["tokens"], _counts(got))), list(zip(own["tokens"], _counts(own)))
+                if mine != right:
+                    wrong = {name: list(zip(*(lambda r: (r["tokens"], _counts(r)))(
+                        _engine(prompts, params, proposer, verify_kind=kind))))
+                        for name, kind in ENGINE_VERIFY_MISTAKES.items()}
+                    t.expect(mine, right, "(tokens, [drafts verified, drafts kept]) per request, against the "
+                             "engine's own verifier given the same seeded generator: draw exactly one torch.rand "
+                             "per draft examined, then one torch.multinomial, all from `generator`", mistakes=wrong)
+
+
 # -- 2. the arithmetic --------------------------------------------------------------------------------------
 
 def _geometric(alpha, terms) -> float:

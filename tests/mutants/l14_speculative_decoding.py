@@ -140,6 +140,46 @@ def verify(target_probs, draft_probs, draft_tokens, generator):  # noqa: F811
     return _m_verify(target_probs, draft_probs, draft_tokens, generator, rng=False)  # torch's global RNG
 
 
+# -- 3.4 the verifier inside the engine: wrong verifiers as the engine sees them (its refusals, other tokens,
+# other acceptance counts) ---------------------------------------------------------------------------------
+
+
+@mutant(check="verifier_in_engine", message="never emits the bonus token")
+def verify_greedy(target_logits, draft_tokens):  # noqa: F811
+    return _m_greedy(target_logits, draft_tokens, "no_bonus")  # same tokens, one draft fewer kept per full match
+
+
+@mutant(check="verifier_in_engine", message="returns no token at all")
+def verify_greedy(target_logits, draft_tokens):  # noqa: F811
+    best = target_logits.argmax(dim=-1).tolist()
+    out = []
+    for i, d in enumerate(draft_tokens.tolist()):
+        if best[i] != d:
+            return out  # the accepted drafts only: no correction token
+        out.append(d)
+    return out + [best[len(out)]]
+
+
+@mutant(check="verifier_in_engine", message="keeps a draft after a mismatch")
+def verify_greedy(target_logits, draft_tokens):  # noqa: F811
+    return _m_greedy(target_logits, draft_tokens, "continue")
+
+
+@mutant(check="verifier_in_engine", message="emits the draft token at the mismatch")
+def verify_greedy(target_logits, draft_tokens):  # noqa: F811
+    return _m_greedy(target_logits, draft_tokens, "emit_draft")
+
+
+@mutant(check="verifier_in_engine", message="resamples from p after a rejection")
+def verify(target_probs, draft_probs, draft_tokens, generator):  # noqa: F811
+    return _m_verify(target_probs, draft_probs, draft_tokens, generator, residual="p")
+
+
+@mutant(check="verifier_in_engine", message="draw exactly one torch.rand per draft examined")
+def verify(target_probs, draft_probs, draft_tokens, generator):  # noqa: F811
+    return _m_verify(target_probs, draft_probs, draft_tokens, generator, rng=False)  # torch's global RNG
+
+
 # -- 2. the arithmetic ------------------------------------------------------------------------------------
 
 @mutant(check="expected_tokens_per_step", message="one term short")
