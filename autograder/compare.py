@@ -100,7 +100,7 @@ def compare_tensor(got, expected: torch.Tensor, rtol: float | None = None,
         return f"NaN at index {idx} (expected {fmt(e[idx].item())}); {int((nan_got & ~nan_exp).sum())} NaNs in all"
     diff = (g - e).abs()
     diff = torch.where(nan_got & nan_exp, torch.zeros_like(diff), diff)
-    bad = diff > atol + rtol * e.abs()
+    bad = (diff > atol + rtol * e.abs()) | (nan_exp & ~nan_got)  # NaN compares False: an expected NaN needs one
     if not bad.any():
         return None
     idx = _first_bad_index(bad)

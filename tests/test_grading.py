@@ -77,3 +77,14 @@ def test_course_lab_adds_allow_root_only_as_root(monkeypatch):
     assert lab_command("01", ["--allow-root"]).count("--allow-root") == 1
     monkeypatch.setattr(os, "geteuid", lambda: 1000)
     assert "--allow-root" not in lab_command(None, ["--no-browser"]) and lab_command(None, [])[-1].endswith("lessons")
+
+
+def test_an_expected_nan_is_matched_only_by_a_nan():
+    """NaN compares False with everything, so a tolerance test alone would let any value match it."""
+    import torch
+
+    from autograder.compare import compare
+    expected = torch.tensor([1.0, float("nan")])
+    assert compare(torch.tensor([1.0, float("nan")]), expected) is None
+    assert compare(torch.tensor([1.0, 0.0]), expected) is not None
+    assert compare(torch.tensor([float("nan"), float("nan")]), expected) is not None

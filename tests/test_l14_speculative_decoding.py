@@ -217,6 +217,26 @@ def test_break_even_bisection_equals_a_scan():
         assert S.break_even_batch("llama-3-8b", chip, alpha, gamma, context, c, 512) == scan
 
 
+def test_break_even_cases_at_max_batch_are_what_their_labels_say():
+    """Three visible break_even_batch cases set max_batch at, one below and one above the first case's
+    break-even batch: keep them there if the modeled clock changes."""
+    first = S.break_even_batch(*checks.BREAK_EVEN_CASES[0][1])
+    around = {label: case[6] for label, case in checks.BREAK_EVEN_CASES if "break-even batch" in label}
+    assert around == {"visible: max_batch is exactly the break-even batch": first,
+                      "visible: max_batch one below the break-even batch": first - 1,
+                      "visible: max_batch one above the break-even batch": first + 1}
+
+
+def test_tie_and_edge_cases_are_what_their_labels_say():
+    speeds = [S.speedup(0.0, g, 0.0) for g in range(6)]
+    assert speeds == [1.0] * 6  # alpha 0 with free drafts: every gamma ties
+    close = sorted(S.speedup(0.58, g, 0.27) for g in range(12))[-2:]
+    assert 0 < close[1] - close[0] < 1e-3
+    logits, drafts = checks.GREEDY_CASES[3][1]
+    assert (logits == logits.max(dim=-1, keepdim=True).values).sum(-1).min() >= 2  # every row has a tie
+    assert checks.greedy_rule(logits, drafts, "ties_last") != S.verify_greedy(logits, drafts)
+
+
 # -- every mistake a check names shows in a visible case (so on every seed) -----------------------------------
 
 def _exercised(cases, expected_fn, mistakes_fn) -> set:

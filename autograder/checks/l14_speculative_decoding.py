@@ -51,9 +51,15 @@ def _fmt(xs) -> str:
 def greedy_rule(logits: torch.Tensor, drafts: torch.Tensor, kind: str = "") -> list[int]:
     """Greedy verification, right (kind "") or one of its usual wrong versions (GREEDY_MISTAKES)."""
     best = logits.argmax(dim=-1).tolist()
+    if kind == "ties_last":  # a hand-rolled argmax with >=: the last of equal maxima
+        best = (logits.shape[-1] - 1 - logits.flip(-1).argmax(dim=-1)).tolist()
+    if kind == "dim0":  # one argmax per vocabulary column: only meaningful while V >= k + 1
+        best = logits.argmax(dim=0).tolist()
     k, out = len(drafts), []
     if kind == "continue":
         return best[:k + 1]  # the argmax of every row, matched or not
+    if kind == "trust":
+        return drafts.tolist() + [best[k]]
     for i, d in enumerate(drafts.tolist()):
         t = best[i + 1] if kind == "off_by_one" else best[i]
         if t == d:
@@ -62,7 +68,7 @@ def greedy_rule(logits: torch.Tensor, drafts: torch.Tensor, kind: str = "") -> l
         if kind != "prefix_only":
             out.append(d if kind == "emit_draft" else t)
         return out
-    return out if kind == "no_bonus" else out + [best[k]]
+    return out if kind == "no_bonus" else out + [best[max(k - 1, 0) if kind == "bonus_prev" else k]]
 
 
 GREEDY_MISTAKES = {
@@ -74,7 +80,23 @@ GREEDY_MISTAKES = {
     "keeps going after a mismatch: the rows after it were computed on a rejected draft, so the step ends there":
         "continue",
     "compares draft_tokens[i] with row i + 1; row i of target_logits scores draft position i": "off_by_one",
+    "breaks argmax ties toward the last index; the rule (like torch.argmax) takes the first": "ties_last",
+    "accepts every draft without comparing it with the target's argmax": "trust",
+    "takes the bonus token from row k - 1 (the last draft's row); row k predicts the token after the last draft":
+        "bonus_prev",
+    "takes the argmax over the wrong dimension (dim=0, across positions); each row's argmax is over the "
+    "vocabulary (dim=-1)": "dim0",
 }
+
+
+def greedy_mistakes(logits: torch.Tensor, drafts: torch.Tensor) -> dict:
+    V, k = logits.shape[-1], len(drafts)
+    return {name: greedy_rule(logits, drafts, kind) for name, kind in GREEDY_MISTAKES.items()
+            if kind != "dim0" or V >= k + 1}
+
+
+def _is_int_list(x) -> bool:
+    return isinstance(x, list) and all(type(v) is int for v in x)
 
 
 def _logits(rows_argmax: list[int], V: int, seed: int) -> torch.Tensor:
@@ -90,6 +112,10 @@ GREEDY_CASES = [
     ("visible: all 3 drafts match", (_logits([4, 1, 6, 2], 8, 0), torch.tensor([4, 1, 6]))),
     ("visible: the first draft is rejected", (_logits([3, 3, 0], 8, 1), torch.tensor([5, 3]))),
     ("visible: a mismatch at position 2 of 4", (_logits([7, 2, 1, 1, 5], 8, 2), torch.tensor([7, 2, 6, 1]))),
+    ("visible: tied maxima (the first index wins)",
+     (torch.tensor([[2.0, 5.0, 5.0, 0.0], [1.0, 1.0, 0.0, 1.0], [0.0, 9.0, 9.0, 0.0]]), torch.tensor([1, 0]))),
+    ("visible: k = 0 drafts (only row 0, the target's own token)",
+     (_logits([5], 8, 3), torch.zeros(0, dtype=torch.long))),
 ]
 
 
@@ -148,9 +174,8 @@ def verify_greedy(t):
     for label, (logits, drafts) in t.cases(visible=GREEDY_CASES, hidden=random_greedy_case, n=3):
         with t.case(f"{label}: argmax per row {logits.argmax(-1).tolist()}, drafts {drafts.tolist()}"):
             got, expected = t.both("verify_greedy", logits, drafts)
-            t.expect(got, expected, "the emitted tokens",
-                     mistakes={name: greedy_rule(logits, drafts, kind) for name, kind in GREEDY_MISTAKES.items()},
-                     hint="Return a list of Python ints (tensor.tolist()).")
+            t.expect(got, expected, "the emitted tokens", mistakes=greedy_mistakes(logits, drafts),
+                     hint="" if _is_int_list(got) else "Return a list of Python ints (tensor.tolist()).")
     prompts = _prompts()
     hidden = [[t.rng.randrange(1, 2048) for _ in range(t.rng.randint(4, 12))]]
     for label, ps in t.cases(visible=[("visible: two code prompts", prompts)], hidden=[hidden], label="random prompt"):
@@ -185,6 +210,8 @@ Q2 = [[0.2, 0.5, 0.1, 0.2], [0.4, 0.3, 0.3, 0.0], [0.25, 0.25, 0.25, 0.25]]
 PAIR_CASES = [
     ("visible: one row", (_t([0.6, 0.3, 0.1, 0.0]), _t([0.2, 0.2, 0.3, 0.3]))),
     ("visible: three rows, the last with p == q", (_t(P2), _t(Q2))),
+    ("visible: two rows, the second with p == q (not uniform)",
+     (_t([[0.1, 0.2, 0.7], [0.1, 0.6, 0.3]]), _t([[0.3, 0.3, 0.4], [0.1, 0.6, 0.3]]))),
 ]
 
 
@@ -212,13 +239,24 @@ def residual_mistakes(p, q) -> dict:
         s = x.sum(-1, keepdim=True)
         return torch.where(s > 0, x / s.clamp(min=1e-300), p)
     excess = (p - q).clamp(min=0)
-    nan_rows = excess / excess.sum(-1, keepdim=True)
+    total = excess.sum(-1, keepdim=True)
+    nan_rows = excess / total
+    uniform = torch.where(total > 0, excess / total.clamp(min=1e-300), torch.full_like(p, 1.0 / p.shape[-1]))
     return {"does not normalize max(0, p - q): divide it by its sum": excess,
+            "returns the uniform distribution where p == q; return p there (then every row is still the target's "
+            "distribution)": uniform,
+            "returns p for every row as soon as one row has p == q; decide row by row (torch.where on each row's "
+            "sum)": p.clone() if bool((total == 0).any()) else norm(excess),
             "takes max(0, q - p): the residual is where the target wants more than the draft gave": norm((q - p).clamp(min=0)),
             "returns p: after a rejection, sample from the excess of p over q, or tokens q overproposes come out "
             "too often": p,
             "normalizes |p - q|: only the tokens with p > q get mass": norm((p - q).abs()),
-            "divides by a zero sum where p == q (return p for such a row)": nan_rows}
+            "returns a row of zeros where p == q; return p for such a row, so that every row is a distribution":
+                excess / total.clamp(min=1e-300),
+            NAN_ROWS: nan_rows}
+
+
+NAN_ROWS = "divides by a zero sum where p == q (return p for such a row)"
 
 
 @check(points=2, section="1.2")
@@ -236,7 +274,13 @@ def residual_distribution(t):
     for label, (p, q) in t.cases(visible=PAIR_CASES, hidden=random_pair_case, n=3):
         with t.case(f"{label}: {p.shape[0] if p.dim() > 1 else 1} row(s) of V={p.shape[-1]}"):
             got, expected = t.both("residual_distribution", p, q)
-            t.expect(got, expected, "residual distribution", mistakes=residual_mistakes(p, q))
+            mistakes = residual_mistakes(p, q)
+            if not (isinstance(got, torch.Tensor) and bool(torch.isnan(got).any())):
+                # an expected NaN matches any value in the comparison, so the NaN mistake would "fit" every
+                # answer that is wrong only on a p == q row: offer it to answers with a NaN only
+                if bool(torch.isnan(mistakes.pop(NAN_ROWS)).any()):
+                    t.offered.add(NAN_ROWS)
+            t.expect(got, expected, "residual distribution", mistakes=mistakes)
 
 
 # -- 1.4 the rejection sampler, judged on its distribution --------------------------------------------------
@@ -340,18 +384,27 @@ def sample_verify(verify_fn, target_probs, draft_probs, drafts, seed: int) -> di
     "deterministic": whether the first 50 calls, rerun with a fresh generator of the same seed, return the
     same, "modified": whether an argument changed}."""
     before = (target_probs.clone(), draft_probs.clone(), drafts.clone())
+    changed = lambda: not all(torch.equal(a, b) for a, b in zip(before, (target_probs, draft_probs, drafts)))
     gen = torch.Generator().manual_seed(seed)
     outputs = []
     for row in drafts:
-        out = verify_fn(target_probs, draft_probs, row.clone(), gen)
+        try:
+            out = verify_fn(target_probs, draft_probs, row.clone(), gen)
+        except Exception as e:
+            if not changed():
+                raise
+            # the error is a consequence: a later call read the probabilities an earlier call overwrote
+            return {"outputs": None, "problem": f"verify modified its argument target_probs or draft_probs in "
+                    f"place (call {len(outputs) + 1} then raised {type(e).__name__}: {str(e)[:80]}); compute the "
+                    "residual into a new tensor, the caller still needs the probabilities",
+                    "deterministic": True, "modified": True}
         if not isinstance(out, list) or not all(type(x) is int for x in out):
             return {"outputs": None, "problem": f"verify returned {type(out).__name__} {str(out)[:60]}, not a list "
                                                 "of Python ints", "deterministic": True, "modified": False}
         outputs.append(out)
     gen = torch.Generator().manual_seed(seed)
     again = [verify_fn(target_probs, draft_probs, row.clone(), gen) for row in drafts[:50]]
-    modified = not all(torch.equal(a, b) for a, b in zip(before, (target_probs, draft_probs, drafts)))
-    return {"outputs": outputs, "problem": None, "deterministic": again == outputs[:50], "modified": modified}
+    return {"outputs": outputs, "problem": None, "deterministic": again == outputs[:50], "modified": changed()}
 
 
 VERIFY_CASES = [
@@ -601,11 +654,17 @@ def tokens_mistakes(alpha, gamma) -> dict:
             "counts only the accepted drafts; every step also emits the target's own token (resample or bonus)":
                 e - 1,
             "uses 1 + gamma * alpha: a draft counts only if every draft before it was accepted too": 1 + gamma * alpha,
-            "uses 1 / (1 - alpha), the limit of infinitely many drafts": math.inf if alpha == 1 else 1 / (1 - alpha)}
+            "uses 1 / (1 - alpha), the limit of infinitely many drafts": math.inf if alpha == 1 else 1 / (1 - alpha),
+            "treats an alpha close to 1 as 1 (gamma + 1); only alpha == 1 itself needs the special case":
+                float(gamma + 1) if 0.99 <= alpha else e,
+            "returns 0 at alpha = 0; every step still emits the target's own token, so it is 1":
+                0.0 if alpha == 0 else e}
 
 
 TOKENS_CASES = [("visible", (0.5, 2)), ("visible", (0.8, 4)), ("visible: alpha = 1, every draft accepted", (1.0, 4)),
-                ("visible: gamma = 0, plain decoding", (0.7, 0))]
+                ("visible: gamma = 0, plain decoding", (0.7, 0)),
+                ("visible: alpha = 0.995, close to 1 but not 1", (0.995, 3)),
+                ("visible: alpha = 0, every draft rejected", (0.0, 3))]
 
 
 def random_formula_case(rng):
@@ -627,11 +686,14 @@ def speedup_mistakes(alpha, gamma, c) -> dict:
             else math.inf,
             "leaves out the draft's cost (returns the expected tokens per step)": e,
             "counts gamma + 1 draft forwards per step; the draft runs once per drafted token": e / ((gamma + 1) * c + 1),
-            "multiplies the draft cost in (gamma * c + 1) instead of dividing by it": e * (gamma * c + 1)}
+            "multiplies the draft cost in (gamma * c + 1) instead of dividing by it": e * (gamma * c + 1),
+            "returns 0 at gamma = 0; with no drafts a step is one plain target forward, a speedup of 1":
+                0.0 if gamma == 0 else e / (gamma * c + 1)}
 
 
 SPEEDUP_CASES = [("visible", (0.8, 4, 0.05)), ("visible: a slow draft", (0.6, 3, 0.5)),
-                 ("visible: alpha = 1", (1.0, 5, 0.1))]
+                 ("visible: alpha = 1", (1.0, 5, 0.1)),
+                 ("visible: gamma = 0, no speculation", (0.7, 0, 0.3))]
 
 
 @check(points=2, section="2.2")
@@ -649,16 +711,33 @@ def _speedup(alpha, gamma, c) -> float:
 
 def best_gamma_mistakes(alpha, c, max_gamma) -> dict:
     best = lambda gs, f: max(gs, key=lambda g: (f(g), -g))
+    speeds = [_speedup(alpha, g, c) for g in range(max_gamma + 1)]
     return {"never returns 0; when no gamma beats plain decoding (speedup 1 at gamma = 0), do not speculate":
                 best(range(1, max_gamma + 1), lambda g: _speedup(alpha, g, c)),
             "stops at max_gamma - 1: the range of gammas includes max_gamma":
                 best(range(max_gamma), lambda g: _speedup(alpha, g, c)),
             "maximizes the expected tokens per step, ignoring what the drafts cost":
-                best(range(max_gamma + 1), lambda g: _geometric(alpha, g + 1))}
+                best(range(max_gamma + 1), lambda g: _geometric(alpha, g + 1)),
+            "breaks ties toward the larger gamma; among equal speedups take the smallest gamma (drafts that gain "
+            "nothing still cost compute)": max(range(max_gamma + 1), key=lambda g: (_speedup(alpha, g, c), g)),
+            "speculates when its best speedup only equals 1; gamma = 0 (plain decoding) wins that tie":
+                _ge_one(alpha, c, max_gamma),
+            "treats speedups within 1e-3 of the best as ties; compare them exactly":
+                next(g for g, v in enumerate(speeds) if v >= max(speeds) - 1e-3)}
+
+
+def _ge_one(alpha, c, max_gamma) -> int:
+    """best_gamma's mistake: the best gamma >= 1, kept when its speedup is >= 1 (ties at 1 go to speculation)."""
+    if max_gamma == 0:
+        return 0
+    g = max(range(1, max_gamma + 1), key=lambda g: (_speedup(alpha, g, c), -g))
+    return g if _speedup(alpha, g, c) >= 1 else 0
 
 
 BEST_CASES = [("visible", (0.8, 0.05, 10)), ("visible: speculation does not pay", (0.3, 0.5, 10)),
-              ("visible: the best gamma is max_gamma", (0.95, 0.01, 6))]
+              ("visible: the best gamma is max_gamma", (0.95, 0.01, 6)),
+              ("visible: alpha = 0, free drafts: every gamma ties at speedup 1", (0.0, 0.0, 5)),
+              ("visible: two gammas within 1e-3 of each other", (0.58, 0.27, 11))]
 
 
 def random_best_case(rng):
@@ -765,10 +844,22 @@ def break_even_mistakes(model, chip, alpha, gamma, context, c, max_batch) -> dic
     out = {"returns the last batch at which speculation still pays, one less than the first at which it stops":
            right - 1 if right else right,
            "returns max_batch when speculation still pays there; return None": max_batch if right is None else right,
+           "never tries max_batch itself (range(1, max_batch), or a search over 1 .. max_batch - 1); max_batch is "
+           "one of the batches": first_not_paying(f(""), max_batch - 1),
+           "ignores max_batch (always searches 1 .. 1024)": first_not_paying(f(""), 1024),
            "tries only powers of two; the answer is the smallest batch, found by bisection or a scan":
-           first_not_paying(f(""), max_batch, powers)}
+           first_not_paying(f(""), max_batch, powers),
+           "uses speedup(alpha, gamma, c), which does not depend on the batch (or a modeled_speedup that charges "
+           "verification as one decode step): try modeled_speedup at each batch": first_not_paying(f("leviathan"),
+                                                                                                   max_batch)}
+    try:
+        swapped = first_not_paying(lambda b: modeled(model, chip, alpha, gamma, c, context, b), max_batch)
+        out["passes c and context to modeled_speedup in swapped order; it takes (model, chip, alpha, gamma, "
+            "context, c, batch)"] = swapped
+    except (TypeError, ValueError):  # a context the model cannot take: this mistake cannot be told apart here
+        pass
     for name, kind in MODELED_MISTAKES.items():
-        if kind in ("leviathan", "full_steps", "as_decodes"):
+        if kind in ("full_steps", "as_decodes"):
             out[f"{name} (in modeled_speedup)"] = first_not_paying(f(kind), max_batch)
     return out
 
@@ -778,6 +869,10 @@ BREAK_EVEN_CASES = [
     ("visible: long context, it pays up to max_batch", ("llama-3-8b", "H100", 0.7, 4, 4096, 0.2, 1024)),
     ("visible: it never pays", ("llama-3-8b", "H100", 0.3, 4, 1024, 0.5, 1024)),
     ("visible: H200, gamma 2", ("llama-3-8b", "H200", 0.75, 2, 512, 0.1, 1024)),
+    # the first case stops paying at batch 245 (a test in tests/test_l14 keeps these labels true)
+    ("visible: max_batch is exactly the break-even batch", ("llama-3-8b", "H100", 0.7, 4, 1024, 0.2, 245)),
+    ("visible: max_batch one below the break-even batch", ("llama-3-8b", "H100", 0.7, 4, 1024, 0.2, 244)),
+    ("visible: max_batch one above the break-even batch", ("llama-3-8b", "H100", 0.7, 4, 1024, 0.2, 246)),
 ]
 
 

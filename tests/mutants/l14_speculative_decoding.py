@@ -48,6 +48,34 @@ def verify_greedy(target_logits, draft_tokens):  # noqa: F811
     return torch.tensor(sol.verify_greedy(target_logits, draft_tokens))  # a tensor, not a list of ints
 
 
+@mutant(check="verify_greedy", message="breaks argmax ties toward the last index")
+def verify_greedy(target_logits, draft_tokens):  # noqa: F811
+    V = target_logits.shape[-1]
+    best = (V - 1 - target_logits.flip(-1).argmax(dim=-1)).tolist()  # a hand-rolled argmax with >=
+    out = []
+    for i, d in enumerate(draft_tokens.tolist()):
+        out.append(best[i])
+        if best[i] != d:
+            return out
+    return out + [best[len(out)]]
+
+
+@mutant(check="verify_greedy", message="k = 0 drafts")
+def verify_greedy(target_logits, draft_tokens):  # noqa: F811
+    best = target_logits.argmax(dim=-1).tolist()
+    out, i = [], None
+    for i, d in enumerate(draft_tokens.tolist()):
+        out.append(best[i])
+        if best[i] != d:
+            return out
+    return out + [best[i + 1]]  # the loop variable: None (a TypeError) when there are no drafts
+
+
+@mutant(check="verify_greedy", message="accepts every draft without comparing")
+def verify_greedy(target_logits, draft_tokens):  # noqa: F811
+    return draft_tokens.tolist() + [int(target_logits[len(draft_tokens)].argmax())]
+
+
 # -- 1.2 / 1.3 --------------------------------------------------------------------------------------------
 
 @mutant(check="acceptance_rate", message="takes p/q without the min")
@@ -76,6 +104,27 @@ def residual_distribution(target_probs, draft_probs):  # noqa: F811
 @mutant(check="residual_distribution", message="returns p")
 def residual_distribution(target_probs, draft_probs):  # noqa: F811
     return target_probs.clone()
+
+
+@mutant(check="residual_distribution", message="returns the uniform distribution where p == q")
+def residual_distribution(target_probs, draft_probs):  # noqa: F811
+    excess = (target_probs - draft_probs).clamp(min=0)
+    total = excess.sum(dim=-1, keepdim=True)
+    uniform = torch.full_like(target_probs, 1.0 / target_probs.shape[-1])
+    return torch.where(total > 0, excess / total.clamp(min=1e-300), uniform)
+
+
+@mutant(check="residual_distribution", message="returns p for every row as soon as one row has p == q")
+def residual_distribution(target_probs, draft_probs):  # noqa: F811
+    excess = (target_probs - draft_probs).clamp(min=0)
+    total = excess.sum(dim=-1, keepdim=True)
+    return target_probs.clone() if bool((total == 0).any()) else excess / total
+
+
+@mutant(check="residual_distribution", message="returns a row of zeros where p == q")
+def residual_distribution(target_probs, draft_probs):  # noqa: F811
+    excess = (target_probs - draft_probs).clamp(min=0)
+    return excess / excess.sum(dim=-1, keepdim=True).clamp(min=1e-300)  # 0 / tiny = 0 on a p == q row
 
 
 # -- 1.4 the rejection sampler ----------------------------------------------------------------------------
@@ -133,6 +182,19 @@ def verify(target_probs, draft_probs, draft_tokens, generator):  # noqa: F811
 @mutant(check="verify", message="draws the bonus token from target_probs[k - 1]")
 def verify(target_probs, draft_probs, draft_tokens, generator):  # noqa: F811
     return _m_verify(target_probs, draft_probs, draft_tokens, generator, bonus="previous")
+
+
+@mutant(check="verify", message="modified its argument")
+def verify(target_probs, draft_probs, draft_tokens, generator):  # noqa: F811
+    out = []
+    for i, x in enumerate(draft_tokens.tolist()):
+        if torch.rand((), generator=generator, dtype=target_probs.dtype) < target_probs[i, x] / draft_probs[i, x]:
+            out.append(x)
+            continue
+        row = target_probs[i].sub_(draft_probs[i]).clamp_(min=0)  # in place: the caller's p is gone
+        out.append(int(torch.multinomial(row, 1, generator=generator)))
+        return out
+    return out + [int(torch.multinomial(target_probs[len(out)], 1, generator=generator))]
 
 
 @mutant(check="verify", message="draw every random number from `generator`")
@@ -197,6 +259,21 @@ def expected_tokens_per_step(alpha, gamma):  # noqa: F811
     return 1 + gamma * alpha
 
 
+@mutant(check="expected_tokens_per_step", message="treats an alpha close to 1 as 1")
+def expected_tokens_per_step(alpha, gamma):  # noqa: F811
+    return float(gamma + 1) if alpha >= 0.99 else (1 - alpha ** (gamma + 1)) / (1 - alpha)
+
+
+@mutant(check="expected_tokens_per_step", message="returns 0 at alpha = 0")
+def expected_tokens_per_step(alpha, gamma):  # noqa: F811
+    return 0.0 if alpha == 0 else sol.expected_tokens_per_step(alpha, gamma)
+
+
+@mutant(check="speedup", message="returns 0 at gamma = 0")
+def speedup(alpha, gamma, c):  # noqa: F811
+    return 0.0 if gamma == 0 else sol.speedup(alpha, gamma, c)
+
+
 @mutant(check="speedup", message="divides by gamma * c")
 def speedup(alpha, gamma, c):
     return sol.expected_tokens_per_step(alpha, gamma) / (gamma * c)
@@ -220,6 +297,27 @@ def best_gamma(alpha, c, max_gamma):  # noqa: F811
 @mutant(check="best_gamma", message="ignoring what the drafts cost")
 def best_gamma(alpha, c, max_gamma):  # noqa: F811
     return max(range(max_gamma + 1), key=lambda g: (sol.expected_tokens_per_step(alpha, g), -g))
+
+
+@mutant(check="best_gamma", message="breaks ties toward the larger gamma")
+def best_gamma(alpha, c, max_gamma):  # noqa: F811
+    best, best_s = 0, sol.speedup(alpha, 0, c)
+    for g in range(1, max_gamma + 1):
+        if sol.speedup(alpha, g, c) >= best_s:  # >=: a tie moves to the later gamma
+            best, best_s = g, sol.speedup(alpha, g, c)
+    return best
+
+
+@mutant(check="best_gamma", message="treats speedups within 1e-3 of the best as ties")
+def best_gamma(alpha, c, max_gamma):  # noqa: F811
+    s = [sol.speedup(alpha, g, c) for g in range(max_gamma + 1)]
+    return next(g for g, v in enumerate(s) if v >= max(s) - 1e-3)
+
+
+@mutant(check="best_gamma", message="speculates when its best speedup only equals 1")
+def best_gamma(alpha, c, max_gamma):  # noqa: F811
+    g = max(range(1, max_gamma + 1), key=lambda g: (sol.speedup(alpha, g, c), -g))
+    return g if sol.speedup(alpha, g, c) >= 1 else 0
 
 
 # -- 3. the modeled GPU clock -----------------------------------------------------------------------------
@@ -283,6 +381,46 @@ def break_even_batch(model, chip, alpha, gamma, context, c, max_batch=1024):  # 
     return found - 1 if found else found
 
 
-@mutant(check="break_even_batch", message="(in modeled_speedup)")
+@mutant(check="break_even_batch", message="or a modeled_speedup that charges verification as one decode step")
 def modeled_speedup(model, chip, alpha, gamma, context, c, batch):  # noqa: F811
     return sol.speedup(alpha, gamma, c)  # break_even_batch calls this wrong modeled_speedup
+
+
+@mutant(check="break_even_batch", message="ignores max_batch")
+def break_even_batch(model, chip, alpha, gamma, context, c, max_batch=1024):  # noqa: F811
+    return sol.break_even_batch(model, chip, alpha, gamma, context, c, 1024)
+
+
+@mutant(check="break_even_batch", message="never tries max_batch itself")
+def break_even_batch(model, chip, alpha, gamma, context, c, max_batch=1024):  # noqa: F811
+    for b in range(1, max_batch):  # stops one short of max_batch
+        if sol.modeled_speedup(model, chip, alpha, gamma, context, c, b) <= 1:
+            return b
+    return None
+
+
+@mutant(check="break_even_batch", message="one less than the first at which it stops")
+def break_even_batch(model, chip, alpha, gamma, context, c, max_batch=1024):  # noqa: F811
+    if sol.modeled_speedup(model, chip, alpha, gamma, context, c, max_batch) > 1:
+        return None
+    lo, hi = 1, max_batch
+    while lo < hi:  # the textbook slip: hi = mid - 1 can step past the answer
+        mid = (lo + hi) // 2
+        if sol.modeled_speedup(model, chip, alpha, gamma, context, c, mid) > 1:
+            lo = mid + 1
+        else:
+            hi = mid - 1
+    return max(lo, 1)
+
+
+@mutant(check="break_even_batch", message="passes c and context to modeled_speedup in swapped order")
+def break_even_batch(model, chip, alpha, gamma, context, c, max_batch=1024):  # noqa: F811
+    pays = lambda b: sol.modeled_speedup(model, chip, alpha, gamma, c, context, b) > 1  # noqa: E731
+    if pays(max_batch):
+        return None
+    return next(b for b in range(1, max_batch + 1) if not pays(b))
+
+
+@mutant(check="break_even_batch", message="uses speedup(alpha, gamma, c), which does not depend on the batch")
+def break_even_batch(model, chip, alpha, gamma, context, c, max_batch=1024):  # noqa: F811
+    return None if sol.speedup(alpha, gamma, c) > 1 else 1
