@@ -37,7 +37,8 @@ def block_hashes(token_ids: Sequence[int], block_size: int) -> list[str]:
 
         digest_i = sha256(parent_i + tokens_i).digest()
         parent_0 = 32 zero bytes (ROOT_PARENT);  parent_i = digest_{i-1} (the 32 raw bytes)
-        tokens_i = the block's ids, each as an 8-byte little-endian signed int: struct.pack(f"<{n}q", *ids)
+        tokens_i = the block's ids, each as an 8-byte little-endian SIGNED int: struct.pack(f"<{n}q", *ids)
+                   (signed, so that a negative placeholder id such as -1 packs too)
 
     Returns [digest_i.hex() for each full block]: 64-character hex strings. Because the parent's digest
     is inside, equal hashes mean equal WHOLE prefixes, not just equal blocks; and sha256 of bytes is the
@@ -71,7 +72,8 @@ def hash_table_match(token_ids: Sequence[int], table: dict[str, int], block_size
 
 
 class TreeNode:
-    """One segment of cached tokens (given; use it or write your own node class).
+    """One segment of cached tokens (given; use it, or write your own node class with the same fields: the
+    checks read your tree through them).
 
     tokens:      this segment's token ids, a whole number of pages (len == len(blocks) * page_size);
     blocks:      one KV block id per page of the segment;
@@ -111,6 +113,10 @@ class RadixTree:
     - a page is locked while some lock(node) whose path covers it is not yet undone by unlock(node);
     - evict frees unlocked LEAF pages (pages with no cached successor), least recently stamped first, one
       page at a time; when a node's last page goes, its parent's last page may become a leaf.
+    RadixTree(page_size) raises ValueError if page_size < 1. The checks read the tree itself through the
+    fields of TreeNode (self.root; each node's tokens, blocks, children, parent, lock_ref, last_access)
+    and compare it page by page: the pages held, each page's lock_ref and stamp, and the tokens each node
+    match_prefix returned still ends at. Of the stamps only their ORDER counts (start the clock anywhere).
 
     How an engine uses it as its prefix cache (block ids are the engine's KV blocks; the tree OWNS the
     blocks it holds and gives them back only through evict):
@@ -158,6 +164,7 @@ class RadixTree:
         The new node takes node's place under its parent and becomes node's parent; it inherits node's
         lock_ref and last_access. `node` itself keeps the REST of the pages: a handle a running request
         holds on `node` then still ends at the same token, and unlock(node) still walks the whole path.
+        (Only lock sets lock_ref, so check 2.2 is the one that tests its inheritance.)
         """
         ### BEGIN SOLUTION
         P = self.page_size
@@ -206,7 +213,8 @@ class RadixTree:
         """Exercise 2.1: cache the full pages of `tokens`, page i's KV in block_ids[i].
 
         Only the first len(tokens) // page_size pages are cached (block_ids must have at least that many
-        entries; extra ones, such as a partly filled last block, are ignored: the caller keeps them).
+        entries, else ValueError before anything changes; extra ones, such as a partly filled last block,
+        are ignored: the caller keeps them).
         Pages already cached keep the tree's own block ids; a divergence inside a node splits it; the
         new pages become one new node. Ticks the clock and stamps every page of the path.
         Returns how many leading tokens were ALREADY cached (a multiple of page_size): the caller frees
@@ -266,11 +274,12 @@ class RadixTree:
     def evict(self, num_tokens: int) -> list[int]:
         """Exercise 2.2: free at least num_tokens tokens of KV, the least recently used first.
 
-        Frees ceil(num_tokens / page_size) pages (all evictable ones if fewer), one page at a time: always
-        the last page of the unlocked leaf node (no children, lock_ref 0) with the oldest last_access. A
-        leaf gives up its pages from its end; an emptied leaf leaves the tree, and its parent may become a
-        leaf (then it competes with its own stamp). Locked pages and pages with a cached successor are
-        never freed. Returns the freed block ids (their order does not matter); the caller reuses them.
+        Frees ceil(num_tokens / page_size) pages (none for evict(0); all evictable ones if fewer), one page
+        at a time: always the last page of the unlocked leaf node (no children, lock_ref 0) with the oldest
+        last_access. A leaf gives up its pages from its end; an emptied leaf leaves the tree, and its parent
+        may become a leaf (then it competes with its own stamp). Locked pages and pages with a cached
+        successor are never freed. Returns the freed block ids (their order does not matter); the caller
+        reuses them.
         """
         ### BEGIN SOLUTION
         P = self.page_size
@@ -333,12 +342,14 @@ class RadixTree:
 def lpm_order(tree, waiting: Sequence[Sequence[int]]) -> list[int]:
     """Exercise 3.1: SGLang's "lpm" (longest prefix match) admission order.
 
-    tree: a prefix cache with match_prefix(tokens) -> (block_ids, node) (your RadixTree);
-    waiting: the waiting requests' prompts (token id lists), in arrival order.
+    tree: a prefix cache with match_prefix(tokens) -> (block_ids, node) (your RadixTree); use only
+          match_prefix (and page_size): the check passes a stand-in tree that has nothing else;
+    waiting: the waiting requests' prompts (token id lists), in arrival order; leave the list as it is.
     Returns the indices of `waiting` in the order to admit them: the longest cached prefix first (the
-    number of matched blocks; the same order as matched tokens), ties in arrival order. Requests that
-    share a cached prefix then run while it is cached, before other requests' pages push it out. The
-    lookups are match_prefix calls, so they count as accesses for LRU (as in SGLang).
+    number of matched blocks as match_prefix returns them; the same order as matched tokens), ties in
+    arrival order. Requests that share a cached prefix then run while it is cached, before other
+    requests' pages push it out. Look each prompt up with match_prefix exactly once, a repeated prompt
+    too: the lookups count as accesses for LRU (as in SGLang).
 
     Example: cached prefixes of 0, 3 and 3 blocks -> [1, 2, 0].
     """

@@ -3,11 +3,19 @@ the longest-prefix-match admission order.
 
 The learner's tree lives in the learner's process. The driver below sends each operation there and runs
 the same one here on `BruteTrie`, the spec written the slow way: a dict from every cached page-aligned
-prefix (a tuple of token ids) to its page's block id, stamp and lock count. Node layout is the
-learner's business; what is compared is what a caller can observe: the blocks match_prefix returns,
-insert's already-cached count, evict's freed blocks, total_size and evictable_size. Scripted visible
-sequences name the usual mistakes; hidden cases are random operation sequences drawn from t.rng on a
-three-token alphabet (so that sequences share prefixes and diverge inside pages and nodes).
+prefix (a tuple of token ids) to its page's block id, stamp and lock count. After every operation it
+compares what a caller sees (the blocks match_prefix returns, insert's already-cached count, evict's
+freed blocks, total_size, evictable_size) and the tree itself, read through the given TreeNode's fields
+by a harness (`tree_view`): the pages it holds, each page's lock_ref and stamp, and the tokens each node
+handle match_prefix returned still spans. Node layout stays the learner's business (everything is
+compared page by page), and of the stamps only their ORDER counts: any clock that ticks once per
+match_prefix and per insert passes.
+
+A wrong value is named only when exactly one mistake, computed from the state before the operation,
+gives it, and no earlier answer of the same code ruled that mistake out (`_Drive.judge`). Scripted
+visible sequences offer every named mistake on every seed; hidden cases are random operation sequences
+drawn from t.rng on a three-token alphabet (so that sequences share prefixes and diverge inside pages
+and nodes).
 """
 from __future__ import annotations
 
@@ -16,7 +24,7 @@ import random
 import struct
 from dataclasses import dataclass
 
-from autograder.core import CaseFailed, LearnerRaised, check
+from autograder.core import LearnerRaised, check
 
 # ---------------------------------------------------------------- the spec, the slow way
 
@@ -82,16 +90,32 @@ class BruteTrie:
     def evictable(self) -> list[tuple]:
         return [k for k, p in self.pages.items() if p.locks == 0 and self.is_leaf(k)]
 
-    def evict(self, num_tokens: int, by: str = "stamp") -> list[int]:
-        """Free ceil(num_tokens / page_size) unlocked leaf pages, the oldest `by` stamp first."""
-        need, freed = max(0, -(-num_tokens // self.page_size)), []
+    def evict(self, num_tokens: int, by: str = "stamp", need: int | None = None) -> list[int]:
+        """Free ceil(num_tokens / page_size) unlocked leaf pages (or `need`), the oldest first by `by`:
+        "stamp" (the spec), "born" (insertion time), "ins" (the last insert only), "mru" (newest first),
+        "inherit" (a page that becomes a leaf competes with the stamp of the child page just freed)."""
+        P = self.page_size
+        need = max(0, -(-num_tokens // P)) if need is None else need
+        inherited: dict[tuple, int] = {}
+        freed = []
         while len(freed) < need:
             leaves = self.evictable()
             if not leaves:
                 break
-            key = min(leaves, key=lambda k: (getattr(self.pages[k], by), -len(k), k))
-            freed.append(self.pages.pop(key).block)
+            key = min(leaves, key=lambda k: (self._age(k, by, inherited), -len(k), k))
+            page = self.pages.pop(key)
+            freed.append(page.block)
+            if by == "inherit" and key[:-P] in self.pages:
+                inherited[key[:-P]] = page.stamp
         return freed
+
+    def _age(self, key: tuple, by: str, inherited: dict) -> int:
+        page = self.pages[key]
+        if by == "mru":
+            return -page.stamp
+        if by == "inherit":
+            return inherited.get(key, page.stamp)
+        return getattr(page, by)
 
     def total_size(self) -> int:
         return self.page_size * len(self.pages)
@@ -156,6 +180,7 @@ HASH_CASES = [
     ("visible: a partial last block", ([3, 1, 4, 1, 5, 9, 2, 6, 5, 3], 4)),
     ("visible: fewer tokens than one block", ([11, 12, 13], 16)),
     ("visible: block_size 1", ([9, 9, 9], 1)),
+    ("visible: a negative id (ids pack as SIGNED 8-byte ints)", ([-1, 5, 7, -1, 2], 2)),
 ]
 
 
@@ -188,28 +213,233 @@ LOCKED = ("evicts a locked node: pages on a path a running request locked (lock(
 LRU_MISTAKES = {"born": "orders eviction by insertion time, not by last access: every match_prefix and insert must "
                         "refresh the stamp of each page it walks through",
                 "ins": "does not count a match as an access: match_prefix must refresh the stamps of the pages "
-                       "it matched (a cache hit is a use)"}
+                       "it matched (a cache hit is a use)",
+                "mru": "frees the MOST recently used pages first; LRU frees the least recently used (the oldest "
+                       "last_access) first",
+                "inherit": "lets a parent that becomes a leaf compete with the stamp of the child just freed; it "
+                           "competes with its own last_access (it may have been used after the child)"}
+NEED_MISTAKES = {"floor": "frees floor(num_tokens / page_size) pages; free ceil(num_tokens / page_size), so that at "
+                          "least num_tokens tokens are freed",
+                 "min one": "frees a page even for evict(0): ceil(0 / page_size) = 0 pages",
+                 "plus one": "frees one page too many when num_tokens is a multiple of page_size (num_tokens // "
+                             "page_size + 1); free ceil(num_tokens / page_size)"}
+WHOLE_NODES = ("frees whole nodes: free exactly ceil(num_tokens / page_size) pages, one at a time from the end of "
+               "the least recently used unlocked leaf")
 PARTIAL = ("matches partial pages: a page matches only if all its page_size tokens do, and a partial last "
            "page of the query never matches")
-TOO_LONG = ("Looks like your code does not split a node where the query diverges: it returns blocks past the "
-            "divergence; split the node there and return only the pages that match.")
+NO_SPLIT = ("does not split a node where the query diverges: it returns the whole node the match ends in; split "
+            "the node there and return only the pages that match")
+COMMON_TOKENS = ("counts matching TOKENS where pages are meant (_common_pages returns whole pages: tokens // "
+                 "page_size), so a match skips or takes the wrong pages")
+TOTAL_MISTAKES = {"partial": "caches the partial last page: only len(tokens) // page_size whole pages are cached "
+                             "(a partly filled block still changes, so it is never shared)",
+                  "all": "adds every whole page of the inserted sequence to total_size, the ones already cached "
+                         "too: add only the new pages",
+                  "insert unchanged": "does not add the pages insert caches to total_size",
+                  "evict unchanged": "does not take the pages evict frees off total_size",
+                  "pages": "counts pages, not tokens, in total_size"}
+EV_MISTAKES = {"total": "returns total_size: evictable_size counts only the tokens of pages no running request "
+                        "has locked",
+               "pages": "counts pages, not tokens, in evictable_size",
+               "locked": "returns the LOCKED tokens; evictable_size is the unlocked ones",
+               "leaves": "counts only the tokens of unlocked LEAF nodes; every unlocked page counts (evict frees an "
+                         "inner page once the pages after it are gone)",
+               "every lock": "counts a node's tokens as locked on every lock; they leave the evictable count only "
+                             "when its lock_ref goes from 0 to 1 (a second request on the same path locks nothing "
+                             "new)",
+               "lock no count": "does not take the tokens lock protects off the evictable count (when a node's "
+                                "lock_ref goes from 0 to 1)",
+               "unlock no count": "does not give tokens back to the evictable count when unlock brings a node's "
+                                  "lock_ref to 0"}
+LOCK_MISTAKES = {"lock node only": "leaves matched pages unlocked: lock must add a reference to every node from "
+                                   "`node` up to the root (lock(node) protects the whole matched path)",
+                 "set one": "sets lock_ref to 1 instead of adding one: two requests holding the same path need two "
+                            "references, or the first unlock releases the second request's pages",
+                 "unlock node only": "releases only `node` itself: unlock must walk from node up to the root, as "
+                                     "lock does"}
+NODE_FIELDS = ("tokens", "blocks", "children", "parent", "last_access", "lock_ref")
+FIELDS_NOTE = ("The grader reads your tree through the fields of the given TreeNode (tree.root; each node's "
+               f"{', '.join(NODE_FIELDS)}): keep those names if you write your own node class.")
+
+
+# -- the learner's tree as data ----------------------------------------------------------------------
+
+
+def _number(x):
+    """A stamp or lock count as plain data (numpy numbers included); anything else as its repr."""
+    try:
+        return int(x) if int(x) == x else float(x)
+    except (TypeError, ValueError, OverflowError):
+        return repr(x)
+
+
+def tree_view(tree, handles: list) -> dict:
+    """(A harness: runs in the learner's process under `t.run`.) The learner's tree read through the given
+    TreeNode's fields, as plain data: every node reachable from tree.root, parents before children, with
+    its tokens, blocks, last_access and lock_ref, the index of the node whose children hold it and whether
+    its `parent` says so; and for each handle (a node match_prefix returned) the tokens of its path from
+    the root, its node's index and whether walking its parents reaches the root. {"error": why} when the
+    tree cannot be read that way."""
+    root = getattr(tree, "root", None)
+    if root is None:
+        return {"error": "your RadixTree has no `root`"}
+    objs, nodes, index, stack = [], [], {}, [(root, -1)]
+    while stack:
+        node, parent = stack.pop()
+        if id(node) in index:
+            return {"error": "a node is reachable twice from the root (a cycle, or one node in two nodes' children)"}
+        missing = [f for f in NODE_FIELDS if not hasattr(node, f)]
+        if missing:
+            return {"error": f"a node ({type(node).__name__}) has no {', '.join(missing)}"}
+        if not isinstance(node.children, dict):
+            return {"error": f"a node's children is a {type(node.children).__name__}, not a dict"}
+        if len(nodes) >= 20_000:
+            return {"error": "more than 20000 nodes are reachable from the root"}
+        try:
+            record = {"parent": parent, "parent_ok": node.parent is (objs[parent] if parent >= 0 else None),
+                      "tokens": [int(x) for x in node.tokens], "blocks": [int(b) for b in node.blocks],
+                      "last_access": _number(node.last_access), "lock_ref": _number(node.lock_ref)}
+        except (TypeError, ValueError) as e:
+            return {"error": f"a node's tokens or blocks are not lists of ints ({e})"}
+        index[id(node)] = len(nodes)
+        objs.append(node)
+        nodes.append(record)
+        stack.extend((child, len(nodes) - 1) for child in node.children.values())
+    paths = []
+    for h in handles:
+        tokens, n, steps = [], h, 0
+        while n is not None and n is not root and steps <= len(nodes):
+            tokens[:0] = [int(x) for x in getattr(n, "tokens", [])]
+            n, steps = getattr(n, "parent", None), steps + 1
+        paths.append({"tokens": tokens, "node": index.get(id(h), -1), "reaches_root": n is root})
+    return {"nodes": nodes, "handles": paths}
+
+
+@dataclass
+class _View:
+    """tree_view's answer, page by page: pages maps every cached prefix to {block, stamp, locks, node}."""
+    nodes: list
+    handles: list
+    pages: dict
+    problem: str = ""  # the first way the tree breaks TreeNode's invariants, if any
+
+
+def _read_view(data: dict, P: int) -> _View:
+    nodes, pages, paths, problem = data["nodes"], {}, {0: ()}, ""
+    if nodes[0]["tokens"] or nodes[0]["blocks"]:
+        problem = "the root holds tokens or blocks: it holds none (every cached sequence starts below it)"
+    for i, n in enumerate(nodes[1:], 1):
+        start = paths[n["parent"]]
+        paths[i] = start + tuple(n["tokens"])
+        if problem:
+            continue
+        if not n["parent_ok"]:
+            problem = (f"the node holding {_short(n['tokens'])} has a `parent` that is not the node whose children "
+                       "hold it: set child.parent whenever a node is created, split or moved")
+        elif not n["blocks"]:
+            problem = (f"a node with no pages (tokens {_short(n['tokens'])}) hangs in the tree: an emptied leaf "
+                       "leaves the tree (delete it from its parent's children)")
+        elif len(n["tokens"]) != len(n["blocks"]) * P:
+            problem = (f"a node holds {len(n['tokens'])} tokens but {len(n['blocks'])} block id(s) (page_size {P}): "
+                       "a node's tokens are whole pages, one block id per page")
+        for j, block in enumerate(n["blocks"]):
+            key = paths[i][:len(start) + (j + 1) * P]
+            if key in pages and not problem:
+                problem = (f"two nodes hold the page ending at token {len(key)} of {_short(list(key))}: two "
+                           "children of one node never start with the same page (a divergence inside a node "
+                           "splits it)")
+            pages[key] = {"block": block, "stamp": n["last_access"], "locks": n["lock_ref"], "node": i}
+    return _View(nodes, data["handles"], pages, problem)
+
+
+def match_variant(view: _View | None, tokens: list, P: int, mode: str):
+    """The blocks match_prefix(tokens) returns on the learner's tree as it was (`view`) with one mistake:
+    mode "no split" (a match that ends inside a node takes the whole node) or "tokens" (_common_pages
+    returns matching tokens, used as pages). None when the tree was not read."""
+    if view is None:
+        return None
+    nodes = {i: (n["tokens"], n["blocks"]) for i, n in enumerate(view.nodes)}
+    kids: dict = {i: {} for i in nodes}
+    for i, n in enumerate(view.nodes[1:], 1):
+        kids[n["parent"]][tuple(n["tokens"][:P])] = (n["tokens"], n["blocks"], kids[i])
+    here, pos, blocks = kids[0], 0, []
+    while pos + P <= len(tokens):
+        child = here.get(tuple(tokens[pos:pos + P]))
+        if child is None:
+            break
+        ct, cb, ck = child
+        k = 0
+        while (k < len(cb) and pos + (k + 1) * P <= len(tokens)
+               and list(tokens[pos + k * P:pos + (k + 1) * P]) == ct[k * P:(k + 1) * P]):
+            k += 1
+        if mode == "tokens":
+            k *= P
+        if k < len(cb):
+            if mode == "no split":
+                return blocks + list(cb)
+            blocks += cb[:k]  # a split after k pages: the walk goes on into the rest of the node
+            here, pos = {tuple(ct[k * P:k * P + P]): (ct[k * P:], cb[k:], ck)}, pos + k * P
+        else:
+            blocks += cb
+            here, pos = ck, pos + k * P
+    return blocks
+
+
+def evict_whole_nodes(view: _View | None, need: int):
+    """The blocks an evict that frees WHOLE unlocked leaf nodes, oldest first, frees from the learner's tree
+    as it was, until at least `need` pages are free. None if the order is not determined (equal stamps)."""
+    if view is None:
+        return None
+    nodes = view.nodes
+    kids = [0] * len(nodes)
+    for n in nodes[1:]:
+        kids[n["parent"]] += 1
+    alive, freed = set(range(1, len(nodes))), []
+    while len(freed) < need:
+        leaves = sorted((nodes[i]["last_access"], i) for i in alive if kids[i] == 0 and nodes[i]["lock_ref"] == 0)
+        if not leaves:
+            break
+        if len(leaves) > 1 and leaves[0][0] == leaves[1][0]:
+            return None
+        i = leaves[0][1]
+        freed += nodes[i]["blocks"]
+        alive.remove(i)
+        kids[nodes[i]["parent"]] -= 1
+    return freed
+
+
+def _norm(x):
+    if isinstance(x, (list, tuple)):
+        return [_norm(v) for v in x]
+    if isinstance(x, dict):
+        return {k: _norm(v) for k, v in x.items()}
+    return x
+
+
+def _page(key: tuple, P: int) -> str:
+    return f"the page ending at token {len(key)} of {_short(list(key))}"
 
 
 class _Drive:
-    """Runs the same operations on the learner's RadixTree and on BruteTrie, comparing what a caller sees.
+    """Runs the same operations on the learner's RadixTree and on BruteTrie, comparing what a caller sees
+    and the tree itself (see the module docstring) after each.
 
     full=False (check 2.1): insert, match_prefix and total_size only. full=True (2.2): also lock, unlock,
     evict and evictable_size, and requests that match + lock at admission and insert + unlock at the end.
+    `refuted` (shared by a check's cases): mistakes an earlier right answer of this code ruled out.
     """
 
-    def __init__(self, t, page_size: int, full: bool):
+    def __init__(self, t, page_size: int, full: bool, refuted: set | None = None):
         self.t, self.P, self.full = t, page_size, full
+        self.refuted = set() if refuted is None else refuted
         self.log: list[str] = []
         self._methods: dict = {}
         self.next_block = 100
         self.mine = self._call(t.fn("RadixTree"), page_size, what="RadixTree")
         self.ref = BruteTrie(page_size)
         self.running: list[tuple] = []  # (tokens, learner node, brute end, blocks used)
+        self.handles: list[tuple] = []  # (learner node, brute end, the call that returned it): still valid
+        self.view: _View | None = None  # the learner's tree after the last operation
 
     # -- plumbing ------------------------------------------------------------
     def fail(self, msg: str):
@@ -244,47 +474,225 @@ class _Drive:
         self.next_block += n
         return list(range(self.next_block - n, self.next_block))
 
-    def expect(self, got, expected, what: str, mistakes: dict | None = None, hint: str = ""):
-        """t.expect, with the operations that led here added to a failure's message."""
-        try:
-            self.t.expect(got, expected, what, mistakes=mistakes, hint=hint)
-        except CaseFailed as e:
-            self.fail(str(e))
+    def judge(self, got, expected, mistakes: dict) -> tuple[bool, str]:
+        """(right, the mistake to name). A mistake (its value computed from the state before the call) is
+        named only if it alone gives `got` and no earlier right answer of this code ruled it out."""
+        distinct = {name: v for name, v in mistakes.items() if v is not None and _norm(v) != _norm(expected)}
+        self.t.offered.update(distinct)
+        if _norm(got) == _norm(expected):
+            self.refuted.update(distinct)
+            return True, ""
+        live = [name for name, v in distinct.items() if name not in self.refuted and _norm(v) == _norm(got)]
+        return False, live[0] if len(live) == 1 else ""
 
-    # -- invariants ----------------------------------------------------------
-    def sizes(self, after: str):
-        total = self.m("total_size")
-        if total != self.ref.total_size():
-            tail = self.log[-1]
+    def check_value(self, got, expected, what: str, mistakes: dict, hint: str = ""):
+        ok, name = self.judge(got, expected, mistakes)
+        if not ok:
+            self.fail(f"{what}: got {_short(got)}, expected {_short(expected)}."
+                      + (f" Looks like your code {name}." if name else f" {hint}" if hint else ""))
+
+    # -- after every operation -----------------------------------------------
+    def after(self, kind: str, before: BruteTrie, tokens=(), cached: int = 0, end=None, node=None):
+        """Everything a caller and the tree show, after an operation of `kind` ("insert", "match", "lock",
+        "unlock", "evict", "refused insert", "refused unlock"); `before`: the brute trie before it."""
+        self.check_total(kind, before, tokens, cached)
+        view = self.read_view(node)
+        self.check_pages(view, kind)
+        self.check_handles(view, kind)
+        if self.full:
+            self.check_locks(view, kind, before, end)
+        self.check_stamps(view, kind, before)
+        if self.full:
+            self.check_evictable(view, kind, before, end)
+        self.view = view
+
+    def check_total(self, kind, before, tokens, cached):
+        total, want, was = self.m("total_size"), self.ref.total_size(), before.total_size()
+        mistakes = {TOTAL_MISTAKES["pages"]: want // self.P}
+        if kind == "insert":
+            if len(tokens) % self.P:
+                mistakes[TOTAL_MISTAKES["partial"]] = was + len(tokens) - cached
+            mistakes[TOTAL_MISTAKES["all"]] = was + len(tokens) // self.P * self.P
+            mistakes[TOTAL_MISTAKES["insert unchanged"]] = was
+        if kind == "evict":
+            mistakes[TOTAL_MISTAKES["evict unchanged"]] = was
+        ok, name = self.judge(total, want, mistakes)
+        if not ok:
+            self.fail(f"total_size() = {total!r} after {self.log[-1]}, expected {want} tokens."
+                      + (f" Looks like your code {name}." if name else ""))
+
+    def read_view(self, node=None) -> _View:
+        handles = [_handle(h) for h, _, _ in self.handles] + ([_handle(node)] if node is not None else [])
+        try:
+            data = self.t.run(tree_view, self.mine.handle, handles, what="reading your tree (tree_view)")
+        except LearnerRaised as e:
+            if e.info.get("not_implemented"):
+                raise
+            self.fail(f"reading your tree after {self.log[-1]} raised:\n{e.tb_text}\n  {FIELDS_NOTE}")
+        if "error" in data:
+            self.fail(f"after {self.log[-1]}: {data['error']}. {FIELDS_NOTE}")
+        return _read_view(data, self.P)
+
+    def check_pages(self, view: _View, kind: str):
+        if view.problem:
             extra = ""
-            if after == "insert" and isinstance(total, int) and total > self.ref.total_size():
-                extra = (" Looks like your code caches the partial last page: only len(tokens) // page_size whole "
-                         "pages are cached (a partly filled block still changes, so it is never shared).")
-            self.fail(f"total_size() = {total!r} after {tail}, expected {self.ref.total_size()} tokens.{extra}")
-        if not self.full:
+            if kind == "evict" and "tokens but" in view.problem:
+                extra = (" Looks like your code pops the freed pages' block ids but leaves their tokens: evict drops "
+                         "both.")
+            self.fail(f"after {self.log[-1]}, {view.problem}.{extra}")
+        mine, want = view.pages, self.ref.pages
+        for key in sorted(set(mine) | set(want), key=len):
+            if key not in mine:
+                self.fail(f"after {self.log[-1]}, your tree lacks {_page(key, self.P)} (block {want[key].block}).")
+            if key not in want:
+                self.fail(f"after {self.log[-1]}, your tree holds {_page(key, self.P)} (block {mine[key]['block']}), "
+                          "which is not cached.")
+            if mine[key]["block"] != want[key].block:
+                self.fail(f"after {self.log[-1]}, your tree keeps block {mine[key]['block']} for {_page(key, self.P)}, "
+                          f"expected {want[key].block}: a page keeps the block id it was first cached with (pages "
+                          "already cached keep the tree's own block ids).")
+
+    def check_handles(self, view: _View, kind: str):
+        """Every node match_prefix returned still spans the tokens of its match (splits keep it whole)."""
+        for i, ((_, end, origin), got) in enumerate(zip(self.handles, view.handles)):
+            want, span = list(end), got["tokens"]
+            if span == want and got["reaches_root"]:
+                continue
+            fresh = kind == "match" and i == len(self.handles) - 1
+            who = f"the node {origin} returned"
+            if not got["reaches_root"]:
+                self.fail(f"{who} is not in the tree: walking its `parent`s does not reach the root.")
+            if fresh and len(span) > len(want) and span[:len(want)] == want:
+                self.fail(f"{who} ends after {len(span)} tokens, but the match ends after {len(want)}: when a match "
+                          "ends inside a node, split the node there so that the node returned ends exactly at the "
+                          "match (else lock(node) locks more than the match).")
+            if fresh and len(span) < len(want) and want[:len(span)] == span:
+                self.fail(f"{who} ends after {len(span)} tokens, but the match covers {len(want)}: return the node "
+                          "where the match ends (the last node matched, after a split), not one above it.")
+            if fresh:
+                self.fail(f"{who} spans the tokens {_short(span)}, not the matched {_short(want)}.")
+            if len(span) < len(want) and want[:len(span)] == span:
+                self.fail(f"{who} spanned {len(want)} tokens then; after {self.log[-1]} it spans {len(span)}. Looks "
+                          "like your code's node no longer ends where its match ended: when _split divides a node, "
+                          "the ORIGINAL node must keep the second half (the new node takes the first), so that a "
+                          "running request's handle still spans its whole path and unlock releases all of it.")
+            self.fail(f"{who} spanned {len(want)} tokens then; after {self.log[-1]} it spans {_short(span)}: a node "
+                      "handle keeps ending at the same token across later splits.")
+
+    def check_locks(self, view: _View, kind: str, before: BruteTrie, end):
+        mine = {k: p["locks"] for k, p in view.pages.items()}
+        want = {k: p.locks for k, p in self.ref.pages.items()}
+        mistakes = {}
+        if kind in ("lock", "unlock") and end:
+            base = {k: p.locks for k, p in before.pages.items()}
+            step = 1 if kind == "lock" else -1
+            own = [k for k, p in view.pages.items() if p["node"] == view.handles[-1]["node"]]
+            node_only = dict(base)
+            for k in own:
+                node_only[k] += step
+            mistakes[LOCK_MISTAKES[f"{kind} node only"]] = node_only
+            if kind == "lock":
+                mistakes[LOCK_MISTAKES["set one"]] = {k: 1 if k in before._prefixes(end) else v for k, v in base.items()}
+        ok, name = self.judge(mine, want, mistakes)
+        if ok:
             return
-        ev, want = self.m("evictable_size"), self.ref.evictable_size()
-        if ev != want:
-            why = ""
-            if after == "lock" and isinstance(ev, int) and ev < want:
-                why = (" Looks like your code locks more than the match: when a match ends inside a node, split "
-                       "it so that the node match_prefix returns ends exactly at the match.")
-            elif after == "lock" and isinstance(ev, int) and ev > want:
-                why = (" Looks like your code leaves matched pages unlocked: lock must add a reference to every "
-                       "node from `node` up to the root.")
-            elif after == "unlock" and isinstance(ev, int) and ev < want:
-                why = (" Looks like your code's node no longer ends where its match ended: when _split divides a "
-                       "node, the ORIGINAL node must keep the second half (the new node takes the first), so that a "
-                       "running request's handle still spans its whole path and unlock releases all of it.")
-            elif after == "unlock" and isinstance(ev, int):
-                why = " unlock must undo exactly one lock(node), along the same path."
-            self.fail(f"evictable_size() = {ev!r} after {self.log[-1]}, expected {want} tokens "
-                      f"({self.ref.total_size()} cached, {self.ref.total_size() - want} of them locked).{why}")
+        key = next(k for k in sorted(want, key=len) if mine[k] != want[k])
+        msg = (f"after {self.log[-1]}, {_page(key, self.P)} has lock_ref {mine[key]!r}, expected {want[key]} (the "
+               "running requests whose locked path runs through it).")
+        if name:
+            msg += f" Looks like your code {name}."
+        elif kind in ("insert", "match"):
+            msg += (" insert and match_prefix change no lock counts; when they split a locked node, the new node "
+                    "(its first part) inherits the node's lock_ref: a running request still holds those pages.")
+        elif kind == "refused unlock":
+            msg += (" Looks like your code changes lock counts before it refuses: check that node is locked first, "
+                    "and raise before changing anything.")
+        self.fail(msg)
+
+    def check_stamps(self, view: _View, kind: str, before: BruteTrie):
+        """Stamps in order only: the pages a match_prefix / insert walks share one stamp newer than every stamp
+        before it; no other page's stamp changes (lock, unlock and evict change none)."""
+        new = {k: p["stamp"] for k, p in view.pages.items()}
+        if any(not isinstance(v, (int, float)) for v in new.values()):
+            self.fail(f"after {self.log[-1]}, a node's last_access is {next(v for v in new.values() if not isinstance(v, (int, float)))}: "
+                      "it holds the tree's clock (a number) at the last match_prefix / insert through it.")
+        old = {k: p["stamp"] for k, p in self.view.pages.items()} if self.view else {}
+        walked = {k for k, p in self.ref.pages.items() if p.stamp == self.ref.clock} if kind in ("insert", "match") else set()
+        op = "match_prefix" if kind == "match" else kind
+        moved = [k for k in sorted(new, key=len) if k not in walked and k in old and new[k] != old[k]]
+        if moved:
+            k = moved[0]
+            msg = f"after {self.log[-1]}, {_page(k, self.P)} has a new stamp (last_access {old[k]} -> {new[k]})"
+            if kind.startswith("refused"):
+                self.fail(f"{msg}. Looks like your code changes stamps before it refuses: raise before changing "
+                          "anything.")
+            if not walked:
+                self.fail(f"{msg}. Looks like your code stamps pages in {op}: lock, unlock and evict leave stamps alone "
+                          "(only match_prefix and insert are accesses).")
+            old_node = {key: p["node"] for key, p in self.view.pages.items()}
+            if all(any(old_node[m] == old_node.get(w) for w in walked) for m in moved):
+                self.fail(f"{msg}, but {op} did not walk through it. Looks like your code stamps the whole node "
+                          f"where the {op} ends inside it: split the node there first, then stamp only the pages "
+                          "walked (the rest keeps its older stamp).")
+            self.fail(f"{msg}, but {op} did not walk through it: {op} stamps only the pages it walks through.")
+        if not walked:
+            return
+        values = {new[k] for k in walked}
+        top = max([new[k] for k in new if k not in walked] + list(old.values()), default=None)
+        v = min(values)
+        if len(values) == 1 and (top is None or v > top):
+            return
+        existing = [k for k in walked if k in before.pages]
+        kept = [k for k in existing if new[k] == old.get(k)]
+        changed = len(kept) < len(existing) or len(existing) < len(walked)  # some walked page got a new stamp
+        where = (f"after {self.log[-1]}, the pages it walked have last_access {sorted(values)}, the newest stamp before "
+                 f"was {top}")
+        # Without a tick every walked page gets the clock's last value, which is >= every stamp before it; so a
+        # kept stamp older than that, or walked pages left with different stamps, means they were not stamped.
+        unstamped = kept and len(kept) == len(existing) and (len(values) > 1 or v < top)
+        if kind == "match" and unstamped:
+            self.fail(f"{where}. Looks like your code does not count a match as an access: match_prefix must stamp "
+                      "the pages it matched with a new tick (a cache hit is a use).")
+        if kind == "insert" and unstamped:
+            self.fail(f"{where}. Looks like your code does not stamp the already-cached pages insert walks through: "
+                      "every page of the path is a use (stamp them with the new tick too).")
+        if len(values) == 1 and v == top and changed:
+            self.fail(f"{where}. Looks like your code does not tick the clock in {op}: each match_prefix and insert "
+                      "ticks it once, then stamps with the new tick (newer than every stamp before).")
+        if len(values) == 1 and v == top:
+            self.fail(f"{where}: {op} left them as they were. It must tick the clock, then stamp every page it walks "
+                      "with the new tick (newer than every stamp before): either it does not stamp them, or it does "
+                      "not tick first.")
+        self.fail(f"{where}: each match_prefix and insert ticks the clock once and stamps every page it walks "
+                  "with the new tick (newer than every stamp before).")
+
+    def check_evictable(self, view: _View, kind: str, before: BruteTrie, end):
+        ev, want, total = self.m("evictable_size"), self.ref.evictable_size(), self.ref.total_size()
+        was = before.evictable_size()
+        parents = {n["parent"] for n in view.nodes[1:]}
+        leaves = sum(len(n["tokens"]) for i, n in enumerate(view.nodes[1:], 1) if i not in parents and n["lock_ref"] == 0)
+        mistakes = {EV_MISTAKES["total"]: total, EV_MISTAKES["pages"]: want // self.P,
+                    EV_MISTAKES["locked"]: total - want, EV_MISTAKES["leaves"]: leaves}
+        if kind == "lock" and end:
+            mistakes[EV_MISTAKES["every lock"]] = was - len(end)
+            mistakes[EV_MISTAKES["lock no count"]] = was
+        if kind == "unlock" and end:
+            mistakes[EV_MISTAKES["unlock no count"]] = was
+        ok, name = self.judge(ev, want, mistakes)
+        if ok:
+            return
+        fact = ""
+        if kind in ("lock", "unlock") and ev == was:
+            fact = (f" {kind}(node) made {abs(was - want)} tokens {'un' if kind == 'lock' else ''}evictable, but "
+                    "evictable_size() did not change.")
+        self.fail(f"evictable_size() = {ev!r} after {self.log[-1]}, expected {want} tokens ({total} cached, "
+                  f"{total - want} of them locked)." + (f" Looks like your code {name}." if name else fact))
 
     # -- operations ----------------------------------------------------------
     def insert(self, tokens: list[int], blocks: list[int] | None = None) -> int:
         blocks = self.fresh(len(tokens) // self.P) if blocks is None else blocks
         self.log.append(f"insert({tokens}, {blocks})")
+        before = self.ref.copy()
         got = self.m("insert", tokens, blocks)
         expected = self.ref.insert(tokens, blocks)
         n_full = len(tokens) // self.P * self.P
@@ -294,9 +702,18 @@ class _Drive:
         if expected == n_full:
             mistakes["counts the partial last page as cached: only whole pages are cached, so the count is a "
                      "multiple of page_size"] = len(tokens)
-        self.expect(got, expected, f"insert({tokens}, ...) returned", mistakes=mistakes)
-        self.sizes("insert")
+        self.check_value(got, expected, f"insert({tokens}, ...) returned", mistakes)
+        self.after("insert", before, tokens=tokens, cached=expected)
         return expected
+
+    def refused_insert(self, tokens: list[int], blocks: list[int]):
+        """insert with fewer block ids than whole pages: ValueError, and nothing changes."""
+        self.log.append(f"insert({tokens}, {blocks}) (too few block ids: must raise)")
+        before = self.ref.copy()
+        self.t.expect_raises(ValueError, self.method("insert"), tokens, blocks, what="RadixTree.insert",
+                             why=f"{len(tokens)} tokens fill {len(tokens) // self.P} pages but only {len(blocks)} "
+                                 "block ids are given; refuse (ValueError) before changing anything")
+        self.after("refused insert", before)
 
     def match(self, tokens: list[int]):
         self.log.append(f"match_prefix({tokens})")
@@ -306,29 +723,37 @@ class _Drive:
             self.fail(f"match_prefix({tokens}) returned {_short(got)}: expected a pair (block_ids, node)")
         blocks, node = got
         exp_blocks, end = self.ref.match_prefix(tokens)
-        partial = before.token_level_blocks(tokens)
-        long = (isinstance(blocks, (list, tuple)) and len(blocks) > len(exp_blocks)
-                and list(blocks[:len(exp_blocks)]) == exp_blocks)
-        self.expect(blocks, exp_blocks, f"the block ids match_prefix({tokens}) returned",
-                    mistakes={PARTIAL: partial}, hint=TOO_LONG if long else "")
-        self.sizes("match_prefix")
+        hint = ""
+        if isinstance(blocks, (list, tuple)) and len(blocks) > len(exp_blocks) and list(blocks[:len(exp_blocks)]) == exp_blocks:
+            hint = (f"The first {len(exp_blocks)} are right; the others are pages whose tokens do not all match"
+                    + (f": the query has only {len(tokens) // self.P} whole page(s), and its partial last page never "
+                       "matches." if len(blocks) > len(tokens) // self.P else "."))
+        self.check_value(blocks, exp_blocks, f"the block ids match_prefix({tokens}) returned",
+                         {PARTIAL: before.token_level_blocks(tokens),
+                          NO_SPLIT: match_variant(self.view, tokens, self.P, "no split"),
+                          COMMON_TOKENS: match_variant(self.view, tokens, self.P, "tokens")}, hint=hint)
+        self.handles.append((node, end, f"match_prefix({_short(tokens)})"))
+        self.after("match", before)
         return node, end, exp_blocks
 
     def lock(self, node, end):
         self.log.append(f"lock(the node of the match ending after {len(end)} tokens)")
+        before = self.ref.copy()
         self.m("lock", _handle(node))
         self.ref.lock(end)
-        self.sizes("lock")
+        self.after("lock", before, end=end, node=node)
 
     def unlock(self, node, end):
         self.log.append(f"unlock(the node of the match ending after {len(end)} tokens)")
+        before = self.ref.copy()
         self.m("unlock", _handle(node))
         self.ref.unlock(end)
-        self.sizes("unlock")
+        self.after("unlock", before, end=end, node=node)
 
     def double_unlock(self, node, end):
         """unlock of a node that is not locked (any more): RuntimeError, and nothing changes."""
         self.log.append(f"unlock(the node of the match ending after {len(end)} tokens) again (must raise)")
+        before = self.ref.copy()
         try:
             self.t.call_fn(self.method("unlock"), _handle(node), what="RadixTree.unlock")
         except LearnerRaised as e:
@@ -336,7 +761,7 @@ class _Drive:
                 raise
             if not e.is_a(RuntimeError):
                 self.fail(f"unlock of a node that is not locked raised {e.type_name}, expected RuntimeError")
-            self.sizes("a refused unlock")
+            self.after("refused unlock", before, end=end, node=node)
             return
         self.fail("unlock of a node that is not locked did not raise. Looks like your code lets a lock count go "
                   "below zero: raise RuntimeError (a double unlock would let another request's pages be evicted)")
@@ -364,17 +789,21 @@ class _Drive:
             self.fail(f"evict({num_tokens}) freed {sorted(got)}, but block {before.pages[inner[0]].block} holds a "
                       f"page whose next page is still cached. Looks like your code {NOT_LEAVES}.")
         need = -(-num_tokens // self.P)
-        if len(got) > len(expected):
-            self.fail(f"evict({num_tokens}) freed {len(got)} pages; {need} page(s) were asked for"
-                      f"{f' and only {len(expected)} are evictable' if len(expected) < need else ''}. Looks like your "
-                      "code frees whole nodes: free exactly ceil(num_tokens / page_size) pages, one at a time "
-                      "from the end of the least recently used unlocked leaf")
-        mistakes = {}
-        for by, name in LRU_MISTAKES.items():
-            mistakes[name] = sorted(before.copy().evict(num_tokens, by=by))
-        self.expect(sorted(got), sorted(expected), f"the blocks evict({num_tokens}) freed (sorted)", mistakes=mistakes,
-                    hint="evict frees the unlocked leaf pages with the oldest last access first.")
-        self.sizes("evict")
+        needs = {"floor": num_tokens // self.P, "min one": max(1, need), "plus one": num_tokens // self.P + 1 if num_tokens > 0 else 0}
+        mistakes = {name: sorted(before.copy().evict(num_tokens, by=by)) for by, name in LRU_MISTAKES.items()}
+        mistakes.update({name: sorted(before.copy().evict(num_tokens, need=needs[k])) for k, name in NEED_MISTAKES.items()})
+        whole = evict_whole_nodes(self.view, need)
+        mistakes[WHOLE_NODES] = None if whole is None else sorted(whole)
+        ok, name = self.judge(sorted(got), sorted(expected), mistakes)
+        if not ok:
+            short = f" and only {len(expected)} are evictable" if len(expected) < need else ""
+            self.fail(f"evict({num_tokens}) freed {len(got)} page(s), blocks {sorted(got)}; expected {sorted(expected)} "
+                      f"(ceil({num_tokens} / {self.P}) = {need} page(s) asked for{short})."
+                      + (f" Looks like your code {name}." if name else
+                         " evict frees the unlocked leaf pages with the oldest last access first, one page at a time."))
+        # a handle on an unlocked path may lose pages now; the running requests' handles stay whole
+        self.handles = [h for h in self.handles if not h[1] or (h[1] in self.ref.pages and self.ref.pages[h[1]].locks > 0)]
+        self.after("evict", before)
 
     # -- requests, as an engine would run them ---------------------------------
     def admit(self, tokens: list[int]):
@@ -404,15 +833,21 @@ def _short(x) -> str:
 
 A = [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12]  # 3 pages of 4
 X = [21, 22, 23, 24, 25, 26, 27, 28]
+Y = [31, 32, 33, 34]
+Z = [41, 42, 43, 44, 45, 46, 47, 48, 49, 50, 51, 52, 53, 54, 55, 56]
+W = [71, 72, 73, 74]
 
 
 def _script_split(d: _Drive):
     d.insert(A + X)                       # one node of 5 pages
-    d.match(A[:8] + [30, 31, 32, 33])     # diverges after 2 pages: split there
+    d.insert(Y)
+    d.match(A + X)                        # its node must keep spanning all 5 pages across the splits below
+    d.match(A[:4] + [30, 31, 32, 33])     # diverges after 1 page: split there
     d.match(A + [40, 41, 42, 43])         # diverges after 3 pages
     d.insert(A[:8] + [50, 51, 52, 53, 54])  # a second branch after page 2; its partial page is not cached
     d.match(A[:8] + [50, 51, 52, 53, 9])
     d.match(A + X)
+    d.match(A)                            # page-aligned, its last page a node of its own
 
 
 def _script_pages(d: _Drive):
@@ -431,14 +866,33 @@ def _script_insert_counts(d: _Drive):
     d.insert(A[:4] + X)
 
 
+def _script_stamps(d: _Drive):
+    d.insert(A)                           # stamps A's 3 pages
+    d.insert(X)
+    d.match(A[:4] + [99, 99, 99, 99])     # a new tick for A's first page only, newer than X's
+    d.insert(A[:8])                       # ends inside A's rest: its last page keeps its old stamp
+    d.match(X + [7])
+    d.insert(A + Y)
+
+
+def _script_refusals(d: _Drive):
+    d.t.expect_raises(ValueError, "RadixTree", 0, why="a page holds at least one token: page_size must be >= 1")
+    d.insert(A[:4])
+    d.refused_insert(A + X, [200, 201])   # 5 pages, 2 block ids
+    d.match(A)
+
+
 def _script_locks(d: _Drive):
     d.insert(A[:4])
     d.insert(A)                           # two nodes: [page 1] -> [pages 2, 3]
     d.insert(X)
+    d.evict(0)                            # nothing
     d.admit(A[:8] + [60, 61])             # locks A's first 2 pages: two nodes, after a split
     d.evict(100)                          # everything evictable: X, and A's unlocked last page
     d.finish(0, [62, 63, 64, 65, 66, 67])  # inserts A[:8] + 8 more tokens, unlocks
-    d.evict(4)
+    d.evict(3)                            # 1 page: the last of the newest node
+    d.evict(4)                            # 1 page
+    d.evict(5)                            # 2 pages
 
 
 def _script_split_locked(d: _Drive):
@@ -451,12 +905,20 @@ def _script_split_locked(d: _Drive):
 
 
 def _script_lru(d: _Drive):
-    d.insert(A)
+    d.insert(Y)
     d.insert(X)
-    d.insert(A)                           # a re-insert is a use: X is now the oldest
-    d.evict(4)
-    d.match(X)                            # so is a match: now A is the oldest
-    d.evict(4)
+    d.insert(W)
+    d.insert(Z)                           # the biggest leaf
+    d.insert(A[:8])
+    d.insert(Y)                           # a re-insert is a use
+    d.match(X)                            # so is a match
+    d.match(A[:8])
+    d.evict(4)                            # W: the least recently used (not the first inserted, Y, nor the biggest)
+    d.evict(16)                           # Z
+    d.insert(X[:4])                       # splits X: its first page is now newer than its second
+    d.match(Y)
+    d.evict(8)                            # X's second page, then A's second: X's first page, a leaf now,
+    d.evict(100)                          # competes with its own (newer) stamp
 
 
 def _script_leaves(d: _Drive):
@@ -469,6 +931,9 @@ def _script_leaves(d: _Drive):
 
 
 def _script_unlock(d: _Drive):
+    node, end, _ = d.match(A)             # nothing cached: the root, which lock and unlock leave alone
+    d.lock(node, end)
+    d.unlock(node, end)
     d.insert(A)
     d.insert(A[:8] + [5])                 # every whole page already cached, plus a partial one
     d.match(A[:6])                        # the query's partial last page does not match
@@ -478,14 +943,19 @@ def _script_unlock(d: _Drive):
     d.double_unlock(node, end)
     node, end, _ = d.match(A)
     d.lock(node, end)
+    d.lock(node, end)                     # a second request on the same path
     d.evict(12)
+    d.unlock(node, end)
+    d.evict(12)                           # still locked by the second
     d.unlock(node, end)
     d.evict(12)
 
 
 MATCH_SCRIPTS = {"a query diverging inside a cached node (split there)": _script_split,
                  "only whole pages match": _script_pages,
-                 "insert's already-cached count": _script_insert_counts}
+                 "insert's already-cached count": _script_insert_counts,
+                 "a tick per match_prefix / insert, stamping exactly the pages walked": _script_stamps,
+                 "bad page_size and too few block ids are refused": _script_refusals}
 EVICT_SCRIPTS = {"a locked path is never evicted": _script_locks,
                  "a running request's node stays whole across splits": _script_split_locked,
                  "least recently USED first (a match and a re-insert are uses)": _script_lru,
@@ -535,10 +1005,11 @@ def _random_ops(d: _Drive, rng: random.Random, steps: int):
 def _tree_check(t, scripts: dict, full: bool):
     cases = t.cases(visible=[(f"visible: {name}", ("script", fn, 4)) for name, fn in scripts.items()],
                     hidden=lambda rng: ("random", rng.randrange(2**31), rng.choice([1, 2, 3, 4])), n=3)
+    refuted: set = set()  # mistakes this code's right answers ruled out, in any case
     for label, (kind, what, P) in cases:
         name = label if kind == "script" else f"{label}: 40 random operations, page_size {P}"
         with t.case(name):
-            d = _Drive(t, P, full)
+            d = _Drive(t, P, full, refuted)
             if kind == "script":
                 what(d)
             else:
@@ -547,7 +1018,8 @@ def _tree_check(t, scripts: dict, full: bool):
 
 @check(points=4, section="2.1", timeout=60)
 def radix_match_insert(t):
-    """insert / match_prefix / total_size against a brute-force trie: whole pages, splits, cached counts."""
+    """insert / match_prefix / total_size against a brute-force trie: whole pages, splits, cached counts,
+    the node match_prefix returns, the stamps both give."""
     _tree_check(t, MATCH_SCRIPTS, full=False)
 
 
@@ -570,37 +1042,66 @@ def _build(page_size: int, cached: list) -> BruteTrie:
     return trie
 
 
+class LookupOnly:
+    """The tree lpm_order gets in the checks: match_prefix (each call recorded) and page_size, nothing else."""
+
+    def __init__(self, trie: BruteTrie):
+        self._trie, self.page_size, self.lookups = trie, trie.page_size, []
+
+    def match_prefix(self, tokens):
+        self.lookups.append([int(x) for x in tokens])
+        return self._trie.match_prefix(list(tokens))
+
+    def __getattr__(self, name):
+        raise AttributeError(f"the tree lpm_order gets has match_prefix(tokens) and page_size only, no `{name}`: "
+                             "look each prompt up with match_prefix (a lookup is also an access for LRU)")
+
+
 def lpm_harness(lpm_order, page_size: int, cached: list, waiting: list):
-    """(A harness: runs in the learner's process under `t.run`.) Your lpm_order on a brute-force trie
-    holding `cached`; returns its answer as plain data."""
-    out = lpm_order(_build(page_size, cached), [list(w) for w in waiting])
-    return list(out) if isinstance(out, (list, tuple)) else out
+    """(A harness: runs in the learner's process under `t.run`.) Your lpm_order on a stand-in tree holding
+    `cached`; returns its answer, the prompts it looked up and `waiting` as it left it, as plain data."""
+    tree, queue = LookupOnly(_build(page_size, cached)), [list(w) for w in waiting]
+    out = lpm_order(tree, queue)
+    return {"order": list(out) if isinstance(out, (list, tuple)) else out, "lookups": tree.lookups,
+            "waiting": queue}
 
 
 def _lpm_reference(ref, page_size: int, cached: list, waiting: list):
-    """The reference order (for t.reference: plain data in and out)."""
-    return list(ref.lpm_order(_build(page_size, cached), [list(w) for w in waiting]))
+    """The reference order and lookups (for t.reference: plain data in and out)."""
+    tree = LookupOnly(_build(page_size, cached))
+    return {"order": list(ref.lpm_order(tree, [list(w) for w in waiting])), "lookups": tree.lookups}
+
+
+def _matched(page_size: int, cached: list, waiting: list) -> list[int]:
+    trie = _build(page_size, cached)
+    return [len(trie.match_prefix(w)[0]) for w in waiting]
 
 
 def lpm_mistakes(page_size: int, cached: list, waiting: list) -> dict:
-    trie = _build(page_size, cached)
-    m = [len(trie.match_prefix(w)[0]) for w in waiting]
-    idx = range(len(waiting))
+    m, idx = _matched(page_size, cached, waiting), range(len(waiting))
+    capped = [min(k, (len(w) - 1) // page_size) for k, w in zip(m, waiting)]
     return {"admits the SHORTEST cached prefix first; lpm admits the longest first": sorted(idx, key=lambda i: m[i]),
             "orders by prompt length, not by the cached prefix (match_prefix each prompt)":
                 sorted(idx, key=lambda i: -len(waiting[i])),
             "breaks ties in reverse arrival order; equal matches keep their arrival order (a stable sort)":
                 sorted(idx, key=lambda i: (-m[i], -i)),
             "orders by the cached FRACTION of each prompt; lpm orders by the cached length itself":
-                sorted(idx, key=lambda i: (-m[i] * page_size / len(waiting[i]), i))}
+                sorted(idx, key=lambda i: (-m[i] * page_size / len(waiting[i]), i)),
+            "caps each match at len(prompt) - 1 tokens before ordering; lpm orders by the blocks match_prefix "
+            "returns (keeping a token to compute is the admission's business, afterwards)":
+                sorted(idx, key=lambda i: -capped[i])}
 
 
+DEDUP = ("looks a repeated prompt up only once: every waiting request is looked up with match_prefix, once, "
+         "and each lookup is an access for LRU")
 _S = [1, 2, 3, 4, 5, 6]  # 3 pages of 2
 LPM_CASES = [
     ("visible: three prefix lengths and a tie", (2, [_S], [[9, 8, 7, 6, 5, 4, 3, 2], _S[:4] + [7], _S + [8],
                                                            _S[:4] + [9, 9]])),
     ("visible: a short prompt almost all cached vs a long one with more cached", (2, [_S], [_S[:4] + [7],
                                                                                         _S + [8] * 10])),
+    ("visible: a prompt cached in full, twice", (2, [_S], [_S[:4] + [7], _S, _S[:2] + [9], _S])),
+    ("visible: two ties among five", (2, [_S], [[9, 9], _S[:2] + [9], _S + [8], _S + [7], [8, 8]])),
 ]
 
 
@@ -614,12 +1115,34 @@ def random_lpm_case(rng):
     return P, cached, waiting
 
 
+def _tie_hint(got, matched: list[int]) -> str:
+    """Says so when `got` orders by the match but puts equal matches out of arrival order."""
+    if not (isinstance(got, list) and all(type(i) is int for i in got) and sorted(got) == list(range(len(matched)))):
+        return ""
+    if all(matched[a] >= matched[b] for a, b in zip(got, got[1:])):
+        return ("Your order is longest match first, but equal matches are out of arrival order: keep them in "
+                "arrival order (a stable sort: sorted(), or np.argsort(..., kind='stable')).")
+    return ""
+
+
 @check(points=2, section="3.1", timeout=30)
 def lpm_order(t):
     """The admission order: longest cached prefix first (matched through the tree), ties by arrival."""
+    refuted: set = set()  # mistakes an earlier right order of this code ruled out
     for label, (P, cached, waiting) in t.cases(visible=LPM_CASES, hidden=random_lpm_case, n=3):
         with t.case(f"{label}: page_size {P}, cached {cached}, waiting {waiting}"):
             expected = t.reference(_lpm_reference, P, cached, waiting)
             got = t.run(lpm_harness, t.learner("lpm_order"), P, cached, waiting,
                         what="lpm_order on a tree holding the cached sequences,")
-            t.expect(got, expected, "the admission order (indices into waiting)", mistakes=lpm_mistakes(P, cached, waiting))
+            if got["waiting"] != waiting:
+                t.fail("lpm_order changed `waiting` in place; the caller's queue stays in arrival order: return the "
+                       "order of its indices and leave the list as it is")
+            mistakes = lpm_mistakes(P, cached, waiting)
+            right = got["order"] == expected["order"]
+            t.expect(got["order"], expected["order"], "the admission order (indices into waiting)",
+                     mistakes={name: v for name, v in mistakes.items() if right or name not in refuted},
+                     hint=_tie_hint(got["order"], _matched(P, cached, waiting)))
+            refuted.update(name for name, v in mistakes.items() if v != expected["order"])
+            unique = [list(w) for i, w in enumerate(waiting) if list(w) not in [list(v) for v in waiting[:i]]]
+            t.expect(sorted(got["lookups"]), sorted(expected["lookups"]),
+                     "the prompts lpm_order looked up with match_prefix (sorted)", mistakes={DEDUP: sorted(unique)})

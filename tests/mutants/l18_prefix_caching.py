@@ -4,6 +4,7 @@ Graded as source (see tests/mutants/__init__.py): `sol` is the right answer's na
 prefixed `_m_`. A wrong RadixTree is a subclass of the right one with one method changed, given as a
 factory function of the class's name (the check calls RadixTree(page_size))."""
 import hashlib
+import heapq
 import struct
 
 from solutions import l18_prefix_caching as sol  # graded as source, this line becomes `sol = sol`
@@ -41,6 +42,16 @@ def block_hashes(token_ids, block_size):  # noqa: F811
     return out
 
 
+@mutant(check="block_hashes", message="ids pack as SIGNED")
+def block_hashes(token_ids, block_size):  # noqa: F811
+    out, parent = [], bytes(32)
+    for s in range(0, len(token_ids) - block_size + 1, block_size):
+        block = token_ids[s:s + block_size]  # unsigned: the same bytes as "<q" for ids >= 0, an error below 0
+        parent = hashlib.sha256(parent + struct.pack(f"<{block_size}Q", *block)).digest()
+        out.append(parent.hex())
+    return out
+
+
 # -- 2.1 match and insert ---------------------------------------------------------------------------
 
 def _m_nodes(root):
@@ -53,7 +64,8 @@ def _m_nodes(root):
 
 
 class _m_PartialPages(sol.RadixTree):
-    """Matches token by token, keyed by a child's first token: a page that matches only partly counts."""
+    """Compares token by token and rounds the matched tokens UP to pages: a page that matches only partly
+    (the query's partial last page too) counts."""
 
     def match_prefix(self, tokens):
         self._clock += 1
@@ -65,11 +77,14 @@ class _m_PartialPages(sol.RadixTree):
             n = 0
             while n < len(child.tokens) and pos + n < len(tokens) and child.tokens[n] == tokens[pos + n]:
                 n += 1
+            k = -(-n // P)
+            if k < len(child.blocks):
+                child = self._split(child, k)
             child.last_access = self._clock
-            blocks += child.blocks[:-(-n // P)]  # rounds the matched tokens UP to pages
-            if n < len(child.tokens):
-                return blocks, child
-            node, pos = child, pos + n
+            blocks += child.blocks
+            node, pos = child, pos + k * P
+            if n < k * P:
+                break
         return blocks, node
 
 
@@ -139,6 +154,177 @@ def RadixTree(page_size):  # noqa: F811
 @mutant(check="radix_match_insert", message="caches the partial last page")
 def RadixTree(page_size):  # noqa: F811
     return _m_InsertPartial(page_size)
+
+
+class _m_NoPageSizeCheck(sol.RadixTree):
+    def __init__(self, page_size):
+        self.page_size = page_size  # page_size 0 accepted
+        self.root = sol.TreeNode(lock_ref=1)
+        self._clock, self._total, self._locked = 0, 0, 0
+
+
+class _m_InsertFewIds(sol.RadixTree):
+    """Caches only as many pages as it got block ids for, silently."""
+
+    def insert(self, tokens, block_ids):
+        n = min(len(tokens) // self.page_size, len(block_ids))
+        return super().insert(tokens[:n * self.page_size], block_ids)
+
+
+class _m_MatchNoTick(sol.RadixTree):
+    def match_prefix(self, tokens):
+        self._clock -= 1  # the solution's tick below only brings the clock back: stamps reuse the last tick
+        return super().match_prefix(tokens)
+
+
+class _m_StampBeforeSplit(sol.RadixTree):
+    """Stamps a node before splitting it, so the unmatched rest of the node gets the new stamp too."""
+
+    def match_prefix(self, tokens):
+        self._clock += 1
+        node, pos, blocks, P = self.root, 0, [], self.page_size
+        while pos + P <= len(tokens):
+            child = node.children.get(tuple(tokens[pos:pos + P]))
+            if child is None:
+                break
+            k = self._common_pages(child, tokens, pos)
+            child.last_access = self._clock
+            if k < len(child.blocks):
+                child = self._split(child, k)
+            blocks += child.blocks
+            node, pos = child, pos + k * P
+        return blocks, node
+
+
+class _m_ReturnsParent(sol.RadixTree):
+    def match_prefix(self, tokens):
+        blocks, node = super().match_prefix(tokens)
+        return blocks, node.parent or node  # one node too high
+
+
+class _m_InsertNoStampPath(sol.RadixTree):
+    """Stamps only the node insert creates: the cached pages it walks through keep their stamps."""
+
+    def insert(self, tokens, block_ids):
+        saved = {id(n): n.last_access for n in _m_nodes(self.root)}
+        out = super().insert(tokens, block_ids)
+        for n in _m_nodes(self.root):
+            if id(n) in saved:
+                n.last_access = saved[id(n)]
+            elif n.children:  # a head split off by this insert: the stamp its pages had
+                n.last_access = saved[id(next(iter(n.children.values())))]
+        return out
+
+
+class _m_InsertNoTick(sol.RadixTree):
+    def insert(self, tokens, block_ids):
+        self._clock -= 1
+        return super().insert(tokens, block_ids)
+
+
+class _m_InsertNoSplitAtEnd(sol.RadixTree):
+    """Splits only where the inserted sequence diverges, not where it ends inside a node: the whole node is
+    stamped."""
+
+    def insert(self, tokens, block_ids):
+        P = self.page_size
+        n = len(tokens) // P
+        self._clock += 1
+        node, page = self.root, 0
+        while page < n:
+            child = node.children.get(tuple(tokens[page * P:(page + 1) * P]))
+            if child is None:
+                new = sol.TreeNode(tokens[page * P:n * P], block_ids[page:n], node, 0, self._clock)
+                node.children[tuple(new.tokens[:P])] = new
+                self._total += (n - page) * P
+                return page * P
+            k = self._common_pages(child, tokens, page * P)
+            if k < len(child.blocks) and page + k < n:
+                child = self._split(child, k)
+            child.last_access = self._clock
+            node, page = child, page + k
+            if k < len(child.blocks):
+                break
+        return n * P
+
+
+class _m_InsertTotalAll(sol.RadixTree):
+    def insert(self, tokens, block_ids):
+        total = self._total
+        cached = super().insert(tokens, block_ids)
+        if self._total != total:
+            self._total += cached  # counts the already-cached pages of the sequence again
+        return cached
+
+
+class _m_CommonTokens(sol.RadixTree):
+    def _common_pages(self, node, tokens, start):
+        return super()._common_pages(node, tokens, start) * self.page_size  # tokens, not pages
+
+
+@mutant(check="radix_match_insert", message="page_size must be >= 1")
+def RadixTree(page_size):  # noqa: F811
+    return _m_NoPageSizeCheck(page_size)
+
+
+@mutant(check="radix_match_insert", message="instead of raising ValueError")
+def RadixTree(page_size):  # noqa: F811
+    return _m_InsertFewIds(page_size)
+
+
+@mutant(check="radix_match_insert", message="the ORIGINAL node must keep the second half")
+def RadixTree(page_size):  # noqa: F811
+    return _m_SplitKeepsHead(page_size)
+
+
+@mutant(check="radix_match_insert", message="split the node there so that the node returned ends exactly")
+def RadixTree(page_size):  # noqa: F811
+    return _m_NoSplitLocksMore(page_size)
+
+
+@mutant(check="radix_match_insert", message="does not count a match as an access")
+def RadixTree(page_size):  # noqa: F811
+    return _m_MatchNotAccess(page_size)
+
+
+@mutant(check="radix_match_insert", message="does not tick the clock in match_prefix")
+def RadixTree(page_size):  # noqa: F811
+    return _m_MatchNoTick(page_size)
+
+
+@mutant(check="radix_match_insert", message="stamps the whole node where the match_prefix ends inside it")
+def RadixTree(page_size):  # noqa: F811
+    return _m_StampBeforeSplit(page_size)
+
+
+@mutant(check="radix_match_insert", message="return the node where the match ends")
+def RadixTree(page_size):  # noqa: F811
+    return _m_ReturnsParent(page_size)
+
+
+@mutant(check="radix_match_insert", message="does not stamp the already-cached pages insert walks through")
+def RadixTree(page_size):  # noqa: F811
+    return _m_InsertNoStampPath(page_size)
+
+
+@mutant(check="radix_match_insert", message="does not tick the clock in insert")
+def RadixTree(page_size):  # noqa: F811
+    return _m_InsertNoTick(page_size)
+
+
+@mutant(check="radix_match_insert", message="stamps the whole node where the insert ends inside it")
+def RadixTree(page_size):  # noqa: F811
+    return _m_InsertNoSplitAtEnd(page_size)
+
+
+@mutant(check="radix_match_insert", message="adds every whole page of the inserted sequence to total_size")
+def RadixTree(page_size):  # noqa: F811
+    return _m_InsertTotalAll(page_size)
+
+
+@mutant(check="radix_match_insert", message="counts matching TOKENS where pages are meant")
+def RadixTree(page_size):  # noqa: F811
+    return _m_CommonTokens(page_size)
 
 
 # -- 2.2 lock, unlock, evict ------------------------------------------------------------------------
@@ -346,6 +532,223 @@ def RadixTree(page_size):  # noqa: F811
     return _m_SplitKeepsHead(page_size)
 
 
+class _m_LockStamps(sol.RadixTree):
+    """Treats a lock as an access: ticks the clock and stamps the locked path."""
+
+    def lock(self, node):
+        self._clock += 1
+        n = node
+        while n is not self.root:
+            n.last_access = self._clock
+            n = n.parent
+        super().lock(node)
+
+
+class _m_EvictMinOne(sol.RadixTree):
+    def evict(self, num_tokens):
+        return super().evict(max(num_tokens, 1))  # at least one page
+
+
+class _m_EvictPlusOne(sol.RadixTree):
+    def evict(self, num_tokens):
+        P = self.page_size
+        return super().evict((num_tokens // P + 1) * P if num_tokens > 0 else 0)  # floor + 1 pages
+
+
+def _m_evict(tree, num_tokens, parent_key, trim=True):
+    """The solution's evict with two knobs: the stamp a parent that becomes a leaf competes with, and whether
+    a freed page's tokens go with its block id."""
+    P = tree.page_size
+    need = max(0, -(-num_tokens // P))
+    heap, stack = [], [tree.root]
+    while stack:
+        n = stack.pop()
+        stack.extend(n.children.values())
+        if n is not tree.root and not n.children and n.lock_ref == 0:
+            heapq.heappush(heap, (n.last_access, id(n), n))
+    freed = []
+    while len(freed) < need and heap:
+        _, _, leaf = heapq.heappop(heap)
+        key = tuple(leaf.tokens[:P])
+        take = min(need - len(freed), len(leaf.blocks))
+        for _ in range(take):
+            freed.append(leaf.blocks.pop())
+        if trim:
+            del leaf.tokens[len(leaf.tokens) - take * P:]
+        tree._total -= take * P
+        if leaf.blocks:
+            continue
+        parent = leaf.parent
+        del parent.children[key]
+        if parent is not tree.root and not parent.children and parent.lock_ref == 0:
+            heapq.heappush(heap, (parent_key(parent, leaf), id(parent), parent))
+    return freed
+
+
+class _m_EvictChildStamp(sol.RadixTree):
+    def evict(self, num_tokens):
+        return _m_evict(self, num_tokens, lambda parent, leaf: leaf.last_access)  # the child's stamp
+
+
+class _m_EvictKeepsTokens(sol.RadixTree):
+    def evict(self, num_tokens):
+        return _m_evict(self, num_tokens, lambda parent, leaf: parent.last_access, trim=False)
+
+
+class _m_EvictMRU(sol.RadixTree):
+    def evict(self, num_tokens):
+        nodes = _m_nodes(self.root)
+        for n in nodes:
+            n.last_access = -n.last_access  # the newest first
+        try:
+            return super().evict(num_tokens)
+        finally:
+            for n in nodes:
+                n.last_access = -n.last_access
+
+
+class _m_EvictBiggest(sol.RadixTree):
+    def evict(self, num_tokens):
+        nodes = _m_nodes(self.root)
+        saved = [n.last_access for n in nodes]
+        for n in nodes:
+            n.last_access = -len(n.blocks)  # the biggest leaf first
+        try:
+            return super().evict(num_tokens)
+        finally:
+            for n, s in zip(nodes, saved):
+                n.last_access = s
+
+
+class _m_LockCountsEvery(sol.RadixTree):
+    def lock(self, node):
+        while node is not self.root:
+            self._locked += len(node.tokens)  # also when the node was locked already
+            node.lock_ref += 1
+            node = node.parent
+
+
+class _m_LockSetOne(sol.RadixTree):
+    def lock(self, node):
+        while node is not self.root:
+            if node.lock_ref == 0:
+                self._locked += len(node.tokens)
+            node.lock_ref = 1
+            node = node.parent
+
+
+class _m_UnlockRaisesLate(sol.RadixTree):
+    def unlock(self, node):
+        while node is not self.root:
+            node.lock_ref -= 1
+            if node.lock_ref < 0:  # noticed only after changing it
+                raise RuntimeError("unlock of a node that is not locked")
+            if node.lock_ref == 0:
+                self._locked -= len(node.tokens)
+            node = node.parent
+
+
+class _m_UnlockNodeOnly(sol.RadixTree):
+    def unlock(self, node):
+        if node is not self.root:
+            if node.lock_ref <= 0:
+                raise RuntimeError("unlock of a node that is not locked")
+            node.lock_ref -= 1  # the node only, not its ancestors
+            if node.lock_ref == 0:
+                self._locked -= len(node.tokens)
+
+
+class _m_UnlockNoCount(sol.RadixTree):
+    def unlock(self, node):
+        if node is not self.root and node.lock_ref <= 0:
+            raise RuntimeError("unlock of a node that is not locked")
+        while node is not self.root:
+            node.lock_ref -= 1  # the tokens never come back to the evictable count
+            node = node.parent
+
+
+class _m_EvictableTotal(sol.RadixTree):
+    def evictable_size(self):
+        return self._total
+
+
+class _m_SplitDropsLock(sol.RadixTree):
+    def _split(self, node, n_pages):
+        head = super()._split(node, n_pages)
+        head.lock_ref = 0  # the new node starts unlocked
+        return head
+
+
+@mutant(check="radix_lock_evict", message="stamps pages in lock")
+def RadixTree(page_size):  # noqa: F811
+    return _m_LockStamps(page_size)
+
+
+@mutant(check="radix_lock_evict", message="frees a page even for evict(0)")
+def RadixTree(page_size):  # noqa: F811
+    return _m_EvictMinOne(page_size)
+
+
+@mutant(check="radix_lock_evict", message="frees one page too many")
+def RadixTree(page_size):  # noqa: F811
+    return _m_EvictPlusOne(page_size)
+
+
+@mutant(check="radix_lock_evict", message="compete with the stamp of the child just freed")
+def RadixTree(page_size):  # noqa: F811
+    return _m_EvictChildStamp(page_size)
+
+
+@mutant(check="radix_lock_evict", message="pops the freed pages' block ids but leaves their tokens")
+def RadixTree(page_size):  # noqa: F811
+    return _m_EvictKeepsTokens(page_size)
+
+
+@mutant(check="radix_lock_evict", message="frees the MOST recently used pages first")
+def RadixTree(page_size):  # noqa: F811
+    return _m_EvictMRU(page_size)
+
+
+@mutant(check="radix_lock_evict", message="evict frees the unlocked leaf pages with the oldest last access first")
+def RadixTree(page_size):  # noqa: F811
+    return _m_EvictBiggest(page_size)
+
+
+@mutant(check="radix_lock_evict", message="counts a node's tokens as locked on every lock")
+def RadixTree(page_size):  # noqa: F811
+    return _m_LockCountsEvery(page_size)
+
+
+@mutant(check="radix_lock_evict", message="sets lock_ref to 1 instead of adding one")
+def RadixTree(page_size):  # noqa: F811
+    return _m_LockSetOne(page_size)
+
+
+@mutant(check="radix_lock_evict", message="changes lock counts before it refuses")
+def RadixTree(page_size):  # noqa: F811
+    return _m_UnlockRaisesLate(page_size)
+
+
+@mutant(check="radix_lock_evict", message="releases only `node` itself")
+def RadixTree(page_size):  # noqa: F811
+    return _m_UnlockNodeOnly(page_size)
+
+
+@mutant(check="radix_lock_evict", message="does not give tokens back to the evictable count")
+def RadixTree(page_size):  # noqa: F811
+    return _m_UnlockNoCount(page_size)
+
+
+@mutant(check="radix_lock_evict", message="but evictable_size() did not change")
+def RadixTree(page_size):  # noqa: F811
+    return _m_EvictableTotal(page_size)
+
+
+@mutant(check="radix_lock_evict", message="inherits the node's lock_ref")
+def RadixTree(page_size):  # noqa: F811
+    return _m_SplitDropsLock(page_size)
+
+
 # -- 3.1 admission order ----------------------------------------------------------------------------
 
 @mutant(check="lpm_order", message="SHORTEST cached prefix first")
@@ -363,3 +766,69 @@ def lpm_order(tree, waiting):  # noqa: F811
 def lpm_order(tree, waiting):  # noqa: F811
     m = [len(tree.match_prefix(list(p))[0]) for p in waiting]
     return sorted(range(len(waiting)), key=lambda i: (m[i], i), reverse=True)
+
+
+@mutant(check="lpm_order", message="caps each match at len(prompt) - 1 tokens")
+def lpm_order(tree, waiting):  # noqa: F811
+    P = tree.page_size
+    m = [min(len(tree.match_prefix(list(p))[0]), (len(p) - 1) // P) for p in waiting]  # the replay's cap, too early
+    return sorted(range(len(waiting)), key=lambda i: -m[i])
+
+
+@mutant(check="lpm_order", message="looks a repeated prompt up only once")
+def lpm_order(tree, waiting):  # noqa: F811
+    seen = {}
+    for p in waiting:
+        if tuple(p) not in seen:
+            seen[tuple(p)] = len(tree.match_prefix(list(p))[0])
+    return sorted(range(len(waiting)), key=lambda i: -seen[tuple(waiting[i])])
+
+
+@mutant(check="lpm_order", message="changed `waiting` in place")
+def lpm_order(tree, waiting):  # noqa: F811
+    m = [len(tree.match_prefix(list(p))[0]) for p in waiting]
+    order = sorted(range(len(waiting)), key=lambda i: -m[i])
+    waiting[:] = [waiting[i] for i in order]  # the caller's queue, reordered too
+    return order
+
+
+def _m_quicksort(a, key, lo, hi):
+    """Hoare's quicksort: fast, and not stable."""
+    if lo >= hi:
+        return
+    pivot, i, j = key(a[(lo + hi) // 2]), lo, hi
+    while i <= j:
+        while key(a[i]) < pivot:
+            i += 1
+        while key(a[j]) > pivot:
+            j -= 1
+        if i <= j:
+            a[i], a[j] = a[j], a[i]
+            i, j = i + 1, j - 1
+    _m_quicksort(a, key, lo, j)
+    _m_quicksort(a, key, i, hi)
+
+
+@mutant(check="lpm_order", message="arrival order")
+def lpm_order(tree, waiting):  # noqa: F811
+    m = [len(tree.match_prefix(list(p))[0]) for p in waiting]
+    order = list(range(len(waiting)))
+    _m_quicksort(order, lambda i: -m[i], 0, len(order) - 1)
+    return order
+
+
+@mutant(check="lpm_order", message="has match_prefix(tokens) and page_size only")
+def lpm_order(tree, waiting):  # noqa: F811
+    def walk(p):  # reads the tree instead of looking the prompt up: no LRU access
+        node, pos, k, P = tree.root, 0, 0, tree.page_size
+        while pos + P <= len(p):
+            child = node.children.get(tuple(p[pos:pos + P]))
+            if child is None:
+                break
+            j = tree._common_pages(child, p, pos)
+            k, pos, node = k + j, pos + j * P, child
+            if j < len(child.blocks):
+                break
+        return k
+    m = [walk(list(p)) for p in waiting]
+    return sorted(range(len(waiting)), key=lambda i: -m[i])
