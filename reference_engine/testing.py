@@ -32,3 +32,28 @@ def save_tiny_model(path: str | Path, model_type: str = "llama", seed: int = 0, 
     kw = {} if max_shard_size is None else {"max_shard_size": max_shard_size}
     model.save_pretrained(str(path), **kw)
     return Path(path), model
+
+
+def drive_events(engine, events, add, check, max_drain_steps: int = 2000) -> list:
+    """Replay a generated event stream on an engine, then run it dry, calling check() after every step.
+
+    events: ("add", ...) -> rid = add(event, number of requests added before it); ("abort", i) aborts the i-th
+    added request (mod their count); anything else (name, n), an abort before any add included, runs n steps.
+    Returns the request ids added, in order."""
+    rids = []
+    for ev in events:
+        if ev[0] == "add":
+            rids.append(add(ev, len(rids)))
+        elif ev[0] == "abort" and rids:
+            engine.abort(rids[ev[1] % len(rids)])
+        else:
+            for _ in range(ev[1]):
+                engine.step()
+                check()
+    steps = 0
+    while engine.has_unfinished():
+        engine.step()
+        check()
+        steps += 1
+        assert steps < max_drain_steps, "engine stopped making progress"
+    return rids

@@ -118,7 +118,7 @@ def test_block_manager_random_streams_keep_invariants(ops, block_size, num_block
 
 pytest.importorskip("transformers")
 from reference_engine import LLMEngine, SamplingParams  # noqa: E402
-from reference_engine.testing import save_tiny_model  # noqa: E402
+from reference_engine.testing import drive_events, save_tiny_model  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -138,29 +138,18 @@ events = st.lists(st.one_of(
 @given(events=events, num_blocks=st.integers(5, 12), block_size=st.sampled_from([4, 16]), budget=st.sampled_from([8, 32]))
 def test_engine_request_streams_never_leak_blocks(engine_factory, events, num_blocks, block_size, budget):
     eng = engine_factory(num_blocks=num_blocks, block_size=block_size, max_num_seqs=4, max_num_batched_tokens=budget)
-    bm, sched, rids, g = eng.block_manager, eng.scheduler, [], torch.Generator().manual_seed(0)
+    bm, sched, g = eng.block_manager, eng.scheduler, torch.Generator().manual_seed(0)
 
     def check():
         bm.check_consistency(sched.running + list(sched.waiting))
         assert all(s.block_table == [] for s in sched.waiting)  # waiting ones hold nothing (preempted: freed)
 
-    for ev in events:
-        if ev[0] == "add":
-            _, plen, max_tokens, n, sampled = ev
-            plen = min(plen, eng.max_seq_len - 1)
-            prompt = torch.randint(0, 256, (plen,), generator=g).tolist()
-            sp = SamplingParams(n=n, temperature=1.0 if sampled else 0, seed=len(rids), max_tokens=max_tokens, ignore_eos=True)
-            rids.append(eng.add_request(prompt, sp))
-        elif ev[0] == "abort" and rids:
-            eng.abort(rids[ev[1] % len(rids)])
-        else:
-            for _ in range(ev[1]):
-                eng.step()
-                check()
-    steps = 0
-    while eng.has_unfinished():
-        eng.step()
-        check()
-        steps += 1
-        assert steps < 2000, "engine stopped making progress"
+    def add(ev, i):
+        _, plen, max_tokens, n, sampled = ev
+        plen = min(plen, eng.max_seq_len - 1)
+        prompt = torch.randint(0, 256, (plen,), generator=g).tolist()
+        sp = SamplingParams(n=n, temperature=1.0 if sampled else 0, seed=i, max_tokens=max_tokens, ignore_eos=True)
+        return eng.add_request(prompt, sp)
+
+    drive_events(eng, events, add, check)
     assert bm.num_free() == num_blocks and not eng.requests

@@ -180,7 +180,7 @@ def test_forked_children_pin_the_blocks_they_share():
 
 pytest.importorskip("transformers")
 from reference_engine import LLM, LLMEngine, SamplingParams  # noqa: E402
-from reference_engine.testing import save_tiny_model  # noqa: E402
+from reference_engine.testing import drive_events, save_tiny_model  # noqa: E402
 
 GREEDY = dict(temperature=0, ignore_eos=True)
 
@@ -376,7 +376,7 @@ def test_request_streams_never_leak_or_evict_blocks_in_use(model_dir, events, nu
     free or cached and unlocked."""
     eng = LLMEngine(model_dir, enable_prefix_caching=True, prefix_cache=PageDictTree if tree else None,
                     num_blocks=num_blocks, block_size=block_size, max_num_seqs=4, max_num_batched_tokens=budget)
-    bm, sched, rids = eng.block_manager, eng.scheduler, []
+    bm, sched = eng.block_manager, eng.scheduler
     g = torch.Generator().manual_seed(0)
     bases = [torch.randint(1, 256, (40,), generator=g).tolist() for _ in range(4)]
 
@@ -384,24 +384,13 @@ def test_request_streams_never_leak_or_evict_blocks_in_use(model_dir, events, nu
         bm.check_consistency(sched.running + list(sched.waiting))
         assert all(s.block_table == [] and s.num_computed_tokens == 0 for s in sched.waiting)
 
-    for ev in events:
-        if ev[0] == "add":
-            _, base, cut, extra, n = ev
-            prompt = (bases[base][:cut] + torch.randint(1, 256, (extra,), generator=g).tolist())[:eng.max_seq_len - 1]
-            sp = SamplingParams(n=n, temperature=1.0 if n > 1 else 0, seed=len(rids), max_tokens=extra, ignore_eos=True)
-            rids.append(eng.add_request(prompt, sp))
-        elif ev[0] == "abort" and rids:
-            eng.abort(rids[ev[1] % len(rids)])
-        else:
-            for _ in range(ev[1]):
-                eng.step()
-                check()
-    steps = 0
-    while eng.has_unfinished():
-        eng.step()
-        check()
-        steps += 1
-        assert steps < 2000, "engine stopped making progress"
+    def add(ev, i):
+        _, base, cut, extra, n = ev
+        prompt = (bases[base][:cut] + torch.randint(1, 256, (extra,), generator=g).tolist())[:eng.max_seq_len - 1]
+        sp = SamplingParams(n=n, temperature=1.0 if n > 1 else 0, seed=i, max_tokens=extra, ignore_eos=True)
+        return eng.add_request(prompt, sp)
+
+    drive_events(eng, events, add, check)
     assert not eng.requests
     bm.check_consistency([])
     assert bm.allocator.num_free() + len(bm.owned) == num_blocks

@@ -20,7 +20,7 @@ from reference_engine.gpu_model import H100, LLAMA_3_8B, Composition, ModeledClo
 from reference_engine.sampling import warp_logits
 
 transformers = pytest.importorskip("transformers")
-from reference_engine.testing import save_tiny_model, tiny_hf_model  # noqa: E402
+from reference_engine.testing import drive_events, save_tiny_model, tiny_hf_model  # noqa: E402
 
 CKPT = Path(reference_engine.__file__).parent / "checkpoints"
 TARGET, DRAFT = str(CKPT / "target"), str(CKPT / "draft")
@@ -470,7 +470,7 @@ def test_request_streams_with_speculation_never_leak_blocks(tiny_pair, events, m
         {"method": "ngram", "num_speculative_tokens": k, "prompt_lookup_max": 2, "prompt_lookup_min": 1}
     eng = LLMEngine(target, num_blocks=num_blocks, block_size=block_size, max_num_seqs=4, max_num_batched_tokens=budget,
                     speculative_config=cfg)
-    bm, sched, spec, rids, g = eng.block_manager, eng.scheduler, eng.spec, [], torch.Generator().manual_seed(0)
+    bm, sched, spec, g = eng.block_manager, eng.scheduler, eng.spec, torch.Generator().manual_seed(0)
 
     def check():
         bm.check_consistency(sched.running + list(sched.waiting))
@@ -481,25 +481,14 @@ def test_request_streams_with_speculation_never_leak_blocks(tiny_pair, events, m
             assert s.num_uncomputed_tokens == 1 or s.in_prefill
         assert all(s.block_table == [] for s in sched.waiting)
 
-    for ev in events:
-        if ev[0] == "add":
-            _, plen, max_tokens, n, sampled = ev
-            plen = min(plen, eng.max_seq_len - 1)
-            prompt = torch.randint(0, 8, (plen,), generator=g).tolist()
-            sp = SamplingParams(n=n, temperature=1.0 if sampled else 0, seed=len(rids), max_tokens=max_tokens, ignore_eos=True)
-            rids.append(eng.add_request(prompt, sp))
-        elif ev[0] == "abort" and rids:
-            eng.abort(rids[ev[1] % len(rids)])
-        else:
-            for _ in range(ev[1]):
-                eng.step()
-                check()
-    steps = 0
-    while eng.has_unfinished():
-        eng.step()
-        check()
-        steps += 1
-        assert steps < 2000, "engine stopped making progress"
+    def add(ev, i):
+        _, plen, max_tokens, n, sampled = ev
+        plen = min(plen, eng.max_seq_len - 1)
+        prompt = torch.randint(0, 8, (plen,), generator=g).tolist()
+        sp = SamplingParams(n=n, temperature=1.0 if sampled else 0, seed=i, max_tokens=max_tokens, ignore_eos=True)
+        return eng.add_request(prompt, sp)
+
+    drive_events(eng, events, add, check)
     assert bm.num_free() == num_blocks and not eng.requests
     if method == "draft":
         assert spec.proposer.bm.num_free() == spec.proposer.bm.num_blocks and not spec.proposer.states
