@@ -71,17 +71,8 @@ class ModelConfig:
             if name not in d:
                 raise ValueError(f"config field '{name}' is missing")
             _positive_int(d, name)
-        heads = d["num_attention_heads"]
-        kv_heads = d.get("num_key_value_heads") or heads  # missing (or null) means MHA
-        _positive_int({"num_key_value_heads": kv_heads}, "num_key_value_heads")
-        if heads % kv_heads:
-            raise ValueError(f"config field 'num_attention_heads' ({heads}) must be a multiple of 'num_key_value_heads' ({kv_heads})")
-        head_dim = d.get("head_dim")
-        if head_dim is None:
-            if d["hidden_size"] % heads:
-                raise ValueError(f"config field 'hidden_size' ({d['hidden_size']}) is not divisible by 'num_attention_heads' ({heads}); give 'head_dim'")
-            head_dim = d["hidden_size"] // heads
-        _positive_int({"head_dim": head_dim}, "head_dim")
+        shape = attention_shape(d)  # KV heads and head_dim with config.json's defaults, checked
+        heads, kv_heads, head_dim = shape.num_attention_heads, shape.num_key_value_heads, shape.head_dim
         if head_dim % 2:
             raise ValueError(f"config field 'head_dim' must be even for RoPE, got {head_dim}")
         rope_theta, rope_scaling = _rope(d)
@@ -158,7 +149,7 @@ def attention_shape(d: dict) -> AttentionShape:
     means hidden_size // num_attention_heads (a head_dim that is present wins, even when it differs).
 
     Reads only those fields (hidden_size only when head_dim is absent), so it takes a partial config or
-    one of a family this engine does not run; from_dict reads them the same way. ValueError, with
+    one of a family this engine does not run; from_dict reads them through it. ValueError, with
     from_dict's messages, for a missing or non-positive size or KV heads that do not divide the heads.
     """
     if not isinstance(d, dict):
