@@ -274,6 +274,27 @@ class Trial:
         value = self._learner.harness(name, args, kwargs, what=what)
         return self._wrap(value)
 
+    def run_against(self, reference: Callable[[], Any], harness: Callable, *args, what: str = "your code",
+                    **kwargs) -> tuple[Any, Any]:
+        """`(got, expected)`: `t.run(harness, *args, **kwargs)` and `reference()` at the same time. The
+        learner's process starts the harness, the grader computes `reference()` (e.g. the same engine run
+        with the engine's own component, through `t.reference`) while it runs, then reads the learner's
+        answer: on two cores an engine check takes the time of one run instead of two. The reference
+        still never sees learner output, and a reference that raises (a grader bug) is re-raised after
+        the learner's answer is read, so the process stays in step."""
+        name = f"{harness.__module__}:{harness.__qualname__}"
+        self._learner.send_harness(name, args, kwargs)
+        try:
+            expected = reference()
+        except BaseException:
+            try:
+                self._learner.receive(what)
+            except Exception:  # noqa: BLE001 - the reference's error is the one to report
+                pass
+            raise
+        value = self._learner.receive(what)["value"]
+        return self._wrap(value), expected
+
     def _remote(self, ref, args, kwargs, what: str, check_args: bool):
         value, _, _ = self._learner.call(ref, args, kwargs, what=what)
         return self._wrap(value)

@@ -20,6 +20,7 @@ from __future__ import annotations
 from pathlib import Path
 
 TARGET = Path(__file__).resolve().parent.parent / "reference_engine" / "checkpoints" / "target"
+DRAFT = TARGET.parent / "draft"
 
 
 def target_path() -> str:
@@ -27,9 +28,12 @@ def target_path() -> str:
     return str(TARGET)
 
 
-def build_llm(llm_kwargs: dict | None = None, make: dict | None = None):
-    """LLM(target, dtype=float32, **llm_kwargs), with each `make[name] = (factory, *args)` called first:
-    make={"scheduler_policy": (StaticPolicy, 4)} passes StaticPolicy(4) as scheduler_policy."""
+def build_llm(llm_kwargs: dict | None = None, make: dict | None = None, model: str = "target"):
+    """LLM(model, dtype=float32, **llm_kwargs), with each `make[name] = (factory, *args)` called first:
+    make={"scheduler_policy": (StaticPolicy, 4)} passes StaticPolicy(4) as scheduler_policy.
+
+    model: "target" (the shipped 3.3M model) or "draft" (the 0.6M one, three times faster a step), for
+    checks that judge the schedule, not the model: both sides of a comparison must use the same one."""
     import torch
 
     from reference_engine import LLM
@@ -38,7 +42,7 @@ def build_llm(llm_kwargs: dict | None = None, make: dict | None = None):
     for name, (factory, *args) in (make or {}).items():
         kwargs[name] = factory(*args)
     kwargs.setdefault("dtype", torch.float32)
-    return LLM(target_path(), **kwargs)
+    return LLM(str({"target": TARGET, "draft": DRAFT}[model]), **kwargs)
 
 
 def consistency(engine) -> str | None:
@@ -123,7 +127,7 @@ def _error(e: Exception) -> dict:
 
 def run_engine(prompts: list, max_tokens: list[int] | int, llm_kwargs: dict | None = None,
                make: dict | None = None, max_steps: int = 10_000, record_policy: bool = False,
-               catch: bool = False) -> dict:
+               catch: bool = False, model: str = "target") -> dict:
     """Greedy generation of `prompts` (token-id lists), EOS ignored, stepping at most `max_steps` times.
 
     Returns {"tokens": token ids per request (None if unfinished), "schedule": per step
@@ -135,6 +139,7 @@ def run_engine(prompts: list, max_tokens: list[int] | int, llm_kwargs: dict | No
     "tokens" / "slots" / "free_blocks" / "chunked" before the policy spent any, "candidates" (per
     candidate: "seq_id", "uncomputed", "prompt" tokens, "waiting", "computed", "blocks" held, "slots",
     "cow"), and "picks": [(seq_id, num_tokens)] as returned (None if not a list of pairs).
+    model: "target" or "draft" (see build_llm).
     catch: an exception (building the engine with the learner's component, the engine refusing the
     policy's decisions, the policy raising) comes back as "error": {"type", "message", "tb"} with
     everything observed up to it, instead of raising; a stub's NotImplementedError still raises (the
@@ -144,7 +149,7 @@ def run_engine(prompts: list, max_tokens: list[int] | int, llm_kwargs: dict | No
     engine, rec, done, ids, error = None, None, {}, [], None
     lens = max_tokens if isinstance(max_tokens, list) else [max_tokens] * len(prompts)
     try:
-        engine = build_llm(llm_kwargs, make).engine  # constructs the learner's component: it may raise
+        engine = build_llm(llm_kwargs, make, model).engine  # constructs the learner's component: it may raise
         rec = _record(engine) if record_policy else None
         ids = [engine.add_request(list(p), SamplingParams(temperature=0, max_tokens=n, ignore_eos=True))
                for p, n in zip(prompts, lens)]
@@ -160,6 +165,14 @@ def run_engine(prompts: list, max_tokens: list[int] | int, llm_kwargs: dict | No
     if record_policy:
         out["policy_calls"] = rec.calls if rec is not None else []
     return out
+
+
+def step_bound(prompts: list, lens: list) -> int:
+    """The most steps a learner's run may take, known before the reference has run (the two run at the
+    same time): a policy that makes progress computes at least one token a step, and a preemption
+    recomputes at most every token once more, so 4x the workload's tokens is more than enough. A policy
+    that schedules nothing at all is stopped earlier by the engine's own no-progress error."""
+    return 4 * (sum(len(p) for p in prompts) + sum(lens)) + 20
 
 
 def _observed(engine, ids: list, done: dict, error) -> dict:
@@ -230,7 +243,6 @@ def stub_guard(t, cls_name: str, *args):
 
 # -- speculative decoding with a learner's verifier (lesson 14) ------------------------------------------------
 
-DRAFT = TARGET.parent / "draft"
 
 
 class YourVerifier:

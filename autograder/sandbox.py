@@ -113,6 +113,12 @@ class LearnerProcess:
     # -- requests ------------------------------------------------------------------------------
     def request(self, req: dict, what: str = "your code"):
         """Send a request; return the decoded `ok` value, or raise LearnerRaised / LearnerGone."""
+        self.send(req)
+        return self.receive(what)
+
+    def send(self, req: dict) -> None:
+        """The first half of `request`: the learner process starts on it while the caller goes on. Every
+        send must be followed by exactly one `receive` before the next send."""
         if self.closed:
             raise LearnerGone("exit", "the learner process has already ended")
         data = wire.encode(req)
@@ -120,6 +126,9 @@ class LearnerProcess:
             self.sock.sendall(struct.pack("<Q", len(data)) + data)
         except OSError:
             raise self._gone() from None
+
+    def receive(self, what: str = "your code"):
+        """The second half of `request`: wait for the reply to the last `send` and decode it."""
         reply = self._read()
         try:
             msg = wire.decode(reply, device_map=_device_map)
@@ -195,8 +204,12 @@ class LearnerProcess:
         return self.request({"op": "getattr", "obj": handle, "attr": attr}, what=what)["value"]
 
     def harness(self, fn: str, args: tuple, kwargs: dict, what: str):
-        return self.request({"op": "harness", "fn": fn, "args": list(args), "kwargs": dict(kwargs)},
-                            what=what)["value"]
+        self.send_harness(fn, args, kwargs)
+        return self.receive(what)["value"]
+
+    def send_harness(self, fn: str, args: tuple, kwargs: dict) -> None:
+        """Start a harness call over there; read its value with `receive(what)["value"]`."""
+        self.send({"op": "harness", "fn": fn, "args": list(args), "kwargs": dict(kwargs)})
 
     # -- the end -----------------------------------------------------------------------------------
     def kill(self):

@@ -32,6 +32,7 @@ import argparse
 import math
 import sys
 import warnings
+from collections import Counter
 from dataclasses import dataclass, replace
 
 MiB = 2**20
@@ -331,11 +332,11 @@ def _attention_kernel(name, shape, chip, chunks, tp) -> KernelTime:
     """One attention launch over several sequences' chunks [(tokens, context)]: each sequence its own roofline."""
     peak, bw = chip.peak_flops * chip.attn_eff, chip.bandwidth * chip.mem_eff
     flops = nbytes = compute = memory = total = compute_bound = 0.0
-    for n, c in chunks:
+    for (n, c), k in Counter(chunks).items():  # equal chunks cost the same: a batch of 1024 is one roofline
         f, b = attention_cost(shape, n, c, tp)
         t, tc, tm = roofline(f, b, peak, bw)
-        flops, nbytes, compute, memory, total = flops + f, nbytes + b, compute + tc, memory + tm, total + t
-        compute_bound += t if tc >= tm else 0.0
+        flops, nbytes, compute, memory, total = flops + k * f, nbytes + k * b, compute + k * tc, memory + k * tm, total + k * t
+        compute_bound += k * t if tc >= tm else 0.0
     bound = "compute" if compute_bound > total / 2 else "memory"
     return KernelTime(name, "attention", len(chunks) * shape.layers, flops, nbytes, compute, memory, total, bound)
 

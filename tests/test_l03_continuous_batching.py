@@ -119,7 +119,7 @@ def test_every_wrong_policy_shows_in_a_visible_engine_case(static):
     variants = checks.STATIC_VARIANTS if static else checks.CONTINUOUS_VARIANTS
     seen = set()
     for _, (prompts, lens, kw) in _visible_engine_cases():
-        expected = checks._static_reference(S, prompts, lens, kw) if static else run_engine(prompts, lens, kw)
+        expected = checks._static_reference(S, prompts, lens, kw) if static else run_engine(prompts, lens, kw, model=checks.MODEL)
         assert expected["finished"] and expected["leak"] is None
         for name, v in variants.items():
             run = checks._variant_run(prompts, lens, kw, 10_000, v(kw["max_num_seqs"]))

@@ -141,7 +141,7 @@ def test_the_policy_refuses_a_bad_threshold_or_cap(bad):
 def test_with_no_prompt_long_the_policy_is_the_engines_fcfs():
     """A threshold above every prompt: nothing is long or capped, and the run is the engine's own FCFS one."""
     for kwargs, _, prompts in [case for _, case in checks.ENGINE_CASES]:
-        fcfs = run_engine(prompts, 6, kwargs)
+        fcfs = run_engine(prompts, 6, kwargs, model=checks.MODEL)
         mine = checks.reference_run(S, prompts, 6, kwargs, (10_000, 1))
         assert mine["schedule"] == fcfs["schedule"] and mine["tokens"] == fcfs["tokens"]
 

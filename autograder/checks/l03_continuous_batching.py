@@ -4,8 +4,9 @@ output lengths, and scheduler policies run inside the reference engine.
 Simulation cases are small hand-made request sets plus hidden ones drawn from t.rng (skewed output
 lengths like a trace: many short, a few long; arrivals bunched and spread). Wrong answers are named
 by running the usual wrong algorithms (variants below) on the same inputs. The engine checks run the
-shipped target model with the learner's policy (in the learner's process, `engine_harness.run_engine`)
-and here with the reference one on the same prompts (greedy, few KV blocks so that requests get
+shipped draft model (the schedule does not depend on the model, and it is three times faster a step)
+with the learner's policy (in the learner's process, `engine_harness.run_engine`) and, at the same
+time (`t.run_against`), here with the reference one on the same prompts (greedy, few KV blocks so that requests get
 preempted, with and without chunked prefill), and compare the per-step schedule, the tokens, and
 that every KV block is free afterwards; a wrong schedule is named by running the usual wrong
 policies here.
@@ -18,7 +19,7 @@ from functools import partial
 from typing import NamedTuple
 
 from autograder.core import CaseFailed, check
-from autograder.engine_harness import POLICY_ERRORS, run_engine, stopped, stub_guard
+from autograder.engine_harness import POLICY_ERRORS, run_engine, step_bound, stopped, stub_guard
 
 # -- request sets -----------------------------------------------------------------------------------
 
@@ -435,9 +436,15 @@ def judge_run(t, run: dict, expected: dict, variants: dict):
     t.expect_true(run["leak"] is None, run["leak"] or "")
 
 
+# The policy checks judge the schedule, which does not depend on the model: they run the small draft
+# model (three times faster a step than the target), on both sides of every comparison.
+MODEL = "draft"
+
+
 def _static_reference(ref, prompts, lens, kw):
     """The engine run with the reference StaticPolicy (for t.reference: plain data in and out)."""
-    return run_engine(prompts, lens, kw, make={"scheduler_policy": (ref.StaticPolicy, kw["max_num_seqs"])}, catch=True)
+    return run_engine(prompts, lens, kw, make={"scheduler_policy": (ref.StaticPolicy, kw["max_num_seqs"])}, catch=True,
+                      model=MODEL)
 
 
 def policy_check(t, cls_name: str, static: bool, variants: dict):
@@ -446,19 +453,20 @@ def policy_check(t, cls_name: str, static: bool, variants: dict):
     for label, (prompts, lens, kw) in engine_cases(t):
         with t.case(f"{label}: {_describe(prompts, lens, kw)}"):
             B = kw["max_num_seqs"]
-            expected = t.reference(_static_reference, prompts, lens, kw) if static else \
-                run_engine(prompts, lens, kw, catch=True)  # the engine's own FCFSPolicy
+            reference = partial(t.reference, _static_reference, prompts, lens, kw) if static else \
+                partial(run_engine, prompts, lens, kw, catch=True, model=MODEL)  # the engine's FCFS
+            run, expected = t.run_against(reference, run_engine, prompts, lens, kw,
+                                          what="the engine, running your policy,",
+                                          make={"scheduler_policy": (t.learner(cls_name), *((B,) if static else ()))},
+                                          max_steps=step_bound(prompts, lens), catch=True, model=MODEL)
             steps = 4 * expected["steps"] + 20
-            run = t.run(run_engine, prompts, lens, kw, what="the engine, running your policy,",
-                        make={"scheduler_policy": (t.learner(cls_name), *((B,) if static else ()))},
-                        max_steps=steps, catch=True)
             judge_run(t, run, expected, {name: partial(_variant_run, prompts, lens, kw, steps, v(B))
                                          for name, v in variants.items()})
 
 
 def _variant_run(prompts, lens, kw, max_steps, policy_kwargs):
     """The engine run, here, with one of the usual wrong policies: _Fcfs(**policy_kwargs)."""
-    return run_engine(prompts, lens, kw, max_steps=max_steps, catch=True,
+    return run_engine(prompts, lens, kw, max_steps=max_steps, catch=True, model=MODEL,
                       make={"scheduler_policy": (partial(_Fcfs, **policy_kwargs),)})
 
 

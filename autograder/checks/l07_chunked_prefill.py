@@ -4,7 +4,8 @@ budget that meets an ITL SLO, and the chunks of a prefill that starts after a pr
 
 plan_step is driven through whole simulated runs (requests arrive, prefill in chunks, decode, leave)
 and compared with the reference at every step; its wrong variants below name the usual mistakes.
-The policy runs inside the engine on the shipped target model, in the learner's process
+The policy runs inside the engine on the shipped draft model (the schedule does not depend on the
+model, and it is three times faster a step), in the learner's process
 (`engine_harness.run_engine`), which records what each schedule() call was given (the budget, the
 candidates) and what it picked, as data. Here every recorded call is judged with the reference rule
 on the same inputs, and the usual wrong rules name a wrong pick; the schedule, the generated tokens, the
@@ -17,7 +18,7 @@ from types import SimpleNamespace
 
 from autograder.checks._configs import non_default
 from autograder.core import CaseFailed, check
-from autograder.engine_harness import POLICY_ERRORS, run_engine, stopped, stub_guard
+from autograder.engine_harness import POLICY_ERRORS, run_engine, step_bound, stopped, stub_guard
 
 # -- 1.1 plan_step -----------------------------------------------------------------------------------
 
@@ -301,19 +302,26 @@ def judge_calls(t, run: dict, policy: tuple):
             t.fail(f"{e}\n{stopped(run)}" if run["error"] is not None else str(e))
 
 
+# The policy is judged by its schedule, which does not depend on the model: both sides run the small
+# draft model (three times faster a step than the target).
+MODEL = "draft"
+
+
 def reference_run(ref, prompts: list, max_tokens: int, llm_kwargs: dict, policy: tuple) -> dict:
     """The engine run with the reference ChunkedPrefillPolicy(*policy) (for t.reference: plain data in and out)."""
     return run_engine(prompts, max_tokens, llm_kwargs, make={"scheduler_policy": (ref.ChunkedPrefillPolicy, *policy)},
-                      record_policy=True, catch=True)
+                      record_policy=True, catch=True, model=MODEL)
 
 
 def engine_case(t, llm_kwargs: dict, policy: tuple, prompts: list, max_tokens: int):
-    expected = t.reference(reference_run, prompts, max_tokens, llm_kwargs, policy)
+    lens = max_tokens if isinstance(max_tokens, list) else [max_tokens] * len(prompts)
+    run, expected = t.run_against(lambda: t.reference(reference_run, prompts, max_tokens, llm_kwargs, policy),
+                                  run_engine, prompts, max_tokens, llm_kwargs, what="the engine, running your policy,",
+                                  make={"scheduler_policy": (t.learner("ChunkedPrefillPolicy"), *policy)},
+                                  max_steps=step_bound(prompts, lens), record_policy=True, catch=True,
+                                  model=MODEL)
     if expected["error"] is not None:
         raise RuntimeError(f"the reference policy failed in the engine: {expected['error']['message']}")
-    run = t.run(run_engine, prompts, max_tokens, llm_kwargs, what="the engine, running your policy,",
-                make={"scheduler_policy": (t.learner("ChunkedPrefillPolicy"), *policy)},
-                max_steps=4 * expected["steps"] + 20, record_policy=True, catch=True)
     judge_calls(t, run, policy)
     if run["error"] is not None:
         t.fail(stopped(run, POLICY_ERRORS))
