@@ -17,6 +17,7 @@ mistake when the engine's error reveals it.
 """
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 TARGET = Path(__file__).resolve().parent.parent / "reference_engine" / "checkpoints" / "target"
@@ -133,7 +134,10 @@ def run_engine(prompts: list, max_tokens: list[int] | int, llm_kwargs: dict | No
     Returns {"tokens": token ids per request (None if unfinished), "schedule": per step
     (prompts prefilled, prefill tokens, decodes, preemptions), "steps", "finished" (bool),
     "num_blocks", "free_blocks", "leak" (None or a message), "max_num_batched_tokens",
-    "step_tokens": prefill + decode tokens per step, "block_size", "error": None}.
+    "step_tokens": prefill + decode tokens per step, "block_size", "error": None,
+    "cached": per request, prompt tokens found in the prefix cache (RequestOutput.num_cached_tokens;
+    0 without it, None if unfinished), "step_cached": per step, StepStats.num_cached_tokens,
+    "cache_stats": the engine's PrefixCacheStats as a dict (None without prefix caching)}.
 
     record_policy: also "policy_calls", one dict per scheduler-policy call: "step", the budget's
     "tokens" / "slots" / "free_blocks" / "chunked" before the policy spent any, "candidates" (per
@@ -146,7 +150,7 @@ def run_engine(prompts: list, max_tokens: list[int] | int, llm_kwargs: dict | No
     check is "not started").
     """
     from reference_engine import SamplingParams
-    engine, rec, done, ids, error = None, None, {}, [], None
+    engine, rec, done, cached, ids, error = None, None, {}, {}, [], None
     lens = max_tokens if isinstance(max_tokens, list) else [max_tokens] * len(prompts)
     try:
         engine = build_llm(llm_kwargs, make, model).engine  # constructs the learner's component: it may raise
@@ -157,11 +161,13 @@ def run_engine(prompts: list, max_tokens: list[int] | int, llm_kwargs: dict | No
             for step_out in engine.step():
                 if step_out.output is not None:
                     done[step_out.request_id] = list(step_out.output.token_ids)
+                    cached[step_out.request_id] = step_out.output.num_cached_tokens
     except Exception as e:
         if not catch or _not_implemented(e):
             raise
         error = _error(e)
     out = _observed(engine, ids, done, error) if engine is not None else _unbuilt(len(prompts), error)
+    out["cached"] = [cached.get(i) for i in ids]
     if record_policy:
         out["policy_calls"] = rec.calls if rec is not None else []
     return out
@@ -191,6 +197,8 @@ def _observed(engine, ids: list, done: dict, error) -> dict:
         "max_num_batched_tokens": engine.max_num_batched_tokens,
         "block_size": engine.block_size,
         "error": error,
+        "step_cached": [s.num_cached_tokens for s in stats],
+        "cache_stats": dataclasses.asdict(engine.prefix_cache_stats) if engine.prefix_cache_stats else None,
     }
 
 
@@ -198,7 +206,7 @@ def _unbuilt(num_prompts: int, error) -> dict:
     """run_engine's answer when the engine could not even be built (the learner's component raised)."""
     return {"tokens": [None] * num_prompts, "schedule": [], "step_tokens": [], "steps": 0, "finished": False,
             "num_blocks": None, "free_blocks": None, "leak": None, "max_num_batched_tokens": None,
-            "block_size": None, "error": error}
+            "block_size": None, "error": error, "step_cached": [], "cache_stats": None}
 
 
 # -- the grader's side -----------------------------------------------------------------------------------

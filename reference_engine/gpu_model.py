@@ -150,6 +150,8 @@ class ModelShape:
 LLAMA_3_8B = ModelShape("Llama-3-8B", 32, 32, 8, 128, 4096, 14336, 128256)
 LLAMA_3_70B = ModelShape("Llama-3-70B", 80, 64, 8, 128, 8192, 28672, 128256)
 MODELS = {"llama-3-8b": LLAMA_3_8B, "llama-3-70b": LLAMA_3_70B}
+# A speculative draft for them (same vocabulary): ModeledClock(..., draft_shape=LLAMA_3_2_1B) prices its forwards.
+LLAMA_3_2_1B = ModelShape("Llama-3.2-1B", 16, 32, 8, 64, 2048, 8192, 128256, tie_word_embeddings=True)
 
 
 def rank_dims(shape: ModelShape, tp: int = 1) -> dict:
@@ -371,15 +373,25 @@ def step_time(shape: ModelShape, chip: Chip, composition: Composition, *, tp: in
 class ModeledClock:
     """A clock for LLMEngine(clock=...): calling it returns modeled seconds (from `start`). The engine calls
     advance() once per step that runs a forward, which moves time on by step_time of that step; nothing else
-    moves it but advance_to(), which a caller waiting for the next arrival uses to pass idle time (replay.py).
-    `steps` keeps every StepTime, in order."""
+    moves it but advance_to(), which a caller waiting for the next arrival uses to pass idle time (replay.py),
+    and advance_draft(), once per forward of a speculative draft model. `steps` keeps every StepTime of the
+    target, in order; `draft_steps` those of the draft.
+
+    draft_shape: the shape the draft model's forwards are priced at (e.g. LLAMA_3_2_1B for a Llama-3 target).
+    None: they are not priced (the tiny shipped draft has no GPU-sized counterpart to assume), and
+    `uncharged_draft_forwards` counts them, so a caller can tell."""
 
     def __init__(self, shape: ModelShape, chip: Chip, *, tp: int = 1, overhead_s: float = STEP_OVERHEAD_S,
-                 start: float = 0.0):
+                 start: float = 0.0, draft_shape: ModelShape | None = None):
         rank_dims(shape, tp)
+        if draft_shape is not None:
+            rank_dims(draft_shape, tp)
         self.shape, self.chip, self.tp, self.overhead_s = shape, chip, tp, overhead_s
+        self.draft_shape = draft_shape
         self.now = float(start)
         self.steps: list[StepTime] = []
+        self.draft_steps: list[StepTime] = []
+        self.uncharged_draft_forwards = 0
         self.capacity: dict | None = None  # set by engine_kwargs: the modeled KV capacity and the cap applied
 
     def __call__(self) -> float:
@@ -398,6 +410,21 @@ class ModeledClock:
     def advance_to(self, t: float) -> None:
         """Idle time: move now on to t (never back; the GPU idles, no step runs)."""
         self.now = max(self.now, float(t))
+
+    def advance_draft(self, composition) -> StepTime | None:
+        """One forward of the speculative draft model (spec_decode.DraftModelProposer calls it per draft
+        position, before the target's step): priced at draft_shape on the same chip and tp, with no fixed
+        overhead of its own (it runs inside the target's step, whose overhead advance() charges). Returns
+        its StepTime; None, and nothing charged, without a draft_shape."""
+        if self.draft_shape is None:
+            self.uncharged_draft_forwards += 1
+            return None
+        if not isinstance(composition, Composition):
+            composition = Composition.from_schedule(composition)
+        st = step_time(self.draft_shape, self.chip, composition, tp=self.tp, overhead_s=0.0)
+        self.now += st.time_s
+        self.draft_steps.append(st)
+        return st
 
     def __repr__(self):
         return f"ModeledClock({self.shape.name} on {self.chip.name}, tp={self.tp}, now={self.now:.6f} s)"
@@ -427,7 +454,7 @@ DEFAULT_MAX_BLOCKS = 4096  # 64 Ki tokens: the shipped tiny model's fp32 cache i
 
 def engine_kwargs(shape: ModelShape, chip: Chip, tp: int = 1, gpu_memory_utilization: float = 0.9,
                   max_blocks: int | None = DEFAULT_MAX_BLOCKS, *, block_size: int = 16,
-                  overhead_s: float = STEP_OVERHEAD_S) -> dict:
+                  overhead_s: float = STEP_OVERHEAD_S, draft_shape: ModelShape | None = None) -> dict:
     """Keyword arguments for LLM(...) / LLMEngine(...) that make a run report modeled GPU time:
     {"clock": ModeledClock, "num_blocks": ..., "block_size": block_size}. num_blocks is the block count the
     modeled GPU's free memory would hold (kv_capacity), so the scheduler admits and preempts as it would
@@ -440,7 +467,7 @@ def engine_kwargs(shape: ModelShape, chip: Chip, tp: int = 1, gpu_memory_utiliza
         warnings.warn(f"{shape.name} on {chip.name} (tp={tp}) would hold {cap['blocks']} KV blocks of {block_size} "
                       f"tokens; capped at max_blocks={max_blocks}, so the scheduler sees less KV capacity than the "
                       "modeled GPU has (preemption comes sooner)", stacklevel=2)
-    clock = ModeledClock(shape, chip, tp=tp, overhead_s=overhead_s)
+    clock = ModeledClock(shape, chip, tp=tp, overhead_s=overhead_s, draft_shape=draft_shape)
     clock.capacity = {**cap, "num_blocks": num_blocks, "capped": capped}
     return {"clock": clock, "num_blocks": num_blocks, "block_size": block_size}
 

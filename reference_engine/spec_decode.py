@@ -175,11 +175,12 @@ class DraftModelProposer:
 
     Draws: a greedy request's drafts are the draft model's argmax; a sampled one draws each draft from the
     draft's distribution under the request's own temperature / top-k / top-p, with the request's generator.
-    Not modeled: the draft's forwards on a gpu_model.ModeledClock (only the target's step is charged).
+    On a gpu_model.ModeledClock each draft forward is priced by clock.advance_draft (at the clock's
+    draft_shape; without one it is counted, not priced).
     """
 
     def __init__(self, path, *, device, dtype, backend, block_size: int, num_blocks: int, vocab_size: int,
-                 max_len: int):
+                 max_len: int, clock=None):
         self.config, model, _ = load_model(path, device, dtype)
         if self.config.vocab_size != vocab_size:
             raise ValueError(f"the draft model {path} has vocab_size {self.config.vocab_size}, the target "
@@ -188,6 +189,7 @@ class DraftModelProposer:
         self.runner = ModelRunner(model, block_size, num_blocks, device, dtype, backend)
         self.bm = BlockManager(BlockAllocator(num_blocks), block_size, num_blocks)
         self.states: dict[int, _DraftSeq] = {}
+        self.clock = clock
 
     def max_drafts(self, seq: Sequence) -> int:
         """Drafts the draft model's positions allow: it computes N + k - 1 tokens for k drafts after N."""
@@ -217,6 +219,8 @@ class DraftModelProposer:
             so = SchedulerOutput(
                 decodes=[ScheduledSeq(states[i], 1) for i in one],
                 prefills=[ScheduledSeq(states[i], states[i].num_tokens - states[i].num_computed_tokens) for i in more])
+            if hasattr(self.clock, "advance_draft"):  # modeled GPU time: read before num_computed_tokens moves
+                self.clock.advance_draft(so)
             rows = self.runner.execute(so)  # one row per sequence, in so.scheduled order: one + more
             for i, row in zip(one + more, rows):
                 st, params = states[i], seqs[i].params
@@ -330,7 +334,7 @@ class SpecDecoder:
             self.proposer = DraftModelProposer(
                 config.model, device=engine.device, dtype=engine.dtype, backend=engine.backend,
                 block_size=engine.block_size, num_blocks=engine.num_blocks + extra,
-                vocab_size=self.vocab_size, max_len=engine.max_seq_len)
+                vocab_size=self.vocab_size, max_len=engine.max_seq_len, clock=engine.clock)
         self.pending: dict[int, _Drafts] = {}  # seq_id -> drafts appended and not yet verified
         self.step_counts = self._zero()
 

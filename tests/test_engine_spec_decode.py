@@ -492,3 +492,24 @@ def test_request_streams_with_speculation_never_leak_blocks(tiny_pair, events, m
     assert bm.num_free() == num_blocks and not eng.requests
     if method == "draft":
         assert spec.proposer.bm.num_free() == spec.proposer.bm.num_blocks and not spec.proposer.states
+
+
+def test_the_modeled_clock_prices_the_draft_forwards_at_draft_shape():
+    """On a ModeledClock every forward of the draft model is priced (at draft_shape) or, without a
+    draft_shape, counted as not priced; the tokens do not depend on the clock."""
+    from reference_engine import gpu_model as gm
+    prompts = [[5 + i + j for j in range(30)] for i in range(3)]
+    runs = {}
+    for draft_shape in (None, gm.LLAMA_3_2_1B):
+        kw = gm.engine_kwargs(gm.LLAMA_3_8B, gm.CHIPS["H100"], max_blocks=None, draft_shape=draft_shape)
+        kw["num_blocks"] = 64
+        llm = LLM(TARGET, dtype="float32", speculative_config=DRAFT_CFG, **kw)
+        runs[draft_shape] = (generate(llm, prompts, max_tokens=12), kw["clock"])
+    (plain_tokens, free), (tokens, priced) = runs[None], runs[gm.LLAMA_3_2_1B]
+    assert tokens == plain_tokens
+    assert free.uncharged_draft_forwards > 0 and not free.draft_steps
+    assert len(priced.draft_steps) == free.uncharged_draft_forwards and priced.uncharged_draft_forwards == 0
+    target = sum(s.time_s for s in priced.steps)
+    assert priced.now == pytest.approx(target + sum(s.time_s for s in priced.draft_steps))
+    assert free.now == pytest.approx(sum(s.time_s for s in free.steps))
+    assert all(s.overhead_s == 0 for s in priced.draft_steps)

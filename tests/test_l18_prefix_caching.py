@@ -331,3 +331,64 @@ def test_judge_names_one_unrefuted_mistake():
     assert d.judge(4, 3, {"a": 4, "b": 4}) == (False, "b")        # a was ruled out by the right answer above
     assert d.judge(5, 3, {"c": 5, "d": 5}) == (False, "")         # two mistakes give 5: neither is named
     assert d.judge([1, 2], [1], {"e": (1, 2)}) == (False, "e")    # lists and tuples alike
+
+
+# -- 5. the engine -----------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("label, case", checks.VISIBLE_WORKLOADS)
+def test_visible_engine_workloads_hit_evict_and_keep_the_tokens(label, case):
+    """Each visible workload of tree_in_engine makes the engine find cached prefixes and evict from the tree,
+    and with the reference tree it generates what it generates without a cache."""
+    from autograder.engine_harness import run_engine
+    prompts, lens = case
+    ref = checks._cached_reference(S, prompts, lens)
+    plain = run_engine(prompts, lens, checks.ENGINE_KW, model=checks.ENGINE_MODEL)
+    assert ref["error"] is None and ref["finished"] and ref["leak"] is None
+    assert ref["tokens"] == plain["tokens"]
+    assert ref["cache_stats"]["hits"] > 0 and ref["cache_stats"]["evicted_blocks"] > 0
+
+
+def test_engine_chat_resends_the_engines_own_answers():
+    """A continuation's prompt is what its parent was sent + the parent's engine output + its own tokens, and
+    it is sent only after its parent finished; with the cache it finds the whole resent conversation."""
+    import torch
+
+    from reference_engine.engine import LLMEngine
+    rows = trace.scale_to_context(trace.load("conv"), 512)
+    calls = S.multi_turn_workload(12, seed=3, mean_turns=100.0, trace_name=rows)  # nearly all turns continue
+    assert sum(c.after >= 0 for c in calls) >= 6
+    from autograder.engine_harness import DRAFT
+    eng = LLMEngine(str(DRAFT), dtype=torch.float32, enable_prefix_caching=True,
+                    prefix_cache=S.RadixTree, clock=S.SkipIdleClock(), num_blocks=512, block_size=16)
+    sent = []
+    add = eng.add_request
+    eng.add_request = lambda prompt, params, **kw: sent.append(list(prompt)) or add(prompt, params, **kw)
+    out = S.engine_chat(eng, calls, eng.config.vocab_size)
+    assert out["prompt"] == [len(c.prompt) for c in calls]
+    assert all(t > 0 for t in out["ttft"])
+    assert sum(out["cached"]) > 0
+    by_len = {len(p): p for p in sent}
+    for i, c in enumerate(calls):
+        if c.after >= 0:
+            parent, child = by_len[len(calls[c.after].prompt)], by_len[len(c.prompt)]
+            assert child[:len(parent)] == parent  # the parent's prompt is resent as it was sent
+            # each cached prefix is at most the whole resent history, in whole pages
+            assert out["cached"][i] <= len(calls[c.after].prompt) + len(calls[c.after].output)
+
+
+def test_skip_idle_clock_jumps_instead_of_sleeping():
+    clock = S.SkipIdleClock()
+    t = clock()
+    clock.advance_to(t + 100.0)
+    assert 100.0 <= clock() - t < 101.0
+    clock.advance_to(t)  # never back
+    assert clock() - t >= 100.0
+
+
+def test_replay_ttft_is_measured_from_when_a_turn_can_be_sent():
+    calls = S.multi_turn_workload(60, seed=1)
+    r = S.replay(calls, S.RadixTree(16))
+    assert len(r["ttft"]) == len(calls) and all(t > 0 for t in r["ttft"])
+    no_cache = S.replay(calls, None)
+    assert sorted(r["ttft"])[len(calls) // 2] <= sorted(no_cache["ttft"])[len(calls) // 2]

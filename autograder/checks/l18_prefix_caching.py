@@ -23,6 +23,7 @@ import hashlib
 import random
 import struct
 from dataclasses import dataclass
+from functools import partial
 
 from autograder.core import LearnerRaised, check
 
@@ -1146,3 +1147,104 @@ def lpm_order(t):
             unique = [list(w) for i, w in enumerate(waiting) if list(w) not in [list(v) for v in waiting[:i]]]
             t.expect(sorted(got["lookups"]), sorted(expected["lookups"]),
                      "the prompts lpm_order looked up with match_prefix (sorted)", mistakes={DEDUP: sorted(unique)})
+
+
+# ---------------------------------------------------------------- 5.1 your tree as the engine's prefix cache
+
+# A small pool (16 blocks of 4 tokens) and three batch slots, and the first request generates 24 tokens: later
+# requests find what earlier ones inserted, the pool runs short, and the engine evicts from the tree while
+# running requests (the long one among them, its pages the oldest) hold locked paths in it.
+ENGINE_KW = {"block_size": 4, "num_blocks": 16, "max_num_seqs": 3, "max_num_batched_tokens": 16,
+             "enable_chunked_prefill": True}
+ENGINE_MODEL = "draft"  # the tree is judged, not the model: the small shipped model, on both sides
+
+# What the engine's own checks of a prefix cache (prefix_cache.CachingBlockManager) saw the tree do:
+# (phrase in its error, read after "your code"). Facts the engine verified, so they are named even when the
+# root cause (which method is wrong) can be one of several.
+CACHE_ERRORS = [
+    ("while a running sequence still uses it", "returned from evict() a block a running request still holds: "
+                                               "evict frees only unlocked leaves (lock_ref == 0 on the path)"),
+    ("which it was never given", "returned from evict() a block id that insert() was never given"),
+    ("blocks asked for", "freed fewer pages in evict() than asked for, although evictable_size() said there were "
+                         "enough: evict and evictable_size disagree (evict skips an unlocked leaf, or "
+                         "evictable_size counts pages evict cannot free: locked ones, or inner ones)"),
+    ("already cached, yet insert() said only", "returned from insert() fewer already-cached tokens than the tree "
+                                               "held (so the engine handed it blocks for pages it had): insert "
+                                               "returns the length of the prefix cached before the call"),
+    ("total_size()", "kept total_size() out of step with the pages it holds (insert adds new pages, evict "
+                     "removes them)"),
+    ("more pages are evictable", "counted pages a running request holds in evictable_size()"),
+    ("admitted nothing although nothing runs", "left the engine stuck: nothing runs and requests wait, yet your "
+                                               "tree frees no room (pages stay locked after every request "
+                                               "unlocked them, or evictable_size / evict free nothing)"),
+    ("not locked", "was asked by the engine to unlock a node it had locked, and said it was not locked (lock and "
+                   "unlock must walk the same path)"),
+]
+
+
+def engine_workload(rng) -> tuple[list[list[int]], list[int]]:
+    """(prompts, output lengths): five requests behind a shared 3-page system prompt, a conversation of four
+    turns (each prompt extends the last), three unrelated prompts, shuffled; the first request generates 24
+    tokens, the others 2 to 6. Token ids avoid EOS (0)."""
+    ids = lambda n: [rng.randrange(1, 2048) for _ in range(n)]
+    system, turn = ids(12), ids(9)
+    prompts = [system + ids(rng.randint(2, 9)) for _ in range(5)]
+    for _ in range(4):
+        prompts.append(list(turn))
+        turn = turn + ids(rng.randint(3, 7))
+    prompts += [ids(rng.randint(6, 14)) for _ in range(3)]
+    rng.shuffle(prompts)
+    lens = [rng.randint(2, 6) for _ in prompts]
+    lens[0] = 24
+    return prompts, lens
+
+
+# Two seeded workloads: between them, every mistake tests/mutants names for this check changes the run.
+VISIBLE_WORKLOADS = [("visible workload A", engine_workload(random.Random(34))),
+                     ("visible workload B", engine_workload(random.Random(36)))]
+
+
+def _cached_reference(ref, prompts: list, lens: list) -> dict:
+    """The engine run with the reference RadixTree as its prefix cache (for t.reference: plain data)."""
+    from autograder.engine_harness import run_engine
+    return run_engine(prompts, lens, {**ENGINE_KW, "enable_prefix_caching": True, "prefix_cache": ref.RadixTree},
+                      catch=True, model=ENGINE_MODEL)
+
+
+def _both_references(t, prompts: list, lens: list) -> tuple[dict, dict]:
+    """(the run with the reference tree, the run with no prefix cache): the tokens must not change."""
+    from autograder.engine_harness import run_engine
+    return t.reference(_cached_reference, prompts, lens), run_engine(prompts, lens, ENGINE_KW, model=ENGINE_MODEL)
+
+
+def _first_request_differing(got: list, expected: list) -> str:
+    i = next((i for i, (a, b) in enumerate(zip(got, expected)) if a != b), None)
+    return "" if i is None else f" (first difference: request {i}, yours {got[i]!r}, expected {expected[i]!r})"
+
+
+@check(points=3, section="5.1", timeout=120)
+def tree_in_engine(t):
+    """LLM(..., enable_prefix_caching=True, prefix_cache=RadixTree): the same tokens as without a cache, the same
+    cached tokens per request and the same hits and evictions as with the reference tree, nothing leaked."""
+    from autograder.engine_harness import run_engine, stopped
+    kw = {**ENGINE_KW, "enable_prefix_caching": True, "prefix_cache": t.learner("RadixTree")}
+    for label, (prompts, lens) in t.cases(visible=VISIBLE_WORKLOADS, hidden=engine_workload, n=1,
+                                           label="random workload"):
+        with t.case(f"{label}: {len(prompts)} prompts sharing a system prompt and a conversation, "
+                    f"{ENGINE_KW['num_blocks']} KV blocks of {ENGINE_KW['block_size']}, "
+                    f"{ENGINE_KW['max_num_seqs']} slots, chunked prefill"):
+            got, (expected, plain) = t.run_against(partial(_both_references, t, prompts, lens), run_engine,
+                                                   prompts, lens, kw, catch=True, model=ENGINE_MODEL,
+                                                   what="the engine, running with your RadixTree,")
+            if got["error"] is not None:
+                t.fail(stopped(got, CACHE_ERRORS, who="with your RadixTree as its prefix cache"))
+            t.expect_true(got["finished"], f"the requests did not finish in {got['steps']} steps")
+            t.expect(got["tokens"], plain["tokens"], "generated token ids per request: a prefix cache must not "
+                     "change them (a hit reuses the KV of exactly those tokens)"
+                     + _first_request_differing(got["tokens"], plain["tokens"]))
+            t.expect(got["cached"], expected["cached"], "prompt tokens found in your tree, per request "
+                     "(num_cached_tokens: match_prefix at admission, after the requests before it inserted and "
+                     "the engine evicted)" + _first_request_differing(got["cached"], expected["cached"]))
+            for key in ("hits", "queries", "evicted_blocks"):
+                t.expect(got["cache_stats"][key], expected["cache_stats"][key], f"the engine's prefix-cache {key}")
+            t.expect_true(got["leak"] is None, got["leak"] or "")

@@ -832,3 +832,36 @@ def lpm_order(tree, waiting):  # noqa: F811
         return k
     m = [walk(list(p)) for p in waiting]
     return sorted(range(len(waiting)), key=lambda i: -m[i])
+
+
+# -- 5.1 the tree in the engine (the same wrong trees, as the engine's prefix cache) ---------------------------
+
+
+@mutant(check="tree_in_engine", message="returned from evict() a block a running request still holds")
+def RadixTree(page_size):  # noqa: F811
+    return _m_IgnoresLocks(page_size)
+
+
+@mutant(check="tree_in_engine", message="returned from insert() fewer already-cached tokens than the tree held")
+def RadixTree(page_size):  # noqa: F811
+    return _m_InsertCountsNew(page_size)
+
+
+@mutant(check="tree_in_engine", message="freed fewer pages in evict() than asked for")
+def RadixTree(page_size):  # noqa: F811
+    return _m_LockNodeOnly(page_size)
+
+
+@mutant(check="tree_in_engine", message="left the engine stuck")
+def RadixTree(page_size):  # noqa: F811
+    return _m_NoSplit(page_size)
+
+
+@mutant(check="tree_in_engine", message="prompt tokens found in your tree, per request")
+def RadixTree(page_size):  # noqa: F811
+    return _m_MatchNotAccess(page_size)
+
+
+@mutant(check="tree_in_engine", message="the engine's prefix-cache evicted_blocks")
+def RadixTree(page_size):  # noqa: F811
+    return _m_EvictPlusOne(page_size)
