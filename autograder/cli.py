@@ -161,6 +161,17 @@ def cmd_nbgrader(args) -> int:
     return 0
 
 
+def cmd_serve(args) -> int:
+    from reference_engine.server.runner import serve
+    from reference_engine.startup import SHIPPED_TARGET
+    model = args.model or SHIPPED_TARGET
+    if not Path(model).is_dir():
+        print(f"no model directory {model}", file=sys.stderr)
+        return 2
+    serve(model, host=args.host, port=args.port, model_name=args.served_model_name)
+    return 0
+
+
 def cmd_interview(args) -> int:
     from . import interview
     try:
@@ -217,6 +228,12 @@ def parser() -> argparse.ArgumentParser:
     i.add_argument("--seed", type=int, help="replay a session: the same seed asks the same questions")
     i.add_argument("--json", help="also write the session's record to this file")
     i.set_defaults(func=cmd_interview)
+    sv = sub.add_parser("serve", help="an OpenAI-compatible HTTP server on the engine (default: the shipped model)")
+    sv.add_argument("--model", help="local model directory (default: the shipped target model)")
+    sv.add_argument("--host", default="127.0.0.1")
+    sv.add_argument("--port", type=int, default=8000)
+    sv.add_argument("--served-model-name", help="the model id clients send (default: the directory's name)")
+    sv.set_defaults(func=cmd_serve)
     n = sub.add_parser("nbgrader", help="(instructors) nbgrader course directory")
     nsub = n.add_subparsers(dest="nbcmd", required=True)
     b = nsub.add_parser("build", help="write nbgrader_config.py and source/<lesson>/<lesson>.ipynb")

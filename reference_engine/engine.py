@@ -15,6 +15,7 @@ from .device import default_device, default_dtype
 from .loader import load_model
 from .model_runner import ModelRunner
 from .prefix_cache import PrefixCacheStats, make_block_manager
+from .quantization import Fp8KVBackend, quantize_model, resolve_kv_cache_dtype
 from .sampling import SamplingParams, make_generator, sample
 from .scheduler import FCFSPolicy, ScheduledSeq, Scheduler, SchedulerOutput
 from .sequence import CompletionOutput, RequestMetrics, RequestOutput, Sequence, Status, StepOutput, StepStats
@@ -36,6 +37,8 @@ class LLMEngine:
     enable_prefix_caching (vLLM's name; default False): full KV blocks stay cached after their request and
     later requests starting with the same tokens skip computing them; prefix_cache: the cache to use, a
     class or callable block_size -> interfaces.PrefixCache (default prefix_cache.HashPrefixCache).
+    quantization (None, "int8", "int4" or "fp8") and kv_cache_dtype ("auto" or "fp8"): see quantization.py;
+    with an fp8 cache a block takes half the bytes, so the same budget holds twice the blocks.
 
     Trace replay: add_request(prompt, params, arrival_time=t) as requests arrive, step() in a loop
     while has_unfinished(); each finished request's RequestOutput comes in a StepOutput.output.
@@ -45,13 +48,20 @@ class LLMEngine:
                  max_num_batched_tokens: int | None = None, enable_chunked_prefill: bool = True, device=None,
                  dtype=None, attention_backend=None, block_allocator=None, scheduler_policy=None,
                  max_model_len: int | None = None, kv_cache_memory_bytes: int | None = None, clock=time.perf_counter,
-                 speculative_config: dict | None = None, enable_prefix_caching: bool = False, prefix_cache=None):
+                 speculative_config: dict | None = None, enable_prefix_caching: bool = False, prefix_cache=None,
+                 quantization: str | None = None, kv_cache_dtype: str = "auto"):
         for name, v in (("block_size", block_size), ("max_num_seqs", max_num_seqs)):
             if not isinstance(v, int) or v < 1:
                 raise ValueError(f"{name} must be a positive integer, got {v!r}")
         self.device = torch.device(device) if device is not None else default_device()
         self.dtype = _resolve_dtype(dtype, self.device)
+        t_load = time.perf_counter()
         self.config, self.model, self.tokenizer = load_model(model, self.device, self.dtype)
+        self.quantization, self.kv_cache_dtype = quantization, resolve_kv_cache_dtype(kv_cache_dtype, self.dtype)
+        if quantization is not None:
+            quantize_model(self.model, quantization)
+        # Seconds spent loading (config, weights, tokenizer) and allocating the KV cache; startup.py reports them.
+        self.init_times = {"load_model": time.perf_counter() - t_load}
         self.clock, self.block_size = clock, block_size
         self.max_model_len = min(max_model_len or self.config.max_model_len, self.config.max_model_len)
         self.num_blocks = num_blocks if num_blocks is not None else self._default_num_blocks(max_num_seqs, kv_cache_memory_bytes)
@@ -73,7 +83,13 @@ class LLMEngine:
         policy = scheduler_policy() if isinstance(scheduler_policy, type) else (scheduler_policy or FCFSPolicy())
         self.scheduler = Scheduler(self.block_manager, policy, max_num_seqs, max_num_batched_tokens, enable_chunked_prefill)
         self.backend = get_backend(attention_backend, self.device)
-        self.runner = ModelRunner(self.model, block_size, self.num_blocks, self.device, self.dtype, self.backend)
+        if self.kv_cache_dtype.itemsize == 1:  # fp8 cache: quantize on write, dequantize on read
+            self.backend = Fp8KVBackend(self.backend)
+        t_kv = time.perf_counter()
+        self.runner = ModelRunner(self.model, block_size, self.num_blocks, self.device, self.dtype, self.backend,
+                                  cache_dtype=self.kv_cache_dtype)
+        self.runner.clock = self.clock  # StepStats.forward_time on the same clock as wall_time
+        self.init_times["kv_allocation"] = time.perf_counter() - t_kv
         self.spec = None if speculative_config is None else SpecDecoder(SpeculativeConfig.from_dict(speculative_config), self)
         self.requests: dict[str, list[Sequence]] = {}
         self.step_stats: list[StepStats] = []
@@ -82,7 +98,7 @@ class LLMEngine:
         self._aborted: list[StepOutput] = []  # aborts since the last step(), which reports them
 
     def _default_num_blocks(self, max_num_seqs: int, budget: int | None) -> int:
-        per_block = kv_bytes_per_token(self.config, self.dtype.itemsize) * self.block_size
+        per_block = kv_bytes_per_token(self.config, self.kv_cache_dtype.itemsize) * self.block_size
         if budget is None:
             if self.device.type == "cuda":  # after the weights are loaded: most of what is free
                 budget = int(torch.cuda.mem_get_info(self.device)[0] * 0.8)
@@ -198,14 +214,18 @@ class LLMEngine:
             for s in so.prefills:
                 if s.seq.metrics.first_scheduled_time is None:
                     s.seq.metrics.first_scheduled_time = t0
+            modeled = None
             if hasattr(self.clock, "advance"):  # modeled GPU time (gpu_model.ModeledClock): the step's cost is
-                self.clock.advance(so)  # read from the schedule here, before num_computed_tokens moves on
+                modeled = self.clock.advance(so)  # read from the schedule here, before num_computed_tokens moves on
             in_prefill = [s.seq.in_prefill for s in so.scheduled]  # before num_computed_tokens moves on
             rows = self.runner.execute(so).split([s.num_logits for s in so.scheduled])
             for s in so.scheduled:
                 s.seq.num_computed_tokens += s.num_tokens
             outputs += self._sample([(s.seq, r) for s, r in zip(so.scheduled, rows) if s.num_logits])
-            self._record_stats(so, t0, in_prefill)
+            forward = self.runner.last_forward_time  # on a modeled clock: the modeled kernels, not this CPU's forward
+            if hasattr(modeled, "time_s") and hasattr(modeled, "overhead_s"):
+                forward = modeled.time_s - modeled.overhead_s
+            self._record_stats(so, t0, in_prefill, forward_time=forward)
         elif so.preempted:
             self._record_stats(so, t0, [])
         if self.spec is not None:
@@ -300,7 +320,7 @@ class LLMEngine:
         first = seqs[0]
         return RequestOutput(first.request_id, first.token_ids[:first.num_prompt_tokens], comps)
 
-    def _record_stats(self, so, t0: float, in_prefill: list[bool]) -> None:
+    def _record_stats(self, so, t0: float, in_prefill: list[bool], forward_time: float | None = None) -> None:
         """in_prefill: per scheduled chunk (so.scheduled order), whether its sequence was prefilling when the
         step began. Counted by that, not by kernel: a prompt's one-token last chunk runs as a decode."""
         free = self.block_manager.num_free()
@@ -312,7 +332,7 @@ class LLMEngine:
             num_prefill_seqs=len(prefill), num_decode_seqs=len(decode),
             num_running=len(self.scheduler.running), num_waiting=len(self.scheduler.waiting),
             num_preempted=len(so.preempted), blocks_used=self.num_blocks - free, blocks_free=free,
-            num_cached_tokens=so.num_cached_tokens,
+            num_cached_tokens=so.num_cached_tokens, forward_time=forward_time,
             **(self.spec.take_step_counts() if self.spec is not None else {})))
 
     @property

@@ -10,7 +10,8 @@ class LLM:
     """LLM(model=path, block_size=16, num_blocks=None, max_num_seqs=64, max_num_batched_tokens=None,
     enable_chunked_prefill=True, device=None, dtype=None, attention_backend=None, block_allocator=None,
     scheduler_policy=None, max_model_len=None, kv_cache_memory_bytes=None, clock=time.perf_counter,
-    enable_prefix_caching=False, prefix_cache=None, speculative_config=None); every keyword goes to LLMEngine."""
+    enable_prefix_caching=False, prefix_cache=None, speculative_config=None, quantization=None,
+    kv_cache_dtype="auto"); every keyword goes to LLMEngine."""
 
     def __init__(self, model, **engine_kwargs):
         self.engine = LLMEngine(model, **engine_kwargs)

@@ -1,6 +1,8 @@
 """Owns the paged KV cache and turns a SchedulerOutput into one forward over a flat token batch."""
 from __future__ import annotations
 
+import time
+
 import torch
 
 from .attention import AttentionMetadata
@@ -9,15 +11,19 @@ from .scheduler import ScheduledSeq, SchedulerOutput
 
 
 class ModelRunner:
-    def __init__(self, model: CausalLM, block_size: int, num_blocks: int, device, dtype, backend):
+    clock = staticmethod(time.perf_counter)  # LLMEngine sets its own clock, so forward and wall time agree
+    last_forward_time: float | None = None  # seconds the last execute() spent in the forward (prepare() excluded)
+
+    def __init__(self, model: CausalLM, block_size: int, num_blocks: int, device, dtype, backend, cache_dtype=None):
         c = model.config
         self.model, self.block_size, self.device = model, block_size, device
         # [layers, num_blocks, block_size, kv_heads, head_dim] for K and for V; layer i's view is the
         # [num_blocks, block_size, kv_heads, head_dim] cache the kernels take. Zeroed: masked slots
         # still pass through the torch gather, and 0 * NaN garbage would poison the softmax sum.
+        # cache_dtype (default: dtype) may be torch.float8_e4m3fn, with a backend that quantizes (quantization.py).
         shape = (c.num_hidden_layers, num_blocks, block_size, c.num_key_value_heads, c.head_dim)
-        self.k_cache = torch.zeros(shape, dtype=dtype, device=device)
-        self.v_cache = torch.zeros(shape, dtype=dtype, device=device)
+        self.k_cache = torch.zeros(shape, dtype=cache_dtype or dtype, device=device)
+        self.v_cache = torch.zeros(shape, dtype=cache_dtype or dtype, device=device)
         for i, layer in enumerate(model.layers):
             layer.self_attn.k_cache, layer.self_attn.v_cache = self.k_cache[i], self.v_cache[i]
             layer.self_attn.backend = backend
@@ -26,8 +32,9 @@ class ModelRunner:
         """Copy-on-write: duplicate whole blocks (all layers) before a forked sequence writes into them."""
         src = torch.tensor([s for s, _ in pairs], device=self.device)
         dst = torch.tensor([d for _, d in pairs], device=self.device)
-        self.k_cache[:, dst] = self.k_cache[:, src]
-        self.v_cache[:, dst] = self.v_cache[:, src]
+        for cache in (self.k_cache, self.v_cache):
+            c = cache.view(torch.uint8) if cache.element_size() == 1 else cache  # CPU torch cannot index float8
+            c[:, dst] = c[:, src]
 
     def _block_tables(self, scheduled: list[ScheduledSeq]) -> torch.Tensor | None:
         if not scheduled:
@@ -71,5 +78,15 @@ class ModelRunner:
         """Run the forward; logits [sum of num_logits, vocab] float32: each scheduled chunk's last num_logits
         tokens, in batch order (out.scheduled)."""
         ids, pos, meta, rows = self.prepare(out)
+        _sync(self.device)  # earlier work (inputs, block copies) finished: the timer holds this forward only
+        t0 = self.clock()
         hidden = self.model(ids, pos, meta)
-        return self.model.compute_logits(hidden[rows])
+        logits = self.model.compute_logits(hidden[rows])
+        _sync(self.device)  # CUDA kernels run asynchronously: wait for them before reading the clock
+        self.last_forward_time = self.clock() - t0
+        return logits
+
+
+def _sync(device) -> None:
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize(device)

@@ -6,7 +6,7 @@ import time
 from .sampling import SamplingParams
 
 
-def replay(engine, requests, prompts) -> tuple[list, float, float]:
+def replay(engine, requests, prompts, step_hook=None) -> tuple[list, float, float]:
     """Run `requests` (trace.Request: arrival seconds, output_tokens) with `prompts` (token ids).
 
     Between steps, every request whose arrival time has passed is added, stamped with its
@@ -15,6 +15,9 @@ def replay(engine, requests, prompts) -> tuple[list, float, float]:
     with advance_to on a modeled clock (gpu_model.ModeledClock), which no step would move. Greedy
     with EOS ignored: each request produces exactly its output_tokens. Returns (outputs in request
     order, clock at the start, seconds elapsed on the engine's clock).
+
+    step_hook: called as step_hook(engine) right before each engine.step(), for host-side work the
+    loop does between steps (faults.HostPause charges a stall on the clock there). None: nothing.
     """
     index, done, nxt = {}, {}, 0
     t0 = engine.clock()
@@ -25,6 +28,8 @@ def replay(engine, requests, prompts) -> tuple[list, float, float]:
             index[engine.add_request(prompts[nxt], params, arrival_time=t0 + requests[nxt].arrival)] = nxt
             nxt += 1
         if engine.has_unfinished():
+            if step_hook is not None:
+                step_hook(engine)
             for out in engine.step():
                 if out.output is not None and out.request_id in index:
                     done[index[out.request_id]] = out.output

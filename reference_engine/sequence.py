@@ -211,3 +211,9 @@ class StepStats:
     # prefix caching (0 without it): prompt tokens that sequences admitted this step found cached. With it,
     # blocks_free also counts cached blocks no request uses (evicted on demand), as vLLM's KV usage does.
     num_cached_tokens: int = 0
+    # Seconds of wall_time spent in the model's forward (ModelRunner.execute after its inputs are built; on
+    # CUDA timed between synchronizes, so the kernels are in it); wall_time - forward_time is the step's host
+    # work: scheduling, block tables, input preparation, sampling, Python. On a modeled clock: the modeled
+    # kernel time (StepTime.time_s - overhead_s). None when no forward ran (a step that only preempted). With
+    # speculative decoding it is the target's forward; the draft model's proposals fall in the host part.
+    forward_time: float | None = None

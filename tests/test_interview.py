@@ -205,7 +205,7 @@ def test_course_interview_through_stdin_writes_json(tmp_path):
 
 
 def test_unknown_or_unready_lessons_exit_2(capsys):
-    assert cli.main(["interview", "08"]) == 2
+    assert cli.main(["interview", "17"]) == 2
     assert "has no interview questions yet" in capsys.readouterr().err
     assert cli.main(["interview", "99"]) == 2
 

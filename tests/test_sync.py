@@ -13,16 +13,26 @@ def test_exercises_are_up_to_date():
     assert not stale, f"exercises/ out of date ({[p.name for p in stale]}): run `course sync`"
 
 
+def _api(tree: ast.Module):
+    """The module's functions, classes and their methods: what a learner's stub must keep. Functions nested
+    inside a function are the solution's own helpers (inside its solution block), not part of the API."""
+    out = []
+    for node in tree.body:
+        out.append(node)
+        if isinstance(node, ast.ClassDef):
+            out += node.body
+    return [n for n in out if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))]
+
+
 def test_every_solution_has_stubs_and_keeps_signatures():
     for path, text in sync.plan().items():
         sol = ast.parse((ROOT / "solutions" / path.name).read_text())
         ex = ast.parse(text)
         assert "### BEGIN SOLUTION" not in text and "NotImplementedError" in text, path.name
-        sigs = lambda tree: {n.name: ast.unparse(n.args) for n in ast.walk(tree)  # noqa: E731
-                             if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))}
+        sigs = lambda tree: {n.name: ast.unparse(n.args) for n in _api(tree)  # noqa: E731
+                             if not isinstance(n, ast.ClassDef)}
         assert sigs(sol) == sigs(ex), f"{path.name}: signatures differ from the solution"
-        docs = lambda tree: {n.name: ast.get_docstring(n) for n in ast.walk(tree)  # noqa: E731
-                             if isinstance(n, (ast.FunctionDef, ast.ClassDef))}
+        docs = lambda tree: {n.name: ast.get_docstring(n) for n in _api(tree)}  # noqa: E731
         assert docs(sol) == docs(ex), f"{path.name}: docstrings differ from the solution"
 
 

@@ -1,0 +1,412 @@
+"""Checks for lesson 11: the hop model of a cold start, the safetensors header, the shard plan under TP and
+the sharded loader.
+
+Checkpoints are written here, by the grader, into a temp dir (`write_checkpoint`, from a plain-data spec);
+the learner's function gets the path. The reference answer is computed with `t.reference(...)` on the spec
+(it writes its own copy of the same bytes), so a student's copy can replay it. Wrong answers are named by
+running the usual wrong variants here (`chain_variant`, `plan_variant`, `shard_variant`) on the grader's
+copy of the file.
+"""
+from __future__ import annotations
+
+import json
+import struct
+import tempfile
+from pathlib import Path
+from typing import NamedTuple
+
+import torch
+
+from autograder.core import check
+
+
+class Hop(NamedTuple):
+    name: str
+    rate: float
+    unit: str = "GB/s"
+    links: int = 1
+
+
+_UNITS = {"GB/s": 1e9, "Gb/s": 1e9 / 8}
+
+# -- 2.1 one hop --------------------------------------------------------------------------------------------
+
+
+def hop_variant(nbytes, hop, bits_as_bytes=False, no_links=False, times_eight=False):
+    per = 1e9 if bits_as_bytes else _UNITS[hop.unit]
+    if times_eight and hop.unit == "Gb/s":
+        per = 8e9
+    return nbytes / (hop.rate * per * (1 if no_links else hop.links))
+
+
+HOP_MISTAKES = {"reads Gb/s as GB/s (a network link is rated in bits: divide by 8)": {"bits_as_bytes": True},
+                "ignores the hop's links (8 GPUs each have their own PCIe link)": {"no_links": True},
+                "multiplies Gb/s by 8 instead of dividing": {"times_eight": True}}
+
+
+def random_hop(rng) -> Hop:
+    unit = rng.choice(["GB/s", "Gb/s"])
+    rate = rng.choice([25.0, 100.0, 200.0, 400.0]) if unit == "Gb/s" else round(rng.uniform(2.0, 64.0), 1)
+    return Hop(rng.choice(["net", "nvme", "pcie"]), rate, unit, rng.choice([1, 2, 4, 8]))
+
+
+VISIBLE_HOPS = [
+    ("141 GB over one 100 Gb/s NIC", (141e9, Hop("network", 100.0, "Gb/s"))),
+    ("141 GB to 8 GPUs over PCIe Gen5 x16 each", (141e9, Hop("pcie", 63.0, "GB/s", 8))),
+    ("16 GB over two 400 Gb/s NICs", (16e9, Hop("network", 400.0, "Gb/s", 2))),
+]
+
+
+@check(points=2, section="2.1", timeout=10)
+def hop_seconds(t):
+    """Seconds for n bytes through one hop (units, links)."""
+    for label, (nbytes, hop) in t.cases(visible=VISIBLE_HOPS, hidden=lambda r: (r.uniform(1e9, 2e11), random_hop(r)),
+                                        n=4):
+        with t.case(label):
+            got, expected = t.both("hop_seconds", nbytes, hop)
+            t.expect(got, expected, f"seconds for {nbytes:.3g} bytes over {hop}", rtol=1e-6,
+                     mistakes={k: hop_variant(nbytes, hop, **v) for k, v in HOP_MISTAKES.items()})
+    with t.case("an unknown unit"):
+        t.expect_raises(ValueError, "hop_seconds", 1e9, Hop("net", 100.0, "MB/s"),
+                        why="'MB/s' is neither GB/s nor Gb/s: guessing a unit is how a 8x error gets in")
+
+
+# -- 2.2 the chain -------------------------------------------------------------------------------------------
+
+def chain_variant(nbytes, hops, overlap, chunk_bytes, serial=False, no_fill=False, always_overlap=False,
+                  fill_all=False, **hop_flags):
+    if not hops:
+        return 0.0
+    whole = [hop_variant(nbytes, h, **hop_flags) for h in hops]
+    if (not overlap or serial) and not always_overlap:
+        return sum(whole)
+    chunk = min(chunk_bytes, nbytes)
+    slow = max(range(len(hops)), key=lambda i: whole[i])
+    fill = sum(hop_variant(chunk, h, **hop_flags) for i, h in enumerate(hops) if fill_all or i != slow)
+    return whole[slow] + (0.0 if no_fill else fill)
+
+
+CHAIN_MISTAKES = {"adds the hops' times even when they overlap": {"serial": True},
+                  "leaves out the pipeline fill (the first chunk's trip through the other hops)": {"no_fill": True},
+                  "overlaps the hops even when overlap=False": {"always_overlap": True},
+                  "counts the slowest hop in the fill too": {"fill_all": True},
+                  "reads Gb/s as GB/s (a network link is rated in bits: divide by 8)": {"bits_as_bytes": True},
+                  "ignores the hops' links (PCIe counted once per node, not once per GPU)": {"no_links": True}}
+
+NODE = [Hop("object store -> host (network)", 100.0, "Gb/s"), Hop("host -> NVMe cache", 7.0, "GB/s", 4),
+        Hop("page cache -> GPU (PCIe Gen5 x16)", 63.0, "GB/s", 8)]
+
+
+def random_chain(rng):
+    hops = [random_hop(rng) for _ in range(rng.randint(1, 4))]
+    return rng.uniform(1e9, 2e11), hops, rng.random() < 0.5, rng.choice([64e6, 256e6, 1e9, 4e9])
+
+
+VISIBLE_CHAINS = [
+    ("141 GB, serial", (141e9, NODE, False, 256e6)),
+    ("141 GB, pipelined in 256 MB chunks", (141e9, NODE, True, 256e6)),
+    ("10 GB, two hops, 1 GB chunks, overlapped", (10e9, [Hop("a", 1.0), Hop("b", 2.0)], True, 1e9)),
+    ("a chunk larger than the checkpoint", (1e9, [Hop("a", 1.0), Hop("b", 2.0, "Gb/s", 4)], True, 4e9)),
+    ("no hops", (1e9, [], True, 1e8)),
+]
+
+
+@check(points=3, section="2.2", timeout=10)
+def cold_start_seconds(t):
+    """The chain of hops, serial and pipelined."""
+    for label, args in t.cases(visible=VISIBLE_CHAINS, hidden=random_chain, n=6):
+        with t.case(label):
+            got, expected = t.both("cold_start_seconds", *args)
+            t.expect(got, expected, f"cold start of {args[0]:.3g} bytes (overlap={args[2]})", rtol=1e-6,
+                     mistakes={k: chain_variant(*args, **v) for k, v in CHAIN_MISTAKES.items()})
+
+
+# -- checkpoints written by the grader -------------------------------------------------------------------------
+
+_TORCH = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16}
+
+
+def llama_tensors(hidden: int, inter: int, heads: int, kv_heads: int, layers: int, vocab: int, dtype: str,
+                  bias: bool = False, lm_head: bool = False) -> list:
+    """[name, dtype, shape] of a Llama checkpoint of these dimensions (head_dim = hidden // heads)."""
+    d = hidden // heads
+    out = [["model.embed_tokens.weight", dtype, [vocab, hidden]], ["model.norm.weight", dtype, [hidden]]]
+    if lm_head:
+        out.append(["lm_head.weight", dtype, [vocab, hidden]])
+    for i in range(layers):
+        p = f"model.layers.{i}."
+        out += [[p + "input_layernorm.weight", dtype, [hidden]], [p + "post_attention_layernorm.weight", dtype, [hidden]],
+                [p + "self_attn.q_proj.weight", dtype, [heads * d, hidden]],
+                [p + "self_attn.k_proj.weight", dtype, [kv_heads * d, hidden]],
+                [p + "self_attn.v_proj.weight", dtype, [kv_heads * d, hidden]],
+                [p + "self_attn.o_proj.weight", dtype, [hidden, heads * d]],
+                [p + "mlp.gate_proj.weight", dtype, [inter, hidden]], [p + "mlp.up_proj.weight", dtype, [inter, hidden]],
+                [p + "mlp.down_proj.weight", dtype, [hidden, inter]]]
+        if bias:
+            out += [[p + f"self_attn.{n}.bias", dtype, [r]] for n, r in
+                    (("q_proj", heads * d), ("k_proj", kv_heads * d), ("v_proj", kv_heads * d))]
+            out.append([p + "self_attn.o_proj.bias", dtype, [hidden]])
+    return out
+
+
+def spec_of(seed: int, files: int = 1, metadata: dict | None = None, config: dict | None = None, **dims) -> dict:
+    return {"tensors": llama_tensors(**dims), "files": files, "seed": seed, "metadata": metadata, "config": config}
+
+
+def write_checkpoint(spec: dict, model_dir: Path) -> list[Path]:
+    """Write the spec's tensors (values drawn from its seed) over spec["files"] safetensors files (with an
+    index when more than one) and its config.json. Same spec, same bytes."""
+    from safetensors.torch import save_file
+
+    g = torch.Generator().manual_seed(spec["seed"])
+    tensors = {n: torch.randn(s, generator=g).to(_TORCH[dt]) for n, dt, s in spec["tensors"]}
+    names, k = list(tensors), spec["files"]
+    paths, weight_map = [], {}
+    for j in range(k):
+        part = {n: tensors[n] for n in names[j * len(names) // k:(j + 1) * len(names) // k]}
+        fname = "model.safetensors" if k == 1 else f"model-{j + 1:05d}-of-{k:05d}.safetensors"
+        save_file(part, str(model_dir / fname), metadata=spec.get("metadata"))
+        weight_map.update(dict.fromkeys(part, fname))
+        paths.append(model_dir / fname)
+    if k > 1:
+        (model_dir / "model.safetensors.index.json").write_text(json.dumps({"weight_map": weight_map}))
+    if spec.get("config"):
+        (model_dir / "config.json").write_text(json.dumps(spec["config"]))
+    return paths
+
+
+def ref_header(ref, spec: dict):
+    with tempfile.TemporaryDirectory() as d:
+        header, start = ref.safetensors_header(write_checkpoint(spec, Path(d))[0])
+    return [header, start]
+
+
+def ref_plan(ref, spec: dict, tp: int, rank: int):
+    with tempfile.TemporaryDirectory() as d:
+        write_checkpoint(spec, Path(d))
+        return [list(r) for r in ref.shard_plan(d, tp, rank)]
+
+
+def ref_shard(ref, spec: dict, tp: int, rank: int):
+    with tempfile.TemporaryDirectory() as d:
+        write_checkpoint(spec, Path(d))
+        return dict(ref.load_shard(d, tp, rank))
+
+
+def _raw_header(path: Path) -> tuple[dict, int]:
+    raw = path.read_bytes()
+    (n,) = struct.unpack("<Q", raw[:8])
+    return json.loads(raw[8:8 + n]), 8 + n
+
+
+def _files(model_dir: Path) -> list[Path]:
+    index = model_dir / "model.safetensors.index.json"
+    if index.is_file():
+        return [model_dir / n for n in sorted(set(json.loads(index.read_text())["weight_map"].values()))]
+    return sorted(model_dir.glob("*.safetensors"))
+
+
+def _kind(name: str, vocab_replicated=False, row_as_column=False) -> str:
+    parts = name.split(".")
+    if any(p in ("embed_tokens", "lm_head") for p in parts):
+        return "replicated" if vocab_replicated else "vocab"
+    if any(p in ("q_proj", "k_proj", "v_proj", "gate_proj", "up_proj") for p in parts):
+        return "column"
+    if any(p in ("o_proj", "down_proj") for p in parts):
+        if parts[-1] != "weight":
+            return "replicated"
+        return "column" if row_as_column else "row"
+    return "replicated"
+
+
+_BYTES = {"F32": 4, "F16": 2, "BF16": 2}
+
+
+def plan_variant(model_dir: Path, tp: int, rank: int, row_as_column=False, vocab_replicated=False,
+                 relative_offsets=False, no_length_bytes=False, no_merge=False) -> list:
+    """The shard plan, or one of its usual wrong versions, as [file, tensor, start, end] lists."""
+    reads = []
+    for path in _files(model_dir):
+        header, data_start = _raw_header(path)
+        header.pop("__metadata__", None)
+        base0 = 0 if relative_offsets else data_start - (8 if no_length_bytes else 0)
+        for name, info in header.items():
+            e, shape = _BYTES[info["dtype"]], info["shape"]
+            b, end = base0 + info["data_offsets"][0], base0 + info["data_offsets"][1]
+            kind = _kind(name, vocab_replicated, row_as_column)
+            if kind == "row" and len(shape) < 2:
+                kind = "replicated"
+            if kind == "replicated":
+                reads.append([path.name, name, b, end])
+            elif kind in ("column", "vocab"):
+                row = e * (shape[1] if len(shape) > 1 else 1)
+                n = shape[0] // tp
+                reads.append([path.name, name, b + rank * n * row, b + (rank + 1) * n * row])
+            else:
+                cols = shape[1]
+                c0, c1 = rank * cols // tp, (rank + 1) * cols // tp
+                for i in range(shape[0]):
+                    s, t_ = b + (i * cols + c0) * e, b + (i * cols + c1) * e
+                    if reads and reads[-1][1] == name and reads[-1][3] == s and not no_merge:
+                        reads[-1][3] = t_
+                    else:
+                        reads.append([path.name, name, s, t_])
+    return sorted(reads, key=lambda r: (r[0], r[2]))
+
+
+PLAN_MISTAKES = {"splits o_proj/down_proj by rows like q/k/v (row-parallel layers split by input columns)":
+                 {"row_as_column": True},
+                 "replicates embed_tokens/lm_head (they are split by vocabulary rows)": {"vocab_replicated": True},
+                 "uses data_offsets as file offsets (they count from the end of the JSON header)":
+                 {"relative_offsets": True},
+                 "forgets the 8 header-length bytes before the JSON": {"no_length_bytes": True},
+                 "does not merge touching ranges (at tp=1 a tensor is one read)": {"no_merge": True}}
+
+
+def _config(heads: int, kv_heads: int, hidden: int) -> dict:
+    return {"num_attention_heads": heads, "num_key_value_heads": kv_heads, "hidden_size": hidden}
+
+
+def _dims(hidden, inter, heads, kv, layers, vocab, dtype, **kw):
+    return dict(hidden=hidden, inter=inter, heads=heads, kv_heads=kv, layers=layers, vocab=vocab, dtype=dtype, **kw)
+
+
+VISIBLE_SPECS = {
+    "one layer, F32": spec_of(1, config=_config(4, 2, 16), **_dims(16, 24, 4, 2, 1, 32, "F32")),
+    "two files, F16, lm_head, biases": spec_of(2, files=2, config=_config(8, 4, 32),
+                                                **_dims(32, 48, 8, 4, 2, 64, "F16", bias=True, lm_head=True)),
+    "BF16 with __metadata__": spec_of(3, metadata={"format": "pt"}, config=_config(4, 4, 16),
+                                      **_dims(16, 32, 4, 4, 1, 16, "BF16")),
+}
+
+
+def random_spec(rng) -> dict:
+    heads = rng.choice([4, 8])
+    kv = rng.choice([h for h in (1, 2, 4, 8) if h <= heads and heads % h == 0 and h % 2 == 0] or [heads])
+    d = rng.choice([2, 4])
+    hidden = heads * d
+    dims = _dims(hidden, hidden * rng.choice([2, 3]), heads, kv, rng.randint(1, 2), rng.choice([16, 32, 64]),
+                 rng.choice(["F32", "F16", "BF16"]), bias=rng.random() < 0.5, lm_head=rng.random() < 0.5)
+    return spec_of(rng.randrange(10**6), files=rng.choice([1, 2, 3]), config=_config(heads, kv, hidden),
+                   metadata={"format": "pt"} if rng.random() < 0.5 else None, **dims)
+
+
+# -- 3.1 the header ---------------------------------------------------------------------------------------------
+
+@check(points=2, section="3.1", timeout=20)
+def safetensors_header(t):
+    """Parse the header of a safetensors file written here."""
+    for label, spec in t.cases(visible=list(VISIBLE_SPECS.items()), hidden=random_spec, n=2):
+        with t.case(label), tempfile.TemporaryDirectory() as d:
+            path = write_checkpoint(spec, Path(d))[0]
+            expected = t.reference(ref_header, spec)
+            got = t.call("safetensors_header", str(path))
+            raw, start = _raw_header(path)
+            got = list(got) if isinstance(got, tuple) else got
+            if isinstance(got, list) and len(got) == 2 and isinstance(got[0], dict):
+                t.expect(sorted(got[0]), sorted(expected[0]), "the header's keys",
+                         mistakes={"keeps the __metadata__ entry": sorted(raw)})
+            t.expect(got, expected, f"(header, data_start) of {path.name}",
+                     mistakes={"returns the JSON length, not where the data starts (8 + N)": [expected[0], start - 8]})
+    with t.case("a truncated file"), tempfile.TemporaryDirectory() as d:
+        path = write_checkpoint(VISIBLE_SPECS["one layer, F32"], Path(d))[0]
+        raw = path.read_bytes()
+        path.write_bytes(raw[:8] + raw[8:40])  # the length says more JSON than the file holds
+        t.expect_raises(ValueError, "safetensors_header", str(path),
+                        why="the header length points past the end of the file: the download was cut short")
+
+
+# -- 3.2 the shard plan ----------------------------------------------------------------------------------------
+
+VISIBLE_PLANS = [
+    ("one layer, F32, tp=2 rank 1", ("one layer, F32", 2, 1)),
+    ("one layer, F32, tp=1", ("one layer, F32", 1, 0)),
+    ("two files, F16, lm_head, biases, tp=4 rank 2", ("two files, F16, lm_head, biases", 4, 2)),
+    ("BF16 with __metadata__, tp=2 rank 0", ("BF16 with __metadata__", 2, 0)),
+]
+
+
+def _hidden_plan(rng):
+    spec = random_spec(rng)
+    kv = spec["config"]["num_key_value_heads"]
+    tp = rng.choice([t for t in (1, 2, 4) if kv % t == 0])
+    return spec, tp, rng.randrange(tp)
+
+
+def _plan_cases(t):
+    visible = [(label, (VISIBLE_SPECS[s], tp, r)) for label, (s, tp, r) in VISIBLE_PLANS]
+    return t.cases(visible=visible, hidden=_hidden_plan, n=3)
+
+
+@check(points=4, section="3.2", timeout=30)
+def shard_plan(t):
+    """The byte ranges one TP rank reads, on checkpoints written here."""
+    for label, (spec, tp, rank) in _plan_cases(t):
+        with t.case(label), tempfile.TemporaryDirectory() as d:
+            write_checkpoint(spec, Path(d))
+            expected = t.reference(ref_plan, spec, tp, rank)
+            got = t.call("shard_plan", d, tp, rank)
+            got = [list(r) for r in got] if isinstance(got, (list, tuple)) else got
+            t.expect(got, expected, f"reads of rank {rank} of tp={tp}",
+                     mistakes={k: plan_variant(Path(d), tp, rank, **v) for k, v in PLAN_MISTAKES.items()})
+    with t.case("tp=4 with 2 KV heads"), tempfile.TemporaryDirectory() as d:
+        write_checkpoint(VISIBLE_SPECS["one layer, F32"], Path(d))
+        t.expect_raises(ValueError, "shard_plan", d, 4, 0,
+                        why="4 ranks cannot share 2 KV heads without cutting a head in two")
+
+
+# -- 3.3 the sharded loader ---------------------------------------------------------------------------------------
+
+def shard_variant(model_dir: Path, tp: int, rank: int, row_as_column=False, vocab_replicated=False) -> dict:
+    from safetensors.torch import load_file
+
+    out = {}
+    for p in _files(model_dir):
+        for name, x in load_file(str(p)).items():
+            kind = _kind(name, vocab_replicated, row_as_column)
+            if kind == "row" and x.dim() < 2:
+                kind = "replicated"
+            if kind in ("column", "vocab"):
+                out[name] = x.chunk(tp, 0)[rank].contiguous()
+            elif kind == "row":
+                out[name] = x.chunk(tp, 1)[rank].contiguous()
+            else:
+                out[name] = x
+    return out
+
+
+SHARD_MISTAKES = {"splits o_proj/down_proj by rows like q/k/v (row-parallel layers split by input columns)":
+                  {"row_as_column": True},
+                  "replicates embed_tokens/lm_head (they are split by vocabulary rows)": {"vocab_replicated": True}}
+
+
+@check(points=4, section="3.3", timeout=40)
+def load_shard(t):
+    """Each rank's tensors, compared with the reference; the ranks put back together give the checkpoint."""
+    for label, (spec, tp, rank) in _plan_cases(t):
+        with t.case(label), tempfile.TemporaryDirectory() as d:
+            write_checkpoint(spec, Path(d))
+            expected = t.reference(ref_shard, spec, tp, rank)
+            got = t.call("load_shard", d, tp, rank)
+            if isinstance(got, dict):
+                t.expect(sorted(got), sorted(expected), "tensor names")
+            t.expect(got, expected, f"tensors of rank {rank} of tp={tp}", rtol=0, atol=0,
+                     mistakes={k: shard_variant(Path(d), tp, rank, **v) for k, v in SHARD_MISTAKES.items()})
+    with t.case("ranks of tp=2 put back together"), tempfile.TemporaryDirectory() as d:
+        spec = VISIBLE_SPECS["two files, F16, lm_head, biases"]
+        write_checkpoint(spec, Path(d))
+        full = shard_variant(Path(d), 1, 0)
+        parts = [t.call("load_shard", d, 2, r) for r in range(2)]
+        for name, x in full.items():
+            kind = _kind(name)
+            pieces = [p.get(name) if isinstance(p, dict) else None for p in parts]
+            if any(not isinstance(p, torch.Tensor) for p in pieces):
+                t.fail(f"rank 0 or 1 has no tensor {name!r}: every rank holds (its part of) every tensor")
+            if kind in ("column", "vocab"):
+                back = torch.cat(pieces, 0)
+            elif kind == "row" and x.dim() == 2:
+                back = torch.cat(pieces, 1)
+            else:
+                t.expect_true(torch.equal(pieces[0], pieces[1]), f"{name} is replicated, but ranks 0 and 1 differ")
+                back = pieces[0]
+            t.expect(back, x, f"{name}, ranks 0 and 1 concatenated ({kind})", rtol=0, atol=0)

@@ -1,0 +1,495 @@
+"""Checks for lesson 12: the five streaming defenses, each alone, then all five inside the real server.
+
+Each component runs in the learner's process under a scripted driver (autograder/server_harness.py) and
+here with the reference; wrong answers are named by running the usual wrong versions (written below, in
+the grader) through the same driver. The last check starts the real server in the learner's process with
+the learner's five parts, drives it with a vanishing, a stalled, a retrying and a resuming client, and
+judges what came back against the same run made here, at the same time, with the server's defaults.
+"""
+from __future__ import annotations
+
+from collections import OrderedDict
+from functools import partial
+
+from autograder.core import LearnerRaised, NotStarted, check
+from autograder.server_harness import (
+    drive_buffer,
+    drive_cache,
+    drive_framer,
+    drive_resume,
+    drive_watcher,
+    run_server,
+)
+
+# -- 12.1 the buffer --------------------------------------------------------------------------------------
+
+
+class _Buffer:
+    """The reference rule and its usual wrong versions (trusted, run here through drive_buffer)."""
+
+    def __init__(self, high_water, max_lag_s, variant=""):
+        self.hw, self.lag, self.v = high_water, max_lag_s, variant
+        self.chunks, self.oldest, self.dead = [], None, False
+
+    def push(self, ids, now):
+        if self.dead and self.v != "revives":
+            return False
+        waiting = sum(map(len, self.chunks))
+        too_many = (waiting if self.v == "limit_without_new" else waiting + len(ids)) > self.hw
+        too_old = self.oldest is not None and now - self.oldest > self.lag
+        if too_many or too_old:
+            self.dead = True
+            if self.v != "keeps_tokens":
+                self.chunks, self.oldest = [], None
+            return False
+        if ids and (self.oldest is None or self.v == "newest"):
+            self.oldest = now
+        self.chunks.append(list(ids))
+        return True
+
+    def pop(self, now):
+        if self.v == "no_coalesce":
+            out = self.chunks.pop(0) if self.chunks else []
+        else:
+            out, self.chunks = [t for c in self.chunks for t in c], []
+        if not self.chunks:
+            self.oldest = None
+        return out
+
+    @property
+    def pending(self):
+        return sum(map(len, self.chunks))
+
+
+BUFFER_MISTAKES = {
+    "returns one push's tokens per pop instead of everything waiting (a reader that fell behind must get "
+    "ONE coalesced event)": "no_coalesce",
+    "checks the limit without the tokens being pushed, so pending can exceed high_water (count them "
+    "BEFORE appending)": "limit_without_new",
+    "measures the lag from the newest waiting token; it is the OLDEST one that has waited too long": "newest",
+    "accepts pushes again after giving up (a dead buffer stays dead: the server has aborted the stream)": "revives",
+    "keeps the waiting tokens after giving up (a dead stream must hold no memory: pending 0)": "keeps_tokens",
+}
+
+BUFFER_CASES = [
+    ("visible: the docstring example", (4, 1.0, [("push", [1], 0.0), ("push", [2, 3], 0.5), ("pop", 0.6),
+                                                 ("push", [4, 5, 6, 7], 0.7), ("push", [8], 0.8),
+                                                 ("push", [9], 0.9), ("pop", 1.0)])),
+    ("visible: a reader that falls behind gets one event", (10, 5.0, [("push", [1], 0.0), ("push", [2], 0.1),
+                                                                       ("push", [3, 4], 0.2), ("pop", 0.3),
+                                                                       ("pop", 0.4), ("push", [5], 0.5),
+                                                                       ("pop", 0.6)])),
+    ("visible: the oldest token waits too long", (100, 1.0, [("push", [1], 0.0), ("push", [2], 0.8),
+                                                              ("push", [3], 1.2), ("pop", 1.3)])),
+    ("visible: one push past the limit", (3, 9.0, [("push", [1, 2], 0.0), ("push", [3, 4], 0.1),
+                                                    ("push", [5], 0.2), ("pop", 0.3)])),
+]
+
+
+def random_ops(rng):
+    """A random reader: bursts of pushes, pops now and then, a clock that sometimes jumps."""
+    hw, lag, now, ops = rng.choice([4, 8, 16]), rng.choice([0.5, 1.0, 2.0]), 0.0, []
+    for _ in range(rng.randint(8, 20)):
+        now += rng.choice([0.05, 0.1, 0.3, 0.8])
+        if rng.random() < 0.3:
+            ops.append(("pop", now))
+        else:
+            ops.append(("push", [rng.randrange(1000) for _ in range(rng.randint(1, 4))], now))
+    return hw, lag, ops
+
+
+def _buffer_ref(ref, hw, lag, ops):
+    return drive_buffer(ref.CoalescingBuffer, hw, lag, ops)
+
+
+@check(points=3, section="12.1", timeout=30)
+def coalescing_buffer(t):
+    """CoalescingBuffer: push/pop/pending over scripted readers, against the reference op by op."""
+    for label, (hw, lag, ops) in t.cases(visible=BUFFER_CASES, hidden=random_ops, n=3):
+        with t.case(f"{label}: high_water={hw}, max_lag_s={lag}, ops {ops}"):
+            expected = t.reference(_buffer_ref, hw, lag, ops)
+            got = t.run(drive_buffer, t.learner("CoalescingBuffer"), hw, lag, ops,
+                        what="your CoalescingBuffer, driven op by op,")
+            t.expect(got, expected, "(return value, pending) after each op",
+                     mistakes={name: drive_buffer(partial(_Buffer, variant=v), hw, lag, ops)
+                               for name, v in BUFFER_MISTAKES.items()})
+
+
+# -- 12.2 the disconnect watcher -----------------------------------------------------------------------------
+
+WATCHER_CASES = [
+    ("visible: the client leaves at once", ["http.disconnect"]),
+    ("visible: a body message, then the client leaves", ["http.request", "http.disconnect"]),
+    ("visible: the client leaves; later messages are not read",
+     ["http.request", "http.request", "http.disconnect", "http.disconnect"]),
+    ("visible: the client stays", ["http.request"]),
+]
+
+
+def watcher_variant(messages, variant):
+    """What drive_watcher reports for the usual wrong watchers (computed: they are simple)."""
+    n = len(messages)
+    first = next((i for i, m in enumerate(messages) if m == "http.disconnect"), None)
+    if variant == "any":  # disconnects on the first message of any kind
+        return {"read": min(1, n), "on_disconnect_calls": min(1, n), "returned": n > 0}
+    if variant == "keeps_reading":  # calls on_disconnect for each disconnect message, never returns
+        return {"read": n, "on_disconnect_calls": messages.count("http.disconnect"), "returned": False}
+    if variant == "once":  # reads one message and returns, whatever it was
+        return {"read": min(1, n), "on_disconnect_calls": int(first == 0), "returned": n > 0}
+    raise ValueError(variant)
+
+
+WATCHER_MISTAKES = {
+    "calls on_disconnect for any message; only {'type': 'http.disconnect'} means the client left": "any",
+    "keeps reading after the disconnect (return after calling on_disconnect once)": "keeps_reading",
+    "reads one message and returns; a body message is not a disconnect, keep waiting": "once",
+}
+
+
+def _watcher_ref(ref, messages):
+    return drive_watcher(ref.DisconnectWatcher, messages, 0.3)
+
+
+@check(points=2, section="12.2", timeout=30)
+def disconnect_watcher(t):
+    """DisconnectWatcher.watch over scripted ASGI receive channels."""
+    for label, messages in t.cases(visible=WATCHER_CASES):
+        with t.case(f"{label}: receive() returns {messages}, then waits"):
+            expected = t.reference(_watcher_ref, messages)
+            got = t.run(drive_watcher, t.learner("DisconnectWatcher"), messages, 0.3,
+                        what="your DisconnectWatcher.watch")
+            t.expect(got, expected, "what watch did (messages read, on_disconnect calls, returned by itself)",
+                     mistakes={name: watcher_variant(messages, v) for name, v in WATCHER_MISTAKES.items()})
+
+
+# -- 12.3 the idempotency cache -------------------------------------------------------------------------------
+
+
+class _Cache:
+    """LRU with liveness (the reference rule) and its usual wrong versions."""
+
+    def __init__(self, max_entries, variant=""):
+        self.max, self.v, self.d = max_entries, variant, OrderedDict()
+
+    def get(self, key):
+        g = self.d.get(key)
+        if g is not None and self.v != "fifo":
+            self.d.move_to_end(key)
+        return g
+
+    def put(self, key, g):
+        self.d[key] = g
+        self.d.move_to_end(key)
+        if self.v == "unbounded":
+            return
+        order = list(self.d)[:-1][::-1] + [key] if self.v == "mru" else list(self.d)
+        for k in order:
+            if len(self.d) <= self.max:
+                break
+            if self.v == "evicts_live" or (not self.d[k].in_flight and self.d[k].subscribers == 0):
+                del self.d[k]
+
+    def __len__(self):
+        return len(self.d)
+
+
+CACHE_MISTAKES = {
+    "evicts an entry whose generation is in flight or subscribed: a retry of it would start a second "
+    "generation": "evicts_live",
+    "never evicts: the cache grows without bound": "unbounded",
+    "does not refresh a key on get (that is FIFO, not least recently used)": "fifo",
+    "evicts the most recently used entry instead of the least recently used": "mru",
+}
+
+CACHE_CASES = [
+    ("visible: the docstring example", (2, [("put", "a", False, 0), ("put", "b", True, 1), ("get", "a"),
+                                            ("put", "c", False, 0), ("get", "a"), ("get", "b"), ("get", "c")])),
+    ("visible: an in-flight entry is never evicted", (1, [("put", "a", True, 1), ("put", "b", False, 0),
+                                                          ("get", "a"), ("set", "a", False, 0),
+                                                          ("put", "c", False, 0), ("get", "a"), ("get", "b")])),
+    ("visible: least recently used goes first", (2, [("put", "a", False, 0), ("put", "b", False, 0),
+                                                     ("put", "c", False, 0), ("get", "a"), ("get", "b"),
+                                                     ("put", "d", False, 0), ("get", "c"), ("get", "b")])),
+]
+
+
+def random_cache_ops(rng):
+    keys, ops = [], []
+    for _ in range(rng.randint(8, 16)):
+        r = rng.random()
+        if r < 0.45 or not keys:
+            k = f"k{len(keys)}"
+            keys.append(k)
+            live = rng.random() < 0.3
+            ops.append(("put", k, live, int(live)))
+        elif r < 0.8:
+            ops.append(("get", rng.choice(keys + ["missing"])))
+        else:
+            ops.append(("set", rng.choice(keys), False, 0))
+    return rng.choice([1, 2, 3]), ops
+
+
+def _cache_ref(ref, n, ops):
+    return drive_cache(ref.IdempotencyCache, n, ops)
+
+
+@check(points=3, section="12.3", timeout=30)
+def idempotency_cache(t):
+    """IdempotencyCache: gets and sizes over scripted put/get sequences, live entries never evicted."""
+    for label, (n, ops) in t.cases(visible=CACHE_CASES, hidden=random_cache_ops, n=3):
+        with t.case(f"{label}: max_entries={n}, ops {ops} (put: key, in_flight, subscribers)"):
+            expected = t.reference(_cache_ref, n, ops)
+            got = t.run(drive_cache, t.learner("IdempotencyCache"), n, ops, what="your IdempotencyCache")
+            t.expect(got, expected, "per op: len(cache) after a put or set, the key get returned (None: a miss)",
+                     mistakes={name: drive_cache(partial(_Cache, variant=v), n, ops) for name, v in CACHE_MISTAKES.items()})
+
+
+# -- 12.4 resume -----------------------------------------------------------------------------------------------------
+
+
+def _plan_variant(variant):
+    """The usual wrong plans, as plan(generation, received) functions (trusted, run through drive_resume)."""
+    from reference_engine.server.interfaces import ResumePlan
+
+    def plan(g, received):
+        have = len(g.token_ids)
+        if not 0 <= received <= have and variant != "no_check":
+            raise ValueError("out of range")
+        replay = list(g.token_ids) if variant == "replay_all" else list(g.token_ids[received:])
+        if variant == "restart":  # starts a new engine request from the prompt alone
+            if g.finished or g.in_flight:
+                return ResumePlan(replay)
+            return ResumePlan(replay, list(g.prompt_token_ids), g.max_tokens)
+        left = g.max_tokens - have
+        if (g.finished or (g.in_flight and variant != "ignores_in_flight") or left <= 0):
+            return ResumePlan(replay)
+        if variant == "off_by_one":  # continues one token early: the last token is generated twice
+            return ResumePlan(replay, list(g.prompt_token_ids) + list(g.token_ids[:-1]), left + 1)
+        return ResumePlan(replay, list(g.prompt_token_ids) + list(g.token_ids), left)
+    return plan
+
+
+RESUME_MISTAKES = {
+    "restarts from the prompt: every token the answer already held is generated again": "restart",
+    "replays every token, including the ones the client already received": "replay_all",
+    "is off by one: it continues from the token before the last, which is then generated twice": "off_by_one",
+    "starts a second engine request although one is producing the answer now (in_flight: attach to it)":
+        "ignores_in_flight",
+}
+
+
+def _gen(prompt, tokens, max_tokens, reason, in_flight, received):
+    return {"prompt_token_ids": prompt, "token_ids": tokens, "max_tokens": max_tokens, "finish_reason": reason,
+            "in_flight": in_flight, "received": received}
+
+
+RESUME_CASES = [
+    ("visible: the docstring example", [_gen([5, 6], [7, 8, 9], 5, "abort", False, 1)]),
+    ("visible: aborted answers, resumed from several points",
+     [_gen([1, 2, 3], [4, 5, 6, 7], 10, "abort", False, r) for r in (0, 2, 4)]),
+    ("visible: finished, in flight, nothing left", [_gen([1], [2, 3, 4], 3, "length", False, 1),
+                                                    _gen([1], [2, 3], 9, None, True, 0),
+                                                    _gen([1, 2], [3, 4], 2, "abort", False, 2)]),
+    ("visible: counts the client cannot hold", [_gen([1], [2, 3], 5, "abort", False, 3),
+                                                _gen([1], [2, 3], 5, "abort", False, -1)]),
+]
+
+
+def random_resume_case(rng):
+    out = []
+    for _ in range(4):
+        prompt = [rng.randrange(1, 500) for _ in range(rng.randint(1, 5))]
+        tokens = [rng.randrange(1, 500) for _ in range(rng.randint(1, 8))]
+        state = rng.choice(["abort", "abort", "length", "flight"])
+        max_tokens = len(tokens) if state == "length" else len(tokens) + rng.randint(1, 6)
+        out.append(_gen(prompt, tokens, max_tokens, None if state == "flight" else state, state == "flight",
+                        rng.randint(0, len(tokens))))
+    return out
+
+
+def _resume_ref(ref, cases):
+    return drive_resume(ref.plan_resume, cases)
+
+
+def _plans(result):
+    """Compare plans only; an error's message is the learner's own."""
+    return [tuple(p) if p[0] != "ValueError" else ("ValueError",) for p in result]
+
+
+@check(points=3, section="12.4", timeout=30)
+def resume_plan(t):
+    """plan_resume on Generation records: what to replay, and where a continuation starts."""
+    for label, cases in t.cases(visible=RESUME_CASES, hidden=random_resume_case, n=3):
+        desc = "; ".join(f"prompt {c['prompt_token_ids']}, tokens {c['token_ids']}, max_tokens {c['max_tokens']}, "
+                         f"finish_reason {c['finish_reason']}, in_flight {c['in_flight']}, received {c['received']}"
+                         for c in cases)
+        with t.case(f"{label}: {desc}"):
+            expected = _plans(t.reference(_resume_ref, cases))
+            got = _plans(t.run(drive_resume, t.learner("plan_resume"), cases, what="your plan_resume"))
+            t.expect(got, expected, "per record: (replay, continue_prompt, max_tokens), or ValueError",
+                     mistakes={name: _plans(drive_resume(_plan_variant(v), cases)) for name, v in RESUME_MISTAKES.items()})
+
+
+# -- 12.5 SSE framing --------------------------------------------------------------------------------------------
+
+PAYLOADS = ['{"id": "cmpl-1", "choices": [{"text": "Hi"}]}', "{}", '{"text": "caf\\u00e9 \u00e9"}']
+
+
+def framer_variant(expected: dict, variant: str) -> dict:
+    wrong = dict(expected)
+    if variant == "one_newline":
+        wrong["events"] = [e[:-1] for e in expected["events"]]
+    elif variant == "no_done":
+        wrong["done"] = b""
+    elif variant == "ka_data":
+        wrong["keep_alive"] = b"data: \n\n"
+    elif variant == "no_space":
+        wrong["events"] = [b"data:" + e[6:] for e in expected["events"]]
+    return wrong
+
+
+FRAMER_MISTAKES = {
+    "ends an event with a single newline; an SSE event ends at a blank line (\\n\\n), or the client "
+    "merges consecutive events into one": "one_newline",
+    "sends no [DONE] marker: OpenAI clients wait for `data: [DONE]` to end the stream": "no_done",
+    "sends keep-alive as an empty data event; a keep-alive is a comment (a line starting with ':'), which "
+    "clients ignore": "ka_data",
+}
+
+
+def _framer_ref(ref, interval, payloads):
+    return drive_framer(ref.SSEFramer, interval, payloads)
+
+
+@check(points=2, section="12.5", timeout=30)
+def sse_framer(t):
+    """SSEFramer: data events, keep-alive comments, [DONE], and a refused two-line payload."""
+    for label, interval in t.cases(visible=[("visible: interval 0.5 s", 0.5), ("visible: interval 15 s", 15.0)]):
+        with t.case(f"{label}, payloads {PAYLOADS}"):
+            expected = t.reference(_framer_ref, interval, PAYLOADS)
+            got = t.run(drive_framer, t.learner("SSEFramer"), interval, PAYLOADS, what="your SSEFramer")
+            t.expect_true(isinstance(got, dict), "drive_framer should return a dict")
+            ka = got["keep_alive"]
+            t.expect_true(isinstance(ka, bytes) and ka.startswith(b":") and ka.endswith(b"\n\n"),
+                          f"keep_alive() returned {ka!r}: it must be a comment line, b': ...' ending in b'\\n\\n'"
+                          + (" (Looks like your code " + next(iter(
+                              k for k, v in FRAMER_MISTAKES.items() if v == "ka_data")) + ")"
+                             if ka == b"data: \n\n" else ""))
+            got = {**got, "keep_alive": expected["keep_alive"]}  # any comment will do
+            t.expect(got, expected, "what the framer produced",
+                     mistakes={name: framer_variant(expected, v) for name, v in FRAMER_MISTAKES.items()
+                               if v != "ka_data"})
+            t.expect_true(got["refuses_newline"], "event() accepted a payload with a newline in it: raise ValueError "
+                                                  "(the newline would end the data field early)")
+
+
+# -- 12.6 all five, in the real server -----------------------------------------------------------------------------
+
+STEPS_TO_FREE = 30  # engine steps from a vanished client's close to its KV blocks back in the pool (undetected: ~395)
+
+
+def _defaults_run():
+    """The server with its own defaults (reference_engine/server/streaming.py): trusted, run here."""
+    from reference_engine.server.streaming import (
+        BoundedStreamBuffer,
+        ContinueResumePolicy,
+        DefaultSSEFramer,
+        LRUIdempotencyCache,
+        ReceiveDisconnectWatcher,
+    )
+    return run_server(BoundedStreamBuffer, ReceiveDisconnectWatcher, LRUIdempotencyCache, ContinueResumePolicy().plan,
+                      DefaultSSEFramer)
+
+
+def _stub_guard(t):
+    """Any untouched stub makes the check "not started" before a server is built."""
+    probes = [("CoalescingBuffer", (4, 1.0), "push", ([1], 0.0)), ("SSEFramer", (1.0,), "done", ()),
+              ("IdempotencyCache", (2,), "get", ("k",))]
+    try:
+        for cls, args, method, margs in probes:
+            getattr(t.fn(cls)(*args), method)(*margs)
+        t.run(drive_watcher, t.learner("DisconnectWatcher"), ["http.disconnect"], 0.3)
+        t.run(drive_resume, t.learner("plan_resume"), [_gen([1], [2], 3, "abort", False, 1)])
+    except LearnerRaised as e:
+        if e.info.get("not_implemented"):
+            raise NotStarted(e.info.get("message") or "a stub still raises NotImplementedError") from None
+
+
+SINGLE_NEWLINE = ("Looks like your code ends an event with a single newline: an SSE parser reads on to the next "
+                  "blank line, so it merged events into one unparsable payload")
+
+
+def _framing(s) -> str:
+    """The framing mistake a client's parse error reveals, or ""."""
+    return " " + SINGLE_NEWLINE if s and s.get("error") and "Extra data" in s["error"] else ""
+
+
+def _stream(s) -> str:
+    if s is None:
+        return "no answer"
+    return f"{len(s['tokens'])} tokens, finish_reason {s['finish_reason']}, [DONE] {s['done']}, error {s['error']}"
+
+
+@check(points=4, section="12.6", timeout=240)
+def streaming_server(t):
+    """The real server with your five parts: a vanished client freed within a few steps, a stalled reader
+    dropped without holding up the others, per-stream memory bounded, retries generated once, resume
+    continuing where the client stopped, and no KV block leaked."""
+    _stub_guard(t)
+    run = None
+    with t.case("the server runs your parts and shuts down cleanly"):
+        run, ref = t.run_against(_defaults_run, run_server, t.learner("CoalescingBuffer"),
+                                 t.learner("DisconnectWatcher"), t.learner("IdempotencyCache"),
+                                 t.learner("plan_resume"), t.learner("SSEFramer"),
+                                 what="the server, with your components,")
+        t.expect_true(run["engine_stopped"], "the engine loop did not stop with the server")
+        t.expect_true(run["leaked_blocks"] == 0, f"{run['leaked_blocks']} KV blocks were still held after every "
+                                                 "client had gone and the server stopped")
+    if run is None:
+        return
+    with t.case(f"a client vanishes after 5 tokens: blocks freed within {STEPS_TO_FREE} steps"):
+        v = run["vanish"]
+        t.expect_true(v["received"] >= 5, f"the client should read 5 tokens before leaving; it read {v['received']} "
+                                          f"(error: {v['error']}).{_framing(v)}")
+        t.expect_true(v["freed"] and v["aborted_as_disconnect"],
+                      "the request was not aborted as a client disconnect: it kept its slot after the client left. "
+                      "Looks like your code never calls on_disconnect for the http.disconnect message")
+        t.expect_true(v["steps_until_free"] <= STEPS_TO_FREE and v["abort_delay"] is not None and v["abort_delay"] <= 1,
+                      f"the engine ran {v['steps_until_free']} steps (abort applied {v['abort_delay']} steps after it "
+                      f"was queued) before freeing the blocks; at most {STEPS_TO_FREE}")
+    with t.case("a stalled reader beside three polite streams"):
+        s, r = run["stall"], ref["stall"]
+        for i, (p, e) in enumerate(zip(s["polite"], r["polite"])):
+            t.expect_true(p["tokens"] == e["tokens"] and p["done"] and p["error"] is None,
+                          f"polite stream {i + 1}: {_stream(p)}; expected {_stream(e)}. Every well-behaved stream "
+                          f"must complete.{_framing(p)}")
+        t.expect_true(s["dropped_as_slow"] and s["freed"], "the stalled stream was not dropped as a slow reader, or "
+                                                          "its blocks were not freed")
+        t.expect_true(run["peak_pending"] <= run["high_water"],
+                      f"a stream buffer held {run['peak_pending']} tokens with high_water {run['high_water']}: "
+                      "per-stream memory must stay bounded")
+    with t.case("a retried request (one retry in flight, one after): generated once"):
+        s, r = run["retry"], ref["retry"]
+        for i, (p, e) in enumerate(zip(s["streams"], r["streams"])):
+            t.expect_true(p is not None and p["tokens"] == e["tokens"] and p["done"],
+                          f"attempt {i + 1}: {_stream(p)}; expected {_stream(e)}.{_framing(p)}")
+        t.expect_true(s["generations"] == 1,
+                      f"one key started {s['generations']} answers ({s['engine_tokens']} tokens generated for one "
+                      f"{s['answer']}-token answer): duplicate generations. Either the retry found no answer under "
+                      "its key (does your cache evict an in-flight entry?), or it found one and your resume "
+                      "regenerates tokens the answer already held instead of continuing it")
+        t.expect_true(s["engine_requests"] == 1 and s["engine_tokens"] == s["answer"],
+                      f"one {s['answer']}-token answer took {s['engine_requests']} engine requests and "
+                      f"{s['engine_tokens']} generated tokens: your resume regenerates tokens the answer already "
+                      "held (or starts a request although one is producing the answer)")
+    with t.case("a client loses the tail after 10 tokens and resumes"):
+        s, r = run["resume"], ref["resume"]
+        whole = r["head"] + r["tail"]["tokens"]
+        got = s["head"] + s["tail"]["tokens"]
+        t.expect_true(s["engine_tokens"] == r["engine_tokens"] and s["generations"] == 1,
+                      f"{s['engine_tokens']} tokens generated for a {r['engine_tokens']}-token answer: your resume "
+                      "regenerates tokens the answer already held")
+        t.expect_true(got == whole and s["tail"]["done"],
+                      f"head ({len(s['head'])} tokens) + resumed tail ({_stream(s['tail'])}) should be the "
+                      f"{len(whole)}-token answer" + (": the resumed stream repeats tokens the client had"
+                                                       if len(got) > len(whole) else "") + _framing(s["tail"]))

@@ -1,0 +1,329 @@
+"""Drive a learner's streaming components, alone and inside the real server, and report plain data.
+
+Checks call these in the learner's process through `t.run` / `t.run_against`, with learner classes
+passed as `t.learner("Name")`; the grader runs the same function here with the server's own defaults
+(reference_engine/server/streaming.py) and judges the difference. Nothing here is trusted by the grader:
+it runs next to learner code and returns only what a client or an operator could observe.
+
+    drive_buffer / drive_watcher / drive_cache / drive_resume / drive_framer: one component, scripted
+    run_server: create_app(engine, components=StreamComponents(<the parts>)) under uvicorn on a free port
+        (small socket and write buffers, so that a reader that stops reading stalls the server's writes
+        after a few KiB), then scripted clients, one after another: a vanishing one, a stalled one beside
+        polite ones, a retrying one, a resuming one. Every wait is bounded; the server, its threads and
+        sockets are closed before it returns.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import threading
+import time
+from pathlib import Path
+
+DRAFT = Path(__file__).resolve().parent.parent / "reference_engine" / "checkpoints" / "draft"
+MODEL = "m"
+
+# -- one component at a time -------------------------------------------------------------------------------
+
+
+def drive_buffer(cls, high_water: int, max_lag_s: float, ops: list) -> list:
+    """ops: ("push", token_ids, now) or ("pop", now). Returns, per op, (what it returned, pending after)."""
+    buf = cls(high_water, max_lag_s)
+    out = []
+    for op in ops:
+        value = buf.push(list(op[1]), op[2]) if op[0] == "push" else buf.pop(op[1])
+        value = list(value) if op[0] == "pop" and isinstance(value, (list, tuple)) else value
+        out.append((value, buf.pending))
+    return out
+
+
+def drive_watcher(cls, messages: list, timeout_s: float = 1.0) -> dict:
+    """Run watch() over a scripted receive channel: `messages` are the ASGI message types it returns in
+    order, after which receive() waits forever (like a connection that stays open). Returns how many
+    messages watch read, how many times it called on_disconnect, and whether it returned by itself
+    within timeout_s (False: it was still waiting, and was cancelled)."""
+    async def main():
+        read, calls = [0], [0]
+
+        async def receive():
+            if read[0] < len(messages):
+                read[0] += 1
+                await asyncio.sleep(0)
+                return {"type": messages[read[0] - 1], "body": b"", "more_body": False}
+            await asyncio.sleep(3600)
+
+        def on_disconnect():
+            calls[0] += 1
+        task = asyncio.ensure_future(cls().watch(receive, on_disconnect))
+        try:
+            await asyncio.wait_for(asyncio.shield(task), timeout_s)
+            returned = True
+        except asyncio.TimeoutError:
+            returned = False
+            task.cancel()
+            try:
+                await task
+            except asyncio.CancelledError:
+                pass
+        return {"read": read[0], "on_disconnect_calls": calls[0], "returned": returned}
+    # A thread of its own: the caller may already run an event loop (a notebook), where asyncio.run fails.
+    box: dict = {}
+
+    def run():
+        try:
+            box["value"] = asyncio.run(main())
+        except BaseException as e:  # noqa: BLE001 - re-raised in the caller's thread
+            box["error"] = e
+    thread = threading.Thread(target=run, name="watcher-driver")
+    thread.start()
+    thread.join()
+    if "error" in box:
+        raise box["error"]
+    return box["value"]
+
+
+def drive_cache(cls, max_entries: int, ops: list) -> list:
+    """ops: ("put", key, in_flight, subscribers), ("get", key), ("set", key, in_flight, subscribers) (change
+    the state of the Generation put under key). Returns per op: put -> len(cache); get -> the key of the
+    Generation returned, or None."""
+    from reference_engine.server.interfaces import Generation
+    cache, gens, out = cls(max_entries), {}, []
+    for op in ops:
+        if op[0] == "put":
+            gens[op[1]] = g = Generation(op[1], "fp", [1], 8, in_flight=op[2], subscribers=op[3])
+            cache.put(op[1], g)
+            out.append(len(cache))
+        elif op[0] == "get":
+            g = cache.get(op[1])
+            out.append(None if g is None else g.key)
+        else:
+            gens[op[1]].in_flight, gens[op[1]].subscribers = op[2], op[3]
+            out.append(len(cache))
+    return out
+
+
+def drive_resume(plan, cases: list) -> list:
+    """cases: dicts of Generation fields (prompt_token_ids, token_ids, max_tokens, finish_reason, in_flight)
+    and "received". Returns per case (replay, continue_prompt, max_tokens), or ("ValueError", message) when
+    the plan raised ValueError."""
+    from reference_engine.server.interfaces import Generation
+    out = []
+    for c in cases:
+        g = Generation("k", "fp", list(c["prompt_token_ids"]), c["max_tokens"], token_ids=list(c["token_ids"]),
+                       finish_reason=c["finish_reason"], in_flight=c["in_flight"])
+        try:
+            p = plan(g, c["received"])
+        except ValueError as e:
+            out.append(("ValueError", str(e)[:200]))
+            continue
+        cont = None if p.continue_prompt is None else list(p.continue_prompt)
+        out.append((list(p.replay), cont, p.max_tokens))
+    return out
+
+
+def drive_framer(cls, interval: float, payloads: list) -> dict:
+    """Every output of an SSEFramer(interval), as bytes; and whether event() refused a two-line payload."""
+    f = cls(interval)
+    try:
+        f.event('{"a": 1}\n{"b": 2}')
+        refused = False
+    except ValueError:
+        refused = True
+    return {"interval": f.keep_alive_interval, "events": [f.event(p) for p in payloads],
+            "keep_alive": f.keep_alive(), "done": f.done(), "refuses_newline": refused}
+
+
+# -- the server ------------------------------------------------------------------------------------------------
+
+
+class _Recording:
+    """Wraps a stream buffer to record the most tokens it ever held (per-stream memory)."""
+
+    def __init__(self, inner, peaks: list):
+        self.inner, self.peaks, self.i = inner, peaks, len(peaks)
+        peaks.append(0)
+
+    def push(self, token_ids, now):
+        ok = self.inner.push(token_ids, now)
+        self.peaks[self.i] = max(self.peaks[self.i], self.inner.pending)
+        return ok
+
+    def pop(self, now):
+        return self.inner.pop(now)
+
+    @property
+    def pending(self):
+        return self.inner.pending
+
+
+class _PlanAdapter:
+    def __init__(self, plan):
+        self.plan = plan
+
+
+def _sse(lines):
+    """Parsed `data:` events until [DONE] (which yields "DONE")."""
+    for line in lines:
+        if line.startswith("data: "):
+            if line == "data: [DONE]":
+                yield "DONE"
+                return
+            yield json.loads(line[6:])
+
+
+def _body(prompt: list[int], max_tokens: int) -> dict:
+    return {"model": MODEL, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "stream": True,
+            "ignore_eos": True}
+
+
+def _read(base_url: str, body: dict, headers: dict | None = None, stop_after: int | None = None) -> dict:
+    """One streamed answer read by an SSE parser that follows the spec (an event ends at a blank line).
+    Returns token ids, finish_reason, whether [DONE] came, or the error."""
+    import httpx
+    ids, reason, done = [], None, False
+    try:
+        with httpx.Client(timeout=15) as c, c.stream("POST", base_url + "/v1/completions", json=body,
+                                                     headers=headers or {}) as r:
+            if r.status_code != 200:
+                return {"tokens": ids, "finish_reason": None, "done": False, "error": f"HTTP {r.status_code}"}
+            data: list[str] = []
+            for line in r.iter_lines():
+                if line.startswith(":"):
+                    continue
+                if line.startswith("data: "):
+                    data.append(line[6:])
+                    continue
+                if line or not data:
+                    continue
+                payload, data = "\n".join(data), []
+                if payload == "[DONE]":
+                    done = True
+                    break
+                ev = json.loads(payload)
+                if "error" in ev:
+                    return {"tokens": ids, "finish_reason": None, "done": False, "error": ev["error"]["code"]}
+                ids += ev["choices"][0]["token_ids"]
+                reason = ev["choices"][0]["finish_reason"] or reason
+                if stop_after is not None and len(ids) >= stop_after:
+                    break
+    except (httpx.HTTPError, json.JSONDecodeError, KeyError) as e:
+        return {"tokens": ids, "finish_reason": reason, "done": done, "error": f"{type(e).__name__}: {str(e)[:120]}"}
+    return {"tokens": ids, "finish_reason": reason, "done": done, "error": None}
+
+
+def _wait(cond, timeout_s: float) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while not cond():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.005)
+    return True
+
+
+def _aborts(metrics, cause: str) -> float:
+    return metrics.request_aborts.labels(cause)._value.get()
+
+
+def run_server(buffer_cls, watcher_cls, cache_cls, plan, framer_cls, high_water: int = 48,
+               long_tokens: int = 400, polite_tokens: int = 24, retry_tokens: int = 40,
+               resume_tokens: int = 60, wait_s: float = 20.0, budget_s: float = 90.0) -> dict:
+    """The server with these parts (plan: a function plan(generation, received) -> ResumePlan) on the draft
+    model, greedy, driven by scripted clients. Each wait gives up after wait_s, and all of them together
+    after budget_s (a broken part then shows as a client that got nothing, not as a hang). Returns plain
+    data: see the keys below."""
+    import torch
+
+    from reference_engine.server.api import create_app
+    from reference_engine.server.runner import ServerThread
+    from reference_engine.server.streaming import StreamComponents
+    from reference_engine.startup import build_engine
+    torch.set_num_threads(1)
+    engine, _ = build_engine(str(DRAFT), warm_up=False, max_num_seqs=8)
+    peaks: list[int] = []
+    comps = StreamComponents(make_buffer=lambda: _Recording(buffer_cls(high_water, 60.0), peaks),
+                             disconnect=watcher_cls(), cache=cache_cls(1), resume=_PlanAdapter(plan),
+                             framer=framer_cls(0.5), write_timeout_s=3.0)
+    app = create_app(engine, MODEL, components=comps)
+    server = ServerThread(app, sndbuf=4096, write_buffer_bytes=2048).start()
+    aengine, metrics, out = app.state.aengine, app.state.metrics, {}
+    service, started = app.state.service, []  # every engine request the server starts: (key, Generation)
+    start = service._start
+
+    def recording_start(gen, prompt, params):
+        started.append((gen.key, gen))
+        start(gen, prompt, params)
+    service._start = recording_start
+
+    def generated(key):
+        """(engine requests, tokens generated) for every Generation started under key: a cache that lost
+        the key shows as a second Generation, which a lookup by key alone would not see."""
+        gens = {id(g): g for k, g in started if k == key}
+        return sum(k == key for k, _ in started), sum(g.engine_tokens for g in gens.values()), len(gens)
+
+    end = time.monotonic() + budget_s
+
+    def bounded(cond, timeout_s):
+        return _wait(cond, max(0.0, min(timeout_s, end - time.monotonic())))
+
+    def idle():
+        _, free, requests = aengine.snapshot
+        return requests == 0 and free == engine.num_blocks
+    try:
+        url = server.base_url
+        # 1. a client that vanishes after 5 tokens of a long answer
+        head = _read(url, _body([11, 12, 13], long_tokens), stop_after=5)
+        steps0 = aengine.snapshot[0]
+        freed = bounded(idle, wait_s)
+        out["vanish"] = {"received": len(head["tokens"]), "error": head["error"], "freed": freed,
+                         "steps_until_free": aengine.snapshot[0] - steps0,
+                         "abort_delay": aengine.abort_delays[-1] if aengine.abort_delays else None,
+                         "aborted_as_disconnect": _aborts(metrics, "client_disconnect") == 1}
+        # 2. a reader that stops reading, beside three polite streams
+        sock = socket.socket()
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 2048)
+        try:
+            sock.connect(("127.0.0.1", server.port))
+            raw = json.dumps(_body([21, 22], 400)).encode()
+            sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                         b"Content-Length: " + str(len(raw)).encode() + b"\r\n\r\n" + raw)
+            polite = [_read(url, _body([31, 32, 33 + i], polite_tokens)) for i in range(3)]
+            dropped = bounded(lambda: _aborts(metrics, "slow_reader") == 1, wait_s)
+            out["stall"] = {"polite": polite, "dropped_as_slow": dropped, "freed": bounded(idle, wait_s)}
+        finally:
+            sock.close()
+        # 3. a retried request: a retry while the first is in flight (and, meanwhile, another key arrives:
+        # the cache holds one entry, so only a cache that evicts in-flight answers would drop "retry"),
+        # then one after it finished (a replay)
+        body, key = _body([41, 42, 43], retry_tokens), {"Idempotency-Key": "retry"}
+        results: dict = {}
+        first = threading.Thread(target=lambda: results.update(first=_read(url, body, key)), daemon=True)
+        first.start()
+        bounded(lambda: comps.cache.get("retry") is not None, wait_s)
+        other = threading.Thread(target=lambda: results.update(other=_read(url, _body([44], polite_tokens),
+                                                                            {"Idempotency-Key": "other"})), daemon=True)
+        other.start()
+        bounded(lambda: aengine.snapshot[2] >= 2 or "other" in results, wait_s)
+        second = _read(url, body, key)
+        first.join(max(0.0, end - time.monotonic()))
+        other.join(max(0.0, end - time.monotonic()))
+        third = _read(url, body, key)
+        requests, tokens, gens = generated("retry")
+        out["retry"] = {"streams": [results.get("first"), second, third], "other": results.get("other"),
+                        "engine_requests": requests, "engine_tokens": tokens, "generations": gens,
+                        "answer": retry_tokens}
+        # 4. a client that loses the tail, then resumes with the key and the count it holds
+        body, key = _body([51, 52], resume_tokens), "resume"
+        part = _read(url, body, {"Idempotency-Key": key}, stop_after=10)
+        bounded(idle, wait_s)
+        tail = _read(url, body, {"Idempotency-Key": key, "X-Resume-From": str(len(part["tokens"]))})
+        requests, tokens, gens = generated(key)
+        out["resume"] = {"head": part["tokens"], "tail": tail, "engine_requests": requests, "engine_tokens": tokens,
+                         "generations": gens}
+        out["peak_pending"] = max(peaks, default=0)
+        out["high_water"] = high_water
+    finally:
+        server.stop()
+    out["leaked_blocks"] = engine.num_blocks - engine.block_manager.num_free()
+    out["engine_stopped"] = not aengine.running
+    return out

@@ -1,0 +1,138 @@
+"""The server's default streaming components (the contracts are in interfaces.py)."""
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from .interfaces import (
+    DisconnectWatcher,
+    Generation,
+    IdempotencyCache,
+    ResumePlan,
+    ResumePolicy,
+    SSEFramer,
+    StreamBuffer,
+)
+
+
+class BoundedStreamBuffer:
+    """Coalescing token buffer with two limits: at most high_water tokens pending, and the oldest pending
+    token no older than max_lag_s. Past either the reader is declared too slow (push returns False) and
+    the buffer drops what it held: a dead stream keeps no memory."""
+
+    def __init__(self, high_water: int = 256, max_lag_s: float = 10.0):
+        if high_water < 1 or max_lag_s <= 0:
+            raise ValueError(f"high_water ({high_water}) must be >= 1 and max_lag_s ({max_lag_s}) > 0")
+        self.high_water, self.max_lag_s = high_water, max_lag_s
+        self._tokens: list[int] = []
+        self._oldest: float | None = None  # when the oldest pending token arrived
+        self.dead = False
+
+    def push(self, token_ids: list[int], now: float) -> bool:
+        if self.dead:
+            return False
+        too_many = len(self._tokens) + len(token_ids) > self.high_water
+        too_old = self._oldest is not None and now - self._oldest > self.max_lag_s
+        if too_many or too_old:
+            self.dead, self._tokens, self._oldest = True, [], None
+            return False
+        if token_ids and self._oldest is None:
+            self._oldest = now
+        self._tokens += token_ids
+        return True
+
+    def pop(self, now: float) -> list[int]:
+        out, self._tokens, self._oldest = self._tokens, [], None
+        return out
+
+    @property
+    def pending(self) -> int:
+        return len(self._tokens)
+
+
+class ReceiveDisconnectWatcher:
+    """Reads the ASGI receive channel until the server reports the client gone."""
+
+    async def watch(self, receive, on_disconnect) -> None:
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                on_disconnect()
+                return
+
+
+class LRUIdempotencyCache:
+    """At most max_entries keys; when full, the least recently used entry that is neither in flight nor
+    subscribed is evicted (an in-flight one never is, so the cache may briefly hold more)."""
+
+    def __init__(self, max_entries: int = 4096):
+        self.max_entries = max_entries
+        self._entries: OrderedDict[str, Generation] = OrderedDict()
+
+    def get(self, key: str) -> Generation | None:
+        gen = self._entries.get(key)
+        if gen is not None:
+            self._entries.move_to_end(key)
+        return gen
+
+    def put(self, key: str, generation: Generation) -> None:
+        self._entries[key] = generation
+        self._entries.move_to_end(key)
+        for old in [k for k, g in self._entries.items() if not g.in_flight and g.subscribers == 0]:
+            if len(self._entries) <= self.max_entries:
+                break
+            del self._entries[old]
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+
+class ContinueResumePolicy:
+    """Replay what the client lacks; if nothing is producing the rest, continue from the last token."""
+
+    def plan(self, generation: Generation, received: int) -> ResumePlan:
+        have = len(generation.token_ids)
+        if not isinstance(received, int) or not 0 <= received <= have:
+            raise ValueError(f"resume from token {received}: this answer has {have} tokens so far, so the "
+                             f"count of tokens received must be between 0 and {have}")
+        replay = generation.token_ids[received:]
+        if generation.finished or generation.in_flight:
+            return ResumePlan(replay)
+        left = generation.max_tokens - have
+        if left <= 0:
+            return ResumePlan(replay)
+        return ResumePlan(replay, generation.prompt_token_ids + generation.token_ids, left)
+
+
+class DefaultSSEFramer:
+    """text/event-stream framing: one `data:` line per event, `: keep-alive` comments in silences."""
+
+    def __init__(self, keep_alive_interval: float = 5.0):
+        self.keep_alive_interval = keep_alive_interval
+
+    def event(self, payload: str) -> bytes:
+        if "\n" in payload:  # a newline would end the field early; JSON from json.dumps has none
+            raise ValueError("an SSE data payload must be one line")
+        return f"data: {payload}\n\n".encode()
+
+    def keep_alive(self) -> bytes:
+        return b": keep-alive\n\n"
+
+    def done(self) -> bytes:
+        return b"data: [DONE]\n\n"
+
+
+@dataclass
+class StreamComponents:
+    """The parts the server streams with. make_buffer is called once per stream. write_timeout_s: a
+    socket write that has not completed in this long means the reader stalled; the stream is aborted."""
+    make_buffer: Callable[[], StreamBuffer] = field(default=lambda: BoundedStreamBuffer())
+    disconnect: DisconnectWatcher = field(default_factory=ReceiveDisconnectWatcher)
+    cache: IdempotencyCache = field(default_factory=LRUIdempotencyCache)
+    resume: ResumePolicy = field(default_factory=ContinueResumePolicy)
+    framer: SSEFramer = field(default_factory=DefaultSSEFramer)
+    write_timeout_s: float = 10.0
+
+    def new_buffer(self) -> StreamBuffer:
+        return self.make_buffer()

@@ -1,0 +1,172 @@
+"""Lesson 12: the reference answers, and the checks' own helpers (the wrong-answer variants must agree
+with the reference when they have no variant, and each must differ from it on a visible case)."""
+from __future__ import annotations
+
+import random
+from functools import partial
+
+import pytest
+
+import solutions.l12_streaming as sol
+from autograder.checks import l12_streaming as chk
+from autograder.server_harness import drive_buffer, drive_cache, drive_framer, drive_resume, drive_watcher
+from reference_engine.server import interfaces
+from reference_engine.server.interfaces import Generation, ResumePlan
+
+# -- the reference answers ------------------------------------------------------------------------------------
+
+def test_buffer_docstring_example():
+    b = sol.CoalescingBuffer(4, 1.0)
+    assert b.push([1], 0.0) and b.push([2, 3], 0.5) and b.pop(0.6) == [1, 2, 3]
+    assert b.push([4, 5, 6, 7], 0.7) and not b.push([8], 0.8) and b.pending == 0 and b.dead
+    assert not b.push([9], 0.9) and b.pop(1.0) == []
+
+
+def test_buffer_gives_up_on_the_oldest_token_not_the_newest():
+    b = sol.CoalescingBuffer(100, 1.0)
+    assert b.push([1], 0.0) and b.push([2], 0.9)  # the newest is fresh, the oldest is 0.9 s old
+    assert not b.push([3], 1.2), "the oldest token waited 1.2 s > max_lag_s"
+
+
+@pytest.mark.parametrize("bad", [(0, 1.0), (4, 0.0)])
+def test_buffer_refuses_bad_limits(bad):
+    with pytest.raises(ValueError):
+        sol.CoalescingBuffer(*bad)
+
+
+def test_watcher_reads_until_the_disconnect():
+    assert drive_watcher(sol.DisconnectWatcher, ["http.request", "http.disconnect", "http.request"], 0.2) == \
+        {"read": 2, "on_disconnect_calls": 1, "returned": True}
+    assert drive_watcher(sol.DisconnectWatcher, ["http.request"], 0.1) == \
+        {"read": 1, "on_disconnect_calls": 0, "returned": False}
+
+
+def test_cache_docstring_example():
+    c = sol.IdempotencyCache(2)
+    a, b, cc = (Generation(k, "fp", [1], 4) for k in "abc")
+    b.in_flight = True
+    c.put("a", a), c.put("b", b)
+    assert c.get("a") is a
+    c.put("c", cc)
+    assert c.get("a") is None and c.get("b") is b and c.get("c") is cc and len(c) == 2
+
+
+def test_cache_keeps_live_entries_past_its_bound():
+    c = sol.IdempotencyCache(1)
+    gens = [Generation(str(i), "fp", [1], 4, in_flight=True) for i in range(3)]
+    for g in gens:
+        c.put(g.key, g)
+    assert len(c) == 3, "in-flight entries are never evicted"
+    gens[0].in_flight = False
+    c.put("x", Generation("x", "fp", [1], 4))
+    # "0" (no longer live) goes first; "x" is finished too, so it goes as well: only the live ones stay
+    assert c.get("0") is None and c.get("1") is gens[1] and c.get("2") is gens[2] and len(c) == 2
+
+
+def test_plan_resume_docstring_example_and_limits():
+    g = Generation("k", "fp", [5, 6], 5, token_ids=[7, 8, 9], finish_reason="abort")
+    assert sol.plan_resume(g, 1) == ResumePlan([8, 9], [5, 6, 7, 8, 9], 2)
+    for bad in (-1, 4):
+        with pytest.raises(ValueError):
+            sol.plan_resume(g, bad)
+    g.finish_reason = "length"
+    assert sol.plan_resume(g, 3) == ResumePlan([])
+    g.finish_reason, g.in_flight = None, True
+    assert sol.plan_resume(g, 0) == ResumePlan([7, 8, 9])
+
+
+def test_framer():
+    f = sol.SSEFramer(2.0)
+    assert f.keep_alive_interval == 2.0 and f.event('{"a": 1}') == b'data: {"a": 1}\n\n'
+    assert f.done() == b"data: [DONE]\n\n" and f.keep_alive().startswith(b":") and f.keep_alive().endswith(b"\n\n")
+    with pytest.raises(ValueError):
+        f.event("a\nb")
+
+
+def test_components_satisfy_the_server_interfaces():
+    c = sol.components(high_water=8)
+    assert isinstance(c.new_buffer(), interfaces.StreamBuffer) and c.new_buffer().high_water == 8
+    assert isinstance(c.disconnect, interfaces.DisconnectWatcher) and isinstance(c.cache, interfaces.IdempotencyCache)
+    assert isinstance(c.resume, interfaces.ResumePolicy) and isinstance(c.framer, interfaces.SSEFramer)
+
+
+def test_cost_model():
+    c = sol.vanished_cost(1000, 100, 1000, 0.01)
+    assert c == {"wasted_tokens": 900, "slot_seconds": pytest.approx(9.0), "blocks_held": 125}
+    d = sol.vanished_cost(1000, 100, 1000, 0.01, detect_steps=1)
+    assert d["wasted_tokens"] == 1 and d["blocks_held"] == 69  # ceil(1101 / 16)
+    assert sol.retry_waste(1000, 0.1, 300, False) == pytest.approx(30000) and sol.retry_waste(1000, 0.1, 300, True) == 0
+    assert sol.buffer_bytes(1000, 256, 8) == 2_048_000
+
+
+# -- the checks' helpers ------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("seed", range(20))
+def test_buffer_variant_without_a_mistake_is_the_reference(seed):
+    hw, lag, ops = chk.random_ops(random.Random(seed))
+    assert drive_buffer(chk._Buffer, hw, lag, ops) == drive_buffer(sol.CoalescingBuffer, hw, lag, ops)
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_cache_variant_without_a_mistake_is_the_reference(seed):
+    n, ops = chk.random_cache_ops(random.Random(seed))
+    assert drive_cache(chk._Cache, n, ops) == drive_cache(sol.IdempotencyCache, n, ops)
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_resume_variant_without_a_mistake_is_the_reference(seed):
+    cases = chk.random_resume_case(random.Random(seed))
+    assert chk._plans(drive_resume(chk._plan_variant(""), cases)) == chk._plans(drive_resume(sol.plan_resume, cases))
+
+
+def _visible_differs(results_of, cases) -> bool:
+    return any(results_of(c) for c in cases)
+
+
+@pytest.mark.parametrize("variant", list(chk.BUFFER_MISTAKES.values()))
+def test_each_buffer_mistake_shows_on_a_visible_case(variant):
+    assert any(drive_buffer(partial(chk._Buffer, variant=variant), hw, lag, ops) != drive_buffer(chk._Buffer, hw, lag, ops)
+               for _, (hw, lag, ops) in chk.BUFFER_CASES)
+
+
+@pytest.mark.parametrize("variant", list(chk.CACHE_MISTAKES.values()))
+def test_each_cache_mistake_shows_on_a_visible_case(variant):
+    assert any(drive_cache(partial(chk._Cache, variant=variant), n, ops) != drive_cache(chk._Cache, n, ops)
+               for _, (n, ops) in chk.CACHE_CASES)
+
+
+@pytest.mark.parametrize("variant", list(chk.RESUME_MISTAKES.values()))
+def test_each_resume_mistake_shows_on_a_visible_case(variant):
+    assert any(chk._plans(drive_resume(chk._plan_variant(variant), cases)) !=
+               chk._plans(drive_resume(chk._plan_variant(""), cases)) for _, cases in chk.RESUME_CASES)
+
+
+class _AnyMessage:
+    async def watch(self, receive, on_disconnect):
+        await receive()
+        on_disconnect()
+
+
+class _KeepsReading:
+    async def watch(self, receive, on_disconnect):
+        while True:
+            if (await receive())["type"] == "http.disconnect":
+                on_disconnect()
+
+
+class _Once:
+    async def watch(self, receive, on_disconnect):
+        if (await receive())["type"] == "http.disconnect":
+            on_disconnect()
+
+
+@pytest.mark.parametrize("variant,cls", [("any", _AnyMessage), ("keeps_reading", _KeepsReading), ("once", _Once)])
+def test_watcher_variants_describe_those_watchers(variant, cls):
+    for _, messages in chk.WATCHER_CASES:
+        assert chk.watcher_variant(messages, variant) == drive_watcher(cls, messages, 0.1), messages
+
+
+def test_framer_variants_differ_from_the_reference():
+    expected = drive_framer(sol.SSEFramer, 1.0, chk.PAYLOADS)
+    for v in chk.FRAMER_MISTAKES.values():
+        assert chk.framer_variant(expected, v) != expected
