@@ -1,0 +1,452 @@
+"""Checks of lesson 16: int4 group quantization and its inverse, fp8 per tensor and per token, the fp8 KV
+cache, the W4A16 Triton kernel, and choosing a method from the bottleneck.
+
+Wrong answers are named by computing the usual wrong versions here on the same inputs (the `_*_variant`
+functions below), never in the learner's process.
+"""
+from __future__ import annotations
+
+import torch
+
+from autograder.core import check
+
+FP8 = torch.float8_e4m3fn
+E5M2 = torch.float8_e5m2
+
+
+def _some(mistakes: dict) -> dict:
+    """The mistakes that apply to this case (a value of None: not this case)."""
+    return {k: v for k, v in mistakes.items() if v is not None}
+
+# ---------------------------------------------------------------- 1. int4
+
+
+def int4_variant(w: torch.Tensor, group: int, symmetric: bool, qmax_sym: int = 7, swap: bool = False,
+                 per_row: bool = False, fp32_scale: bool = False, rounding=torch.round, clamp_zero: bool = True,
+                 clamp_codes: bool = True, upcast: bool = True) -> tuple:
+    """(packed, scales, zeros) of int4 quantization with one thing changed: the symmetric divisor, the nibble
+    order, one scale per row instead of per group, codes from the float32 scale instead of the stored fp16 one,
+    the rounding of the codes (torch.trunc, or `_round_half_away`), no clamp of the zero point or of the codes, or the
+    arithmetic in w's own dtype instead of float32."""
+    N, K = w.shape
+    g = (w.float() if upcast else w).view(N, K // group, group)
+    stat = g.reshape(N, 1, K) if per_row else g
+    if symmetric:
+        scale = stat.abs().amax(-1).expand(N, K // group) / qmax_sym
+        zero = torch.full_like(scale, 8)
+    else:
+        lo, hi = stat.amin(-1).expand(N, K // group), stat.amax(-1).expand(N, K // group)
+        scale = (hi - lo) / 15
+    exact = torch.where(scale > 0, scale, torch.ones_like(scale))
+    scale = exact.half()
+    s = exact.float() if fp32_scale else scale.float()
+    if not symmetric:
+        zero = torch.round(-lo / s)
+        zero = zero.clamp(0, 15) if clamp_zero else zero
+    q = (rounding(g / s[..., None]) + zero[..., None]).clamp(0, 15 if clamp_codes else 255).to(torch.uint8).view(N, K)
+    lo_col, hi_col = (q[:, 1::2], q[:, 0::2]) if swap else (q[:, 0::2], q[:, 1::2])
+    return lo_col | (hi_col << 4), scale.contiguous(), zero.to(torch.uint8).contiguous()
+
+
+def _round_half_away(x: torch.Tensor) -> torch.Tensor:
+    """Round half away from zero (2.5 -> 3), the habit torch.round's half-to-even (2.5 -> 2) replaces."""
+    return torch.sign(x) * torch.floor(x.abs() + 0.5)
+
+
+def _weight(gen, N: int, K: int, group: int, outlier: bool) -> torch.Tensor:
+    """A weight whose groups have different ranges (so per-row and per-group scales differ), plus an outlier."""
+    w = torch.randn(N, K, generator=gen) * 0.02
+    w *= torch.rand(N, K // group, 1, generator=gen).repeat_interleave(group, 1).view(N, K) * 4 + 0.25
+    if outlier:
+        w[0, 3] = 0.5  # one salient weight: it stretches its group's scale
+        w[1, :group] = 0.0  # an all-zero group: scale 1
+    return w
+
+
+def _hand_made_weight() -> torch.Tensor:
+    """A 4 x 32 weight (groups of 16) built so that each detail of the recipe changes some code or zero point:
+    - row 0, group 0: amax 0.875, scale 1/8 exactly, values at 0.5, 1.5 and 2.5 steps (ties: half to even);
+    - row 0, group 1: amax 1, one value between 3.5 steps of the fp16 and of the float32 scale 1/7;
+    - row 1, group 0: min 0, max 1.875 (asymmetric scale 1/8 exactly), values at 0.5 and 2.5 steps;
+    - row 2, group 0 all positive and row 3, group 0 all negative (asymmetric: the zero point clamps to 0 / 15,
+      and codes past 15 clamp)."""
+    w = torch.linspace(-0.3, 0.2, 4 * 32).view(4, 32)
+    w[0, :16] = 0.0
+    w[0, :7] = torch.tensor([0.875, -0.875, 0.0625, -0.0625, 0.3125, -0.3125, 0.1875])
+    s32 = torch.tensor(1.0) / 7
+    w[0, 16:] = 0.0
+    w[0, 16], w[0, 17] = 1.0, 3.5 * (s32.half().float() + s32) / 2
+    w[1, :16] = 0.0
+    w[1, :3] = torch.tensor([1.875, 0.0625, 0.3125])
+    w[2, :16] = torch.linspace(0.5, 1.0, 16)
+    w[3, :16] = torch.linspace(-1.0, -0.5, 16)
+    return w
+
+
+def _int4_cases(t, extra: tuple = ()):
+    visible = [("visible: 8 x 256, group 128, symmetric", (8, 256, 128, True, "random")),
+               ("visible: 8 x 256, group 128, asymmetric", (8, 256, 128, False, "random")),
+               ("visible: 4 x 64, group 32, symmetric", (4, 64, 32, True, "random")), *extra]
+
+    def hidden(rng):
+        return rng.choice([2, 6, 16]), rng.choice([128, 256, 384]), rng.choice([32, 64, 128]), rng.random() < 0.5, \
+            "random"
+    return t.cases(visible=visible, hidden=hidden, n=2)
+
+
+_INT4_EXTRA = (
+    ("visible: hand-made 4 x 32, group 16, symmetric (ties, fp16 vs float32 scale)", (4, 32, 16, True, "hand")),
+    ("visible: hand-made 4 x 32, group 16, asymmetric (ties, all-positive and all-negative groups)",
+     (4, 32, 16, False, "hand")),
+    ("visible: 8 x 256 in bfloat16, group 128, asymmetric", (8, 256, 128, False, "bf16")))
+
+
+def _int4_weight(t, N: int, K: int, G: int, kind: str) -> torch.Tensor:
+    if kind == "hand":
+        return _hand_made_weight()
+    w = _weight(t.gen, N, K, G, outlier=True)
+    return w.bfloat16() if kind == "bf16" else w
+
+
+@check(points=3, section="1.1", timeout=30)
+def quantize_int4(t):
+    """Codes, fp16 scales and zero points per group, packed two per byte."""
+    for label, (N, K, G, sym, kind) in _int4_cases(t, _INT4_EXTRA):
+        if K % G:
+            K = G * max(1, K // G)
+        with t.case(f"{label}: w [{N}, {K}], group {G}, symmetric={sym}"):
+            w = _int4_weight(t, N, K, G, kind)
+            exp = t.ref.quantize_int4(w, G, sym)
+            got = t.call("quantize_int4", w, G, sym)
+            t.expect_true(isinstance(got, tuple) and len(got) == 4,
+                          "quantize_int4 must return Int4Weight(packed, scales, zeros, group_size)")
+            packed, scales, zeros, _ = got
+            own_dtype = int4_variant(w, G, sym, upcast=False)
+            in_dtype = f"computes in w's dtype ({w.dtype}); the recipe works in float32 (w.float()) and stores fp16"
+            t.expect(scales, exp.scales, "scales (fp16, one per row and group)", mistakes=_some({
+                "divides amax by 8 (the symmetric int4 grid is -7..7, so scale = amax / 7)":
+                    int4_variant(w, G, sym, qmax_sym=8)[1] if sym else None,
+                "computes one scale per row, not one per group of group_size columns":
+                    int4_variant(w, G, sym, per_row=True)[1],
+                in_dtype: own_dtype[1]}))
+            t.expect(zeros, exp.zeros, "zero points (uint8, one per row and group)", mistakes=_some({
+                "does not clamp the zero point to [0, 15] (a group of all-positive weights has -min / scale < 0, "
+                "an all-negative one > 15)": int4_variant(w, G, sym, clamp_zero=False)[2] if not sym else None,
+                in_dtype: own_dtype[2]}))
+            t.expect(packed, exp.packed, "packed codes (uint8 [N, K // 2])", mistakes={
+                "puts column 2i in the high nibble (it belongs in the low nibble, 2i + 1 in the high)":
+                    int4_variant(w, G, sym, swap=True)[0],
+                "computes the codes with the float32 scale; use the fp16 scale you store (converted back to "
+                "float32), the one dequantization multiplies by": int4_variant(w, G, sym, fp32_scale=True)[0],
+                "rounds halves away from zero (2.5 -> 3); torch.round rounds half to even (2.5 -> 2)":
+                    int4_variant(w, G, sym, rounding=_round_half_away)[0],
+                "truncates w / scale instead of rounding it (torch.round)":
+                    int4_variant(w, G, sym, rounding=torch.trunc)[0],
+                "does not clamp the codes to [0, 15] before packing (a code past 15 spills into the other nibble)":
+                    int4_variant(w, G, sym, clamp_codes=False)[0],
+                in_dtype: own_dtype[0]})
+
+
+@check(points=2, section="1.2", timeout=30)
+def dequantize_int4(t):
+    """The weight an Int4Weight stands for."""
+    for label, (N, K, G, sym, _) in _int4_cases(t):
+        with t.case(f"{label}: w [{N}, {K}], group {G}, symmetric={sym}, to fp32, fp16 and bf16"):
+            qw = t.ref.quantize_int4(_weight(t.gen, N, K, G, outlier=False), G, sym)
+            for dtype in (torch.float32, torch.float16, torch.bfloat16):
+                got, exp = t.both("dequantize_int4", qw, dtype)
+                p = qw.packed
+                swapped = type(qw)((p >> 4) | (p << 4), qw.scales, qw.zeros, G)
+                no_zero = type(qw)(p, qw.scales, torch.zeros_like(qw.zeros), G)
+                # float32 math then one rounding is deterministic, so a 16-bit result must match exactly in bf16
+                # (whose 8-bit mantissa would hide a second rounding under the default tolerance).
+                exact = {"rtol": 0.0, "atol": 0.0} if dtype == torch.bfloat16 else {}
+                t.expect(got, exp, f"dequantized weight ({dtype})", mistakes={
+                    "reads column 2i from the high nibble (it is the low nibble)": t.ref.dequantize_int4(swapped, dtype),
+                    "forgets to subtract the zero point": t.ref.dequantize_int4(no_zero, dtype),
+                    f"multiplies in {dtype} (the fp16 scale rounded to it, then the product rounded again): compute "
+                    "(q - zero) * scale in float32 and cast once at the end": dequant_in_dtype(qw, dtype)}, **exact)
+
+
+def dequant_in_dtype(qw, dtype: torch.dtype) -> torch.Tensor:
+    """dequantize_int4 with the multiply done in dtype instead of float32."""
+    p = qw.packed
+    N = p.shape[0]
+    q = torch.stack([p & 0xF, p >> 4], dim=-1).view(N, -1)
+    g = q.view(N, qw.scales.shape[1], qw.group_size).float() - qw.zeros.float()[..., None]
+    return (g.to(dtype) * qw.scales.to(dtype)[..., None]).view(N, -1)
+
+
+# ---------------------------------------------------------------- 2. fp8
+
+
+def fp8_variant(x: torch.Tensor, per_token: bool, dtype=FP8, guard: bool = True, upcast: bool = True) -> tuple:
+    """quantize_fp8 with one thing changed: another fp8 format, no scale-1 guard for a zero amax, or the
+    arithmetic in x's own dtype instead of float32."""
+    fmax = torch.finfo(dtype).max
+    xf = x.float() if upcast else x
+    amax = xf.abs().amax(-1, keepdim=True) if per_token else xf.abs().amax().view(1, 1)
+    scale = torch.where(amax > 0, amax / fmax, torch.ones_like(amax)) if guard else amax / fmax
+    return (xf / scale).clamp(-fmax, fmax).to(dtype), scale
+
+
+def _activations(gen, T: int, D: int, kind: str = "random") -> torch.Tensor:
+    """Rows of very different magnitude (as activations are): per-token scales matter. kind "zero": row 1 all
+    zeros; "bf16": the same rows in bfloat16."""
+    x = torch.randn(T, D, generator=gen) * torch.logspace(-2, 2, T)[:, None]
+    x[-1, 0] = 3000.0  # an outlier channel
+    if kind == "zero":
+        x[1] = 0.0
+    return x.bfloat16() if kind == "bf16" else x
+
+
+@check(points=3, section="2.1", timeout=30)
+def quantize_fp8(t):
+    """E4M3 values and float32 scales, per tensor and per token."""
+    visible = [("visible: 6 tokens x 32, per token", (6, 32, True, "random")),
+               ("visible: 6 tokens x 32, per tensor", (6, 32, False, "random")),
+               ("visible: 4 tokens x 16, per token, token 1 all zeros", (4, 16, True, "zero")),
+               ("visible: 3 tokens x 16, per tensor, all zeros", (3, 16, False, "all_zero")),
+               ("visible: 6 tokens x 32 in bfloat16, per token", (6, 32, True, "bf16"))]
+
+    def hidden(rng):
+        return rng.randint(2, 12), rng.choice([16, 64, 128]), rng.random() < 0.5, "random"
+    for label, (T, D, per_token, kind) in t.cases(visible=visible, hidden=hidden, n=2):
+        data = "all zeros" if kind == "all_zero" else "with rows from 0.01 to 100 and one 3000 outlier"
+        with t.case(f"{label}: x [{T}, {D}] {data}"):
+            x = torch.zeros(T, D) if kind == "all_zero" else _activations(t.gen, T, D, kind)
+            exp_q, exp_s = t.ref.quantize_fp8(x, per_token)
+            got = t.call("quantize_fp8", x, per_token)
+            t.expect_true(isinstance(got, tuple) and len(got) == 2, "quantize_fp8 must return (xq, scales)")
+            got_q, got_s = got
+            t.expect(got_s, exp_s, "scales", mistakes=_some({
+                "uses one scale for the whole tensor, not one per token": fp8_variant(x, False)[1].expand_as(exp_s),
+                "computes a scale per token where one for the whole tensor was asked":
+                    fp8_variant(x, True)[1] if not per_token else None,
+                "scales to E5M2's range (57344): this lesson's fp8 is E4M3, max 448": fp8_variant(x, per_token, E5M2)[1],
+                "gives an all-zero row a scale of 0 (amax / 448, or a tiny epsilon): the docstring's scale for a "
+                "zero amax is 1": fp8_variant(x, per_token, guard=False)[1],
+                f"computes the scale in x's dtype ({x.dtype}); compute it in float32 (x.float()) and return float32 "
+                "scales": fp8_variant(x, per_token, upcast=False)[1]}))
+            t.expect(got_q, exp_q, "quantized values (float8_e4m3fn)", mistakes={
+                "quantizes to float8_e5m2; use torch.float8_e4m3fn (more mantissa, max 448)":
+                    fp8_variant(x, per_token, E5M2)[0]})
+
+
+def kv_variant(k, slots, num_slots, per_token_only: bool = False, ignore_slots: bool = False, guard: bool = True):
+    """(cache as float32, scales) after a write with one thing changed: one scale per token over all heads,
+    writing token t into slot t, or no scale-1 guard for an all-zero row."""
+    T, H, D = k.shape
+    cache = torch.zeros(num_slots, H, D)
+    scales = torch.zeros(num_slots, H)
+    amax = k.abs().amax((1, 2), keepdim=True).expand(T, H, 1) if per_token_only else k.abs().amax(-1, keepdim=True)
+    s = torch.where(amax > 0, amax / 448, torch.ones_like(amax)) if guard else amax / 448
+    q = (k / s).clamp(-448, 448).to(FP8).float()
+    idx = torch.arange(T) if ignore_slots else slots
+    cache[idx], scales[idx] = q, s[..., 0]
+    return cache, scales
+
+
+def read_in_dtype(cache, scales, slots, dtype: torch.dtype) -> torch.Tensor:
+    """fp8_kv_read with the fp8 values and the scales cast to dtype before the multiply (not float32)."""
+    vals = cache.view(torch.uint8)[slots].view(FP8).to(dtype)
+    return vals * scales[slots][..., None].to(dtype)
+
+
+def written_kv(ref, k, slots, num_slots: int) -> tuple:
+    """(cache, scales) after ref.fp8_kv_write into a zeroed cache of num_slots: a reference computation that edits
+    its arguments, so it goes through t.reference (a student's copy replays its result)."""
+    cache = torch.zeros(num_slots, *k.shape[1:], dtype=FP8)
+    scales = torch.zeros(num_slots, k.shape[1])
+    ref.fp8_kv_write(k, slots, cache, scales)
+    return cache, scales
+
+
+@check(points=3, section="2.2", timeout=30)
+def fp8_kv_cache(t):
+    """fp8_kv_write (in place, one scale per token and KV head) and fp8_kv_read."""
+    visible = [("visible: 5 tokens, 2 KV heads of 16, into 12 slots", (5, 2, 16, 12, False)),
+               ("visible: 3 tokens, 4 KV heads of 32, into 40 slots", (3, 4, 32, 40, False)),
+               ("visible: 4 tokens, 2 KV heads of 16, into 10 slots, token 2's head 1 all zeros", (4, 2, 16, 10, True))]
+
+    def hidden(rng):
+        return rng.randint(1, 8), rng.choice([1, 2, 4]), rng.choice([16, 32, 64]), rng.randint(10, 60), False
+    for label, (T, H, D, S, zero_row) in t.cases(visible=visible, hidden=hidden, n=2):
+        with t.case(f"{label}; read back in fp32, fp16 and bf16"):
+            k = torch.randn(T, H, D, generator=t.gen) * torch.logspace(-1, 1, H)[None, :, None]
+            if zero_row:
+                k[2, 1] = 0.0
+            slots = torch.tensor(t.rng.sample(range(1, S), T), dtype=torch.int64)  # slot 0 never: t != slots[t]
+            cache, scales = torch.zeros(S, H, D, dtype=FP8), torch.zeros(S, H)
+            exp_cache, exp_scales = t.reference(written_kv, k, slots, S)
+            _, after = t.call_fn(t.fn("fp8_kv_write"), k, slots, cache, scales, inplace=True)
+            got_cache, got_scales = after[2], after[3]
+            t.expect(got_scales, exp_scales, "the scales after the write", mistakes={
+                "uses one scale per token across all KV heads (each head's row gets its own)":
+                    kv_variant(k, slots, S, per_token_only=True)[1],
+                "writes token t into slot t instead of slot_mapping[t]": kv_variant(k, slots, S, ignore_slots=True)[1],
+                "gives an all-zero (token, head) row a scale of 0 (amax / 448): the docstring's scale for an all-zero "
+                "row is 1 (0 / 0 would put NaN in the cache)": kv_variant(k, slots, S, guard=False)[1]})
+            t.expect(got_cache.float(), exp_cache.float(), "the cache after the write (as float32)")
+            for dtype in (torch.float32, torch.float16, torch.bfloat16):
+                got, exp = t.both("fp8_kv_read", exp_cache, exp_scales, slots, dtype)
+                # One float32 multiply, then one cast: deterministic, so 16-bit reads must match exactly (bf16's
+                # default tolerance would hide a multiply done in bf16).
+                exact = {} if dtype == torch.float32 else {"rtol": 0.0, "atol": 0.0}
+                t.expect(got, exp, f"fp8_kv_read's dequantized K ({dtype})", mistakes={
+                    "forgets to multiply by the scale": exp_cache.view(torch.uint8)[slots].view(FP8).to(dtype),
+                    f"multiplies in {dtype} (the fp8 values and the scale cast to it first): multiply in float32, "
+                    "then cast": read_in_dtype(exp_cache, exp_scales, slots, dtype)}, **exact)
+
+
+# ---------------------------------------------------------------- 3. the W4A16 kernel
+
+
+@check(points=4, section="3.1", timeout=120)
+def w4a16_kernel(t):
+    """The Triton W4A16 kernel against x @ dequantize_int4(qw).T (fp32, fp16; bf16 and timing on CUDA)."""
+    visible = [("visible: x [5, 256], W [48, 256], group 128, asymmetric", (5, 48, 256, 128, False)),
+               ("visible: x [17, 64], W [40, 64], group 32, symmetric (rows and columns past a tile)",
+                (17, 40, 64, 32, True))]
+
+    def hidden(rng):
+        return rng.randint(1, 20), rng.choice([16, 32, 50]), 128 * rng.randint(1, 2), rng.choice([32, 64, 128]), \
+            rng.random() < 0.5
+    for label, (M, N, K, G, sym) in t.cases(visible=visible, hidden=hidden, n=1):
+        with t.case(f"{label}: fp32 and fp16 activations"):
+            qw = t.ref.quantize_int4(_weight(t.gen, N, K, G, outlier=False), G, sym)
+            x = torch.randn(M, K, generator=t.gen)
+            for dtype in (torch.float32, torch.float16):
+                xd = x.to(dtype)
+                exp = t.ref.w4a16_matmul(xd, qw)
+                got = t.call("w4a16_matmul", xd, qw)
+                p = qw.packed
+                w_swap = t.ref.dequantize_int4(type(qw)((p >> 4) | (p << 4), qw.scales, qw.zeros, G))
+                w_nozero = t.ref.dequantize_int4(type(qw)(p, qw.scales, torch.zeros_like(qw.zeros), G))
+                t.expect(got, exp, f"x @ W.T ({dtype})", mistakes={
+                    "reads column 2i from the high nibble (it is the low nibble)": (x @ w_swap.T).to(dtype),
+                    "forgets to subtract the zero point": (x @ w_nozero.T).to(dtype)},
+                    rtol=2e-3 if dtype == torch.float16 else None, atol=2e-2 if dtype == torch.float16 else None,
+                    # Reached only once fp32 matched on this case (a failure ends the case), so this much is certain.
+                    hint="It matched with float32 activations on this case, so what differs is the fp16 path: the "
+                         "docstring casts the dequantized W tile to x's dtype, accumulates tl.dot in float32 and casts "
+                         "only the stored result." if dtype == torch.float16 else "")
+    with t.case("speed: bf16, x [16, 4096] @ W [14336, 4096].T, within 2x of a bf16 matmul (reads 4x the bytes)",
+                requires_cuda=True) as on:
+        if on:
+            got = t.run(time_w4a16, t.learner("w4a16_matmul"), t.learner("quantize_int4"), t.rng.randrange(2**31),
+                        what="w4a16_matmul, timed,")
+            mine, ref = got["mine"], got["bf16"]
+            if not (type(mine) is float and type(ref) is float and mine > 0 and ref > 0):
+                t.fail(f"the timing of your kernel came back as {mine!r} s per call: it must be a positive time")
+            t.expect_true(mine <= 2 * ref, f"your W4A16 matmul takes {mine * 1e6:.1f} us, the bf16 matmul {ref * 1e6:.1f} us: "
+                          "a decode GEMM is memory-bound, so reading a quarter of the weight bytes should not be slower "
+                          "than twice bf16; load each packed byte once per tile and keep the dequantization in registers")
+
+
+def time_w4a16(fn, quantize, seed: int, reps: int = 20) -> dict:
+    """(A harness: runs in the learner's process, on CUDA.) Seconds per call of fn(x, qw) and of x @ W.T in bf16."""
+    import time
+
+    gen = torch.Generator().manual_seed(seed)
+    w = (torch.randn(14336, 4096, generator=gen) * 0.02).cuda()
+    x = torch.randn(16, 4096, generator=gen).cuda().bfloat16()
+    qw = quantize(w, 128, False)
+    wb = w.bfloat16()
+
+    def timed(f):
+        f()
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(reps):
+            f()
+        torch.cuda.synchronize()
+        return (time.perf_counter() - t0) / reps
+    return {"mine": timed(lambda: fn(x, qw)), "bf16": timed(lambda: x @ wb.T)}
+
+
+# ---------------------------------------------------------------- 5. which method
+
+H100 = {"flops": 989e12, "bandwidth": 3.35e12}  # dense bf16 FLOP/s and HBM bytes/s, datasheet (reference-facts.md)
+
+
+RIDGE_200 = {"flops": 4e14, "bandwidth": 2e12}  # a made-up chip whose ridge is exactly 200 FLOP per byte
+
+
+def bottleneck_variant(w: dict, chip: dict, kv_first: bool = True, intensity=None, fits_strict: bool = False,
+                       memory_at_ridge: bool = False) -> str:
+    """bottleneck with one thing changed: the roofline before KV capacity, another intensity formula
+    (intensity(tokens, weight_bytes)), a cache that exactly fills the free bytes counted as not fitting, or a
+    step exactly at the ridge counted as memory-bound."""
+    need, free = w["kv_bytes_needed"], w["free_bytes"]
+    fits = need < free if fits_strict else need <= free
+    inten = (intensity or (lambda tok, b: 2 * tok / b))(w["tokens_per_step"], w["weight_bytes"])
+    ridge = chip["flops"] / chip["bandwidth"]
+    roof = "memory" if (inten <= ridge if memory_at_ridge else inten < ridge) else "compute"
+    if kv_first:
+        return roof if fits else "kv_capacity"
+    return "kv_capacity" if roof == "memory" and not fits else roof
+
+
+def _workload(tokens, weight_bytes=2, kv=10e9, free=40e9):
+    return {"tokens_per_step": tokens, "weight_bytes": weight_bytes, "kv_bytes_needed": kv, "free_bytes": free}
+
+
+@check(points=2, section="5.1", timeout=20)
+def bottleneck(t):
+    """KV capacity first, then lesson 01's roofline on the weight GEMM."""
+    visible = [("visible: decode, batch 1, bf16 on H100", (_workload(1), H100)),
+               ("visible: prefill of 4 x 2048 tokens, bf16 on H100", (_workload(8192), H100)),
+               ("visible: prefill of 4096 tokens whose cache does not fit", (_workload(4096, kv=50e9), H100)),
+               ("visible: 256 tokens per step with fp8 weights (1 byte): past the ridge", (_workload(256, 1), H100)),
+               ("visible: 200 tokens per step with int4 weights (0.5 byte)", (_workload(200, 0.5), H100)),
+               ("visible: 200 tokens per step, bf16 (2 bytes): below the ridge", (_workload(200, 2), H100)),
+               ("visible: decode whose cache exactly fills the free memory (it fits)",
+                (_workload(1, kv=40e9, free=40e9), H100)),
+               ("visible: exactly at the ridge: 200 tokens, bf16 (2 bytes), a chip of 4e14 FLOP/s and 2e12 B/s",
+                (_workload(200, 2), RIDGE_200))]
+
+    def hidden(rng):
+        w = _workload(rng.choice([1, 8, 64, 150, 300, 2048]), rng.choice([2, 1, 0.5]),
+                      kv=rng.uniform(1e9, 60e9), free=rng.uniform(20e9, 60e9))
+        return w, H100
+    for label, (w, chip) in t.cases(visible=visible, hidden=hidden, n=3):
+        with t.case(f"{label}: {w}"):
+            got, exp = t.both("bottleneck", w, chip)
+            # A string answer matches every mistake that gives the same label; equal ones are named together.
+            t.expect(got, exp, "bottleneck", mistakes={
+                "checks the roofline before KV capacity (a cache that does not fit stops you whatever the roofline "
+                "says)": bottleneck_variant(w, chip, kv_first=False),
+                "ignores weight_bytes (intensity = 2 x tokens / bytes per weight: fewer bytes, more FLOP per byte)":
+                    bottleneck_variant(w, chip, intensity=lambda tok, b: tok),
+                "ignores weight_bytes (2 x tokens, as if every weight were 1 byte; intensity = 2 x tokens / bytes "
+                "per weight)": bottleneck_variant(w, chip, intensity=lambda tok, b: 2 * tok),
+                "forgets the 2 FLOPs per multiply-add (intensity = 2 x tokens / weight_bytes)":
+                    bottleneck_variant(w, chip, intensity=lambda tok, b: tok / b),
+                "multiplies by weight_bytes instead of dividing (fewer bytes per weight, more FLOP per byte)":
+                    bottleneck_variant(w, chip, intensity=lambda tok, b: 2 * tok * b),
+                "counts a cache that exactly fills the free memory as not fitting (only kv_bytes_needed > "
+                "free_bytes does not fit)": bottleneck_variant(w, chip, fits_strict=True),
+                "calls a step exactly at the ridge memory-bound (at or above the ridge is compute)":
+                    bottleneck_variant(w, chip, memory_at_ridge=True)})
+
+
+@check(points=2, section="5.2", timeout=20)
+def choose_method(t):
+    """Weight-only for memory-bound, fp8 W8A8 for compute-bound, fp8 KV for capacity."""
+    cases = [("memory", {}), ("memory", {"accuracy": "strict"}), ("compute", {"fp8_tensor_cores": True}),
+             ("compute", {"fp8_tensor_cores": False}), ("kv_capacity", {}), ("kv_capacity", {"fp8_tensor_cores": True}),
+             ("memory", {"accuracy": "normal"}), ("memory", {"fp8_tensor_cores": True})]
+    for b, w in cases:
+        with t.case(f"visible: bottleneck {b!r}, workload {w}"):
+            got, exp = t.both("choose_method", b, w)
+            t.expect(got, exp, "method", mistakes=_some({
+                "picks fp8 weights and activations for a memory-bound step (it halves bytes, as int8 weight-only "
+                "does, while int4 weight-only quarters them)": "w8a8-fp8" if b == "memory" else None,
+                "picks weight-only int4 for a compute-bound step (the matmul still runs at 16-bit speed)":
+                    "w4a16" if b == "compute" else None,
+                "quantizes the weights when the KV cache is what does not fit": "w4a16" if b == "kv_capacity" else None,
+                "picks w8a16 for any accuracy value (only \"strict\" asks for int8 weights)":
+                    "w8a16" if b == "memory" and w.get("accuracy") not in (None, "strict") else None}))
+    with t.case("an unknown bottleneck is refused"):
+        t.expect_raises(ValueError, "choose_method", "network", {}, why="there is no method for an unknown bottleneck")
