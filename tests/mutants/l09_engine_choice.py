@@ -202,7 +202,7 @@ def recommend(w):  # noqa: F811
     return r
 
 
-# ---------------------------------------------------------------- found by a review of wrong answers
+# ---------------------------------------------------------------- wrong answers an earlier version of the checks missed
 
 @mutant(check="step_split", message="drops steps whose forward_time is 0.0")
 def step_split(steps):  # noqa: F811

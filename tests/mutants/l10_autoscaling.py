@@ -78,7 +78,7 @@ def tuned_kpa(fleet):
     return KPAConfig(target=fleet.slots, max_replicas=64)  # Knative's defaults: 70% of the slots, no delay
 
 
-# -- the fresh-eyes review's wrong answers (each once passed) ------------------------------------------
+# -- wrong answers an earlier version of the checks missed (each once passed) ---------------------------------
 
 def _m_kpa_edit(samples, now, ready, cfg, state, exit_keeps_max=False, exit_before_over=False,
                 strict_threshold=False, up_floor=False, panic_ignores_stable=False, plain_ceil=False):

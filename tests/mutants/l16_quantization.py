@@ -93,7 +93,7 @@ def choose_method(bottleneck, workload):
     return "w8a8-fp8" if bottleneck in ("memory", "compute") else sol.choose_method(bottleneck, workload)  # noqa: F821
 
 
-# -- wrong answers from a review of the checks: each was missed, or named wrongly, before ------------
+# -- wrong answers an earlier version of the checks missed, or named wrongly ----------------------------------
 
 
 @mutant(check="quantize_int4", message="rounds halves away from zero")
