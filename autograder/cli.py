@@ -168,7 +168,8 @@ def cmd_serve(args) -> int:
     if not Path(model).is_dir():
         print(f"no model directory {model}", file=sys.stderr)
         return 2
-    serve(model, host=args.host, port=args.port, model_name=args.served_model_name)
+    serve(model, host=args.host, port=args.port, model_name=args.served_model_name,
+          tensor_parallel_size=args.tensor_parallel_size)
     return 0
 
 
@@ -233,6 +234,7 @@ def parser() -> argparse.ArgumentParser:
     sv.add_argument("--host", default="127.0.0.1")
     sv.add_argument("--port", type=int, default=8000)
     sv.add_argument("--served-model-name", help="the model id clients send (default: the directory's name)")
+    sv.add_argument("--tensor-parallel-size", type=int, default=1, help="shard the model over this many worker processes")
     sv.set_defaults(func=cmd_serve)
     n = sub.add_parser("nbgrader", help="(instructors) nbgrader course directory")
     nsub = n.add_subparsers(dest="nbcmd", required=True)

@@ -12,10 +12,11 @@ from .attention import get_backend
 from .block_manager import BlockAllocator
 from .config import kv_bytes_per_token
 from .device import default_device, default_dtype
-from .loader import load_model
+from .distributed import ShardSpec
+from .loader import load_config, load_model
 from .model_runner import ModelRunner
 from .prefix_cache import PrefixCacheStats, make_block_manager
-from .quantization import Fp8KVBackend, quantize_model, resolve_kv_cache_dtype
+from .quantization import METHODS, Fp8KVBackend, quantize_model, resolve_kv_cache_dtype
 from .sampling import SamplingParams, make_generator, sample
 from .scheduler import FCFSPolicy, ScheduledSeq, Scheduler, SchedulerOutput
 from .sequence import CompletionOutput, RequestMetrics, RequestOutput, Sequence, Status, StepOutput, StepStats
@@ -39,6 +40,10 @@ class LLMEngine:
     class or callable block_size -> interfaces.PrefixCache (default prefix_cache.HashPrefixCache).
     quantization (None, "int8", "int4" or "fp8") and kv_cache_dtype ("auto" or "fp8"): see quantization.py;
     with an fp8 cache a block takes half the bytes, so the same budget holds twice the blocks.
+    tensor_parallel_size (default 1): shard the model over that many worker processes (tp_runner.py; one GPU
+    each on CUDA); this process keeps the scheduler and holds no weights (self.model is None), and
+    kv_cache_memory_bytes is then per rank, as vLLM's memory budget is per GPU. Call shutdown() to stop them
+    early (they also stop when the engine is collected or the process exits).
 
     Trace replay: add_request(prompt, params, arrival_time=t) as requests arrive, step() in a loop
     while has_unfinished(); each finished request's RequestOutput comes in a StepOutput.output.
@@ -49,17 +54,29 @@ class LLMEngine:
                  dtype=None, attention_backend=None, block_allocator=None, scheduler_policy=None,
                  max_model_len: int | None = None, kv_cache_memory_bytes: int | None = None, clock=time.perf_counter,
                  speculative_config: dict | None = None, enable_prefix_caching: bool = False, prefix_cache=None,
-                 quantization: str | None = None, kv_cache_dtype: str = "auto"):
-        for name, v in (("block_size", block_size), ("max_num_seqs", max_num_seqs)):
+                 quantization: str | None = None, kv_cache_dtype: str = "auto", tensor_parallel_size: int = 1):
+        for name, v in (("block_size", block_size), ("max_num_seqs", max_num_seqs), ("tensor_parallel_size", tensor_parallel_size)):
             if not isinstance(v, int) or v < 1:
                 raise ValueError(f"{name} must be a positive integer, got {v!r}")
         self.device = torch.device(device) if device is not None else default_device()
         self.dtype = _resolve_dtype(dtype, self.device)
         t_load = time.perf_counter()
-        self.config, self.model, self.tokenizer = load_model(model, self.device, self.dtype)
+        self.tensor_parallel_size = tensor_parallel_size
         self.quantization, self.kv_cache_dtype = quantization, resolve_kv_cache_dtype(kv_cache_dtype, self.dtype)
-        if quantization is not None:
-            quantize_model(self.model, quantization)
+        if tensor_parallel_size == 1:
+            self.config, self.model, self.tokenizer = load_model(model, self.device, self.dtype)
+            if quantization is not None:
+                quantize_model(self.model, quantization)
+        else:  # the workers load their shards; here only what scheduling and detokenizing need
+            self.config, self.tokenizer = load_config(model)
+            self.model = None
+            c = self.config
+            ShardSpec(0, tensor_parallel_size).check(c.num_attention_heads, c.num_key_value_heads, c.intermediate_size)
+            if quantization is not None and quantization not in METHODS:
+                raise ValueError(f"unknown quantization {quantization!r}; choose one of {METHODS}")
+            if attention_backend is not None and not isinstance(attention_backend, str):
+                raise ValueError("with tensor_parallel_size > 1 attention_backend must be a backend name: each worker "
+                                 "process builds its own")
         # Seconds spent loading (config, weights, tokenizer) and allocating the KV cache; startup.py reports them.
         self.init_times = {"load_model": time.perf_counter() - t_load}
         self.clock, self.block_size = clock, block_size
@@ -86,8 +103,15 @@ class LLMEngine:
         if self.kv_cache_dtype.itemsize == 1:  # fp8 cache: quantize on write, dequantize on read
             self.backend = Fp8KVBackend(self.backend)
         t_kv = time.perf_counter()
-        self.runner = ModelRunner(self.model, block_size, self.num_blocks, self.device, self.dtype, self.backend,
-                                  cache_dtype=self.kv_cache_dtype)
+        if tensor_parallel_size == 1:
+            self.runner = ModelRunner(self.model, block_size, self.num_blocks, self.device, self.dtype, self.backend,
+                                      cache_dtype=self.kv_cache_dtype)
+        else:  # worker start-up (imports, weights, KV cache) is all counted as kv_allocation
+            from .tp_runner import TPModelRunner
+
+            self.runner = TPModelRunner(tensor_parallel_size, model=model, device=self.device, dtype=self.dtype,
+                                        block_size=block_size, num_blocks=self.num_blocks, backend=attention_backend,
+                                        quantization=quantization, cache_dtype=self.kv_cache_dtype)
         self.runner.clock = self.clock  # StepStats.forward_time on the same clock as wall_time
         self.init_times["kv_allocation"] = time.perf_counter() - t_kv
         self.spec = None if speculative_config is None else SpecDecoder(SpeculativeConfig.from_dict(speculative_config), self)
@@ -97,10 +121,32 @@ class LLMEngine:
         self._eos = frozenset(self.config.eos_token_ids)
         self._aborted: list[StepOutput] = []  # aborts since the last step(), which reports them
 
+    def kv_bytes_per_token_per_rank(self) -> int:
+        """KV-cache bytes one token takes on one rank: its KV heads only (all of them at tensor_parallel_size 1)."""
+        c = self.config
+        kv_heads = len(ShardSpec(0, self.tensor_parallel_size).kv_heads(c.num_key_value_heads))
+        return kv_bytes_per_token(c, self.kv_cache_dtype.itemsize) * kv_heads // c.num_key_value_heads
+
+    def kv_cache_bytes_per_rank(self) -> list[int]:
+        """Bytes each rank's K and V caches actually allocated (one entry at tensor_parallel_size 1)."""
+        if hasattr(self.runner, "kv_cache_bytes"):
+            return list(self.runner.kv_cache_bytes)
+        return [self.runner.k_cache.nbytes + self.runner.v_cache.nbytes]
+
+    def shutdown(self) -> None:
+        """Stop the tensor-parallel workers (nothing to do at tensor_parallel_size 1); the engine is unusable after."""
+        if hasattr(self.runner, "shutdown"):
+            self.runner.shutdown()
+
     def _default_num_blocks(self, max_num_seqs: int, budget: int | None) -> int:
-        per_block = kv_bytes_per_token(self.config, self.kv_cache_dtype.itemsize) * self.block_size
+        per_block = self.kv_bytes_per_token_per_rank() * self.block_size
         if budget is None:
-            if self.device.type == "cuda":  # after the weights are loaded: most of what is free
+            if self.device.type == "cuda" and self.model is None:  # tensor-parallel: weights go to the workers' GPUs
+                from .loader import _approx_params
+
+                weights = _approx_params(self.config) * self.dtype.itemsize / self.tensor_parallel_size
+                budget = int((torch.cuda.mem_get_info(self.device)[0] - weights) * 0.8)
+            elif self.device.type == "cuda":  # after the weights are loaded: most of what is free
                 budget = int(torch.cuda.mem_get_info(self.device)[0] * 0.8)
             else:
                 budget = CPU_KV_CACHE_BYTES

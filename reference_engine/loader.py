@@ -10,6 +10,7 @@ import torch
 from safetensors import SafetensorError, safe_open
 
 from .config import ModelConfig
+from .distributed import NO_SHARD, ShardSpec
 from .model import CausalLM
 
 _IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)  # buffers some old checkpoints saved
@@ -33,7 +34,8 @@ class Tokenizer:
         return self._tok.decode(token_ids, skip_special_tokens=True)
 
 
-def load_model(path: str | Path, device: torch.device, dtype: torch.dtype) -> tuple[ModelConfig, CausalLM, Tokenizer | None]:
+def load_config(path: str | Path) -> tuple[ModelConfig, Tokenizer | None]:
+    """config.json (+ generation_config.json's EOS ids) and tokenizer.json, without the weights."""
     path = Path(path)
     if not path.exists():
         raise FileNotFoundError(f"model directory {path} does not exist (give a local Hugging Face model folder)")
@@ -41,22 +43,30 @@ def load_model(path: str | Path, device: torch.device, dtype: torch.dtype) -> tu
         raise NotADirectoryError(f"model path {path} is not a directory (give the folder holding config.json)")
     if not (path / "config.json").is_file():
         raise FileNotFoundError(f"no config.json in model directory {path}")
-    config = ModelConfig.from_file(path / "config.json")
-    config = _with_generation_eos(config, path)
+    config = _with_generation_eos(ModelConfig.from_file(path / "config.json"), path)
+    tok = path / "tokenizer.json"
+    return config, Tokenizer(tok) if tok.is_file() else None
+
+
+def load_model(path: str | Path, device: torch.device, dtype: torch.dtype,
+               shard: ShardSpec = NO_SHARD) -> tuple[ModelConfig, CausalLM, Tokenizer | None]:
+    """The model on `device` in `dtype`; with shard.size > 1, tensor-parallel rank shard.rank's part of it,
+    read slice by slice from the memory-mapped files (distributed.py says which slice)."""
+    path = Path(path)
+    config, tokenizer = load_config(path)
     # A large model is made on the meta device (no memory, no random init), then allocated where it
     # belongs. A small one is made in place: initialising meta tensors goes through torch's reference
     # ops, which import its compiler stack (seconds on every fresh process that builds an engine, the
     # grader's included), more than the init of a few million weights costs.
     build_on = "meta" if _approx_params(config) > 50_000_000 else device
-    model = CausalLM(config, dtype=dtype, device=build_on)
+    model = CausalLM(config, dtype=dtype, device=build_on, shard=shard)
     if build_on == "meta":
         model = model.to_empty(device=device)
     if config.tie_word_embeddings:  # to_empty re-creates parameters; tie them again
         model.lm_head.weight = model.embed_tokens.weight
     load_weights(model, weight_files(path))
     model.init_rotary(device)
-    tok = path / "tokenizer.json"
-    return config, model.eval(), Tokenizer(tok) if tok.is_file() else None
+    return config, model.eval(), tokenizer
 
 
 def _approx_params(config: ModelConfig) -> int:
@@ -86,8 +96,8 @@ def weight_files(path: Path) -> list[Path]:
 
 def hf_weight_targets(model: CausalLM) -> dict[str, torch.Tensor]:
     """Every Hugging Face tensor name -> the view of our (fused) parameter it fills."""
-    c = model.config
-    q, kv, inter = c.num_attention_heads * c.head_dim, c.num_key_value_heads * c.head_dim, c.intermediate_size
+    c, attn = model.config, model.layers[0].self_attn  # this rank's heads and intermediate size (all of them at tp 1)
+    q, kv, inter = attn.q_size, attn.kv_size, model.layers[0].mlp.down_proj.in_features
     t = {"model.embed_tokens.weight": model.embed_tokens.weight, "model.norm.weight": model.norm.weight}
     if not c.tie_word_embeddings:
         t["lm_head.weight"] = model.lm_head.weight
@@ -110,9 +120,43 @@ def hf_weight_targets(model: CausalLM) -> dict[str, torch.Tensor]:
     return t
 
 
+def hf_shard_slices(model: CausalLM) -> dict[str, tuple[int, range] | None]:
+    """Tensor-parallel names -> (dim, range) of the full Hugging Face tensor this rank reads, or None for a
+    row-parallel bias on a rank other than 0 (it is added once, so those ranks hold zeros). Names absent
+    here are replicated (read whole)."""
+    c, shard = model.config, model.shard
+    if shard.size == 1:
+        return {}
+    d = c.head_dim
+    q = shard.heads(c.num_attention_heads)
+    kv = shard.kv_heads(c.num_key_value_heads)
+    inter = shard.intermediate(c.intermediate_size)
+    q_rows, kv_rows = range(q.start * d, q.stop * d), range(kv.start * d, kv.stop * d)
+    out = {}
+    for i in range(c.num_hidden_layers):
+        p = f"model.layers.{i}."
+        for kind in ("weight", "bias"):
+            out[f"{p}self_attn.q_proj.{kind}"] = (0, q_rows)
+            out[f"{p}self_attn.k_proj.{kind}"] = out[f"{p}self_attn.v_proj.{kind}"] = (0, kv_rows)
+            out[f"{p}mlp.gate_proj.{kind}"] = out[f"{p}mlp.up_proj.{kind}"] = (0, inter)
+        out[f"{p}self_attn.o_proj.weight"], out[f"{p}mlp.down_proj.weight"] = (1, q_rows), (1, inter)
+        for name in ("self_attn.o_proj.bias", "mlp.down_proj.bias"):
+            out[p + name] = None if shard.rank else (0, None)
+    return out
+
+
+def _read(sf, name: str, part) -> torch.Tensor:
+    """The whole tensor, or only the slice `part` = (dim, range) of it (safetensors reads just those bytes)."""
+    if part is None or part[1] is None:
+        return sf.get_tensor(name)
+    dim, r = part
+    sl = sf.get_slice(name)
+    return sl[r.start:r.stop] if dim == 0 else sl[:, r.start:r.stop]
+
+
 @torch.no_grad()
 def load_weights(model: CausalLM, files: list[Path]) -> None:
-    targets = hf_weight_targets(model)
+    targets, parts = hf_weight_targets(model), hf_shard_slices(model)
     loaded, unexpected = set(), []
     for f in files:
         try:
@@ -123,7 +167,12 @@ def load_weights(model: CausalLM, files: list[Path]) -> None:
                         if not tied_head and not name.endswith(_IGNORED_SUFFIXES):
                             unexpected.append(name)
                         continue
-                    tensor, dst = sf.get_tensor(name), targets[name]
+                    dst = targets[name]
+                    if name in parts and parts[name] is None:  # a row-parallel bias: rank 0 adds it
+                        dst.zero_()
+                        loaded.add(name)
+                        continue
+                    tensor = _read(sf, name, parts.get(name))
                     if tensor.shape != dst.shape:
                         raise ValueError(f"tensor {name} in {f} has shape {tuple(tensor.shape)}, but config.json implies {tuple(dst.shape)}")
                     dst.copy_(tensor)

@@ -15,6 +15,7 @@ from torch import nn
 
 from .attention import AttentionMetadata, run_attention
 from .config import ModelConfig
+from .distributed import NO_SHARD, ShardSpec, all_reduce
 
 
 class RMSNorm(nn.Module):
@@ -70,9 +71,15 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
 
 
 class Attention(nn.Module):
-    def __init__(self, config: ModelConfig, dtype=None, device=None):
+    """Under tensor parallelism (shard.size > 1) this rank's query and KV heads only; o_proj's partial sums are
+    all-reduced (distributed.py)."""
+
+    def __init__(self, config: ModelConfig, dtype=None, device=None, shard: ShardSpec = NO_SHARD):
         super().__init__()
-        self.num_heads, self.num_kv_heads, self.head_dim = config.num_attention_heads, config.num_key_value_heads, config.head_dim
+        self.shard = shard
+        self.num_heads = len(shard.heads(config.num_attention_heads))
+        self.num_kv_heads = len(shard.kv_heads(config.num_key_value_heads))
+        self.head_dim = config.head_dim
         self.q_size, self.kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
         self.scale = self.head_dim ** -0.5
         self.qkv_proj = nn.Linear(config.hidden_size, self.q_size + 2 * self.kv_size, bias=config.qkv_bias, dtype=dtype, device=device)
@@ -87,27 +94,29 @@ class Attention(nn.Module):
         k = apply_rope(k.view(T, self.num_kv_heads, self.head_dim), *rope)
         v = v.view(T, self.num_kv_heads, self.head_dim)
         o = run_attention(self.backend, q, k, v, self.k_cache, self.v_cache, meta, self.scale)
-        return self.o_proj(o.reshape(T, self.q_size))
+        return all_reduce(self.o_proj(o.reshape(T, self.q_size)), self.shard)
 
 
 class MLP(nn.Module):
-    def __init__(self, config: ModelConfig, dtype=None, device=None):
+    def __init__(self, config: ModelConfig, dtype=None, device=None, shard: ShardSpec = NO_SHARD):
         super().__init__()
-        self.gate_up_proj = nn.Linear(config.hidden_size, 2 * config.intermediate_size, bias=config.mlp_bias, dtype=dtype, device=device)
-        self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=config.mlp_bias, dtype=dtype, device=device)
+        self.shard = shard
+        inter = len(shard.intermediate(config.intermediate_size))
+        self.gate_up_proj = nn.Linear(config.hidden_size, 2 * inter, bias=config.mlp_bias, dtype=dtype, device=device)
+        self.down_proj = nn.Linear(inter, config.hidden_size, bias=config.mlp_bias, dtype=dtype, device=device)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
-        return self.down_proj(F.silu(gate) * up)
+        return all_reduce(self.down_proj(F.silu(gate) * up), self.shard)
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, config: ModelConfig, dtype=None, device=None):
+    def __init__(self, config: ModelConfig, dtype=None, device=None, shard: ShardSpec = NO_SHARD):
         super().__init__()
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype, device)
-        self.self_attn = Attention(config, dtype, device)
+        self.self_attn = Attention(config, dtype, device, shard)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype, device)
-        self.mlp = MLP(config, dtype, device)
+        self.mlp = MLP(config, dtype, device, shard)
 
     def forward(self, x, residual, rope, meta):
         if residual is None:  # first layer: the embedding is the residual stream
@@ -120,11 +129,14 @@ class DecoderLayer(nn.Module):
 
 
 class CausalLM(nn.Module):
-    def __init__(self, config: ModelConfig, dtype=None, device=None):
+    """config is the whole model's; with shard.size > 1 the layers hold rank shard.rank's part (distributed.py)."""
+
+    def __init__(self, config: ModelConfig, dtype=None, device=None, shard: ShardSpec = NO_SHARD):
         super().__init__()
-        self.config = config
+        shard.check(config.num_attention_heads, config.num_key_value_heads, config.intermediate_size)
+        self.config, self.shard = config, shard
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size, dtype=dtype, device=device)
-        self.layers = nn.ModuleList(DecoderLayer(config, dtype, device) for _ in range(config.num_hidden_layers))
+        self.layers = nn.ModuleList(DecoderLayer(config, dtype, device, shard) for _ in range(config.num_hidden_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype, device)
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False, dtype=dtype, device=device)
         if config.tie_word_embeddings:

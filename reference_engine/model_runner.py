@@ -21,7 +21,8 @@ class ModelRunner:
         # [num_blocks, block_size, kv_heads, head_dim] cache the kernels take. Zeroed: masked slots
         # still pass through the torch gather, and 0 * NaN garbage would poison the softmax sum.
         # cache_dtype (default: dtype) may be torch.float8_e4m3fn, with a backend that quantizes (quantization.py).
-        shape = (c.num_hidden_layers, num_blocks, block_size, c.num_key_value_heads, c.head_dim)
+        kv_heads = model.layers[0].self_attn.num_kv_heads  # this rank's (all of them at tensor_parallel_size 1)
+        shape = (c.num_hidden_layers, num_blocks, block_size, kv_heads, c.head_dim)
         self.k_cache = torch.zeros(shape, dtype=cache_dtype or dtype, device=device)
         self.v_cache = torch.zeros(shape, dtype=cache_dtype or dtype, device=device)
         for i, layer in enumerate(model.layers):
@@ -77,7 +78,10 @@ class ModelRunner:
     def execute(self, out: SchedulerOutput) -> torch.Tensor:
         """Run the forward; logits [sum of num_logits, vocab] float32: each scheduled chunk's last num_logits
         tokens, in batch order (out.scheduled)."""
-        ids, pos, meta, rows = self.prepare(out)
+        return self.forward(*self.prepare(out))
+
+    def forward(self, ids: torch.Tensor, pos: torch.Tensor, meta: AttentionMetadata, rows: torch.Tensor) -> torch.Tensor:
+        """The forward over prepare()'s tensors (a tensor-parallel worker gets them from the engine, tp_runner.py)."""
         _sync(self.device)  # earlier work (inputs, block copies) finished: the timer holds this forward only
         t0 = self.clock()
         hidden = self.model(ids, pos, meta)
