@@ -106,12 +106,13 @@ class LLMEngine:
         if tensor_parallel_size == 1:
             self.runner = ModelRunner(self.model, block_size, self.num_blocks, self.device, self.dtype, self.backend,
                                       cache_dtype=self.kv_cache_dtype)
-        else:  # worker start-up (imports, weights, KV cache) is all counted as kv_allocation
+        else:  # the workers' start-up (imports, weights, KV cache, all ranks at once) is timed as tp_workers
             from .tp_runner import TPModelRunner
 
             self.runner = TPModelRunner(tensor_parallel_size, model=model, device=self.device, dtype=self.dtype,
                                         block_size=block_size, num_blocks=self.num_blocks, backend=attention_backend,
                                         quantization=quantization, cache_dtype=self.kv_cache_dtype)
+            self.init_times["tp_workers"], t_kv = time.perf_counter() - t_kv, time.perf_counter()
         self.runner.clock = self.clock  # StepStats.forward_time on the same clock as wall_time
         self.init_times["kv_allocation"] = time.perf_counter() - t_kv
         self.spec = None if speculative_config is None else SpecDecoder(SpeculativeConfig.from_dict(speculative_config), self)

@@ -11,6 +11,9 @@ Phases (seconds of wall time, measured in this process with time.perf_counter):
   kv_allocation  allocating (and zeroing) the paged KV cache
   warm_up        one short generation, which pays for first-call costs (kernel selection, allocator growth)
   graph_capture  None: the engine runs eagerly and captures no CUDA graphs ("n/a on CPU" on a CPU)
+  tp_workers     with tensor_parallel_size > 1: starting the worker interpreters, each importing torch,
+                 loading its shard and allocating its KV cache, all ranks at once (weights and
+                 kv_allocation above are then this process's share: near 0). None at size 1.
 """
 from __future__ import annotations
 
@@ -32,6 +35,7 @@ class StartupReport:
     kv_allocation: float
     warm_up: float
     graph_capture: float | None = None
+    tp_workers: float | None = None
 
     @property
     def total(self) -> float:
@@ -44,6 +48,8 @@ class StartupReport:
             if f.name == "device":
                 continue
             v = getattr(self, f.name)
+            if v is None and f.name == "tp_workers":
+                continue  # one process: nothing to report
             if v is None:
                 note = "n/a on CPU" if self.device == "cpu" else "n/a (the engine runs eagerly, no CUDA graphs)"
                 rows.append(f"  {f.name:<14} {note}")
@@ -90,5 +96,6 @@ def build_engine(model=SHIPPED_TARGET, warm_up: bool = True, **engine_kwargs):
         engine.requests.pop(rid, None)
     warm = time.perf_counter() - t
     report = StartupReport(device=engine.device.type, imports=imports, config=config, tokenizer=tokenizer,
-                           weights=weights, kv_allocation=engine.init_times["kv_allocation"], warm_up=warm)
+                           weights=weights, kv_allocation=engine.init_times["kv_allocation"], warm_up=warm,
+                           tp_workers=engine.init_times.get("tp_workers"))
     return engine, report

@@ -105,6 +105,7 @@ def test_tp2_with_an_fp8_cache_matches_one_process_with_one():
     try:
         got = _tokens(llm, prompts)
         assert llm.engine.runner.kv_cache_bytes[0] == llm.engine.num_blocks * 16 * kv_bytes_per_token(llm.engine.config, 1) // 2
+        assert llm.engine.init_times["tp_workers"] > 0  # the startup report's tp_workers phase
     finally:
         llm.engine.shutdown()
     assert got == want
