@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import csv
 from dataclasses import dataclass, replace
+from functools import lru_cache
 from pathlib import Path
 from typing import Sequence
 
@@ -35,8 +36,21 @@ def _path(trace: str | Path) -> Path:
 
 
 def load(trace: str | Path = "conv") -> list[Request]:
-    """Read a trace ("conv", "code" or a CSV path) sorted by arrival; t = 0 at the first row."""
-    with open(_path(trace), newline="") as f:
+    """Read a trace ("conv", "code" or a CSV path) sorted by arrival; t = 0 at the first row. A new list each
+    call (the requests are immutable); a file is parsed once per process while it stays unchanged."""
+    path = _path(trace)
+    st = path.stat()
+    return list(_parse(str(path), st.st_mtime_ns, st.st_size))
+
+
+@lru_cache(maxsize=8)
+def _parse(path: str, mtime_ns: int, size: int) -> tuple[Request, ...]:
+    """mtime and size are part of the key so an edited file is read again."""
+    return tuple(_read(Path(path)))
+
+
+def _read(path: Path) -> list[Request]:
+    with open(path, newline="") as f:
         rows = list(csv.DictReader(f))
     # numpy parses the 7-digit fractional seconds exactly (datetime.fromisoformat may not)
     ts = np.array([r["TIMESTAMP"].strip().replace(" ", "T") for r in rows], dtype="datetime64[ns]")

@@ -88,3 +88,23 @@ def test_an_expected_nan_is_matched_only_by_a_nan():
     assert compare(torch.tensor([1.0, float("nan")]), expected) is None
     assert compare(torch.tensor([1.0, 0.0]), expected) is not None
     assert compare(torch.tensor([float("nan"), float("nan")]), expected) is not None
+
+
+def test_the_fast_path_for_large_exact_matches_keeps_compares_verdicts(monkeypatch):
+    """compare() says yes at once to a large container whose repr equals the expected one; every verdict must
+    be the one the element-by-element comparison gives."""
+    from autograder import compare as C
+    expected = [(i, i * 0.5, i % 2 == 0, f"s{i}") for i in range(64)]
+    nans = [float("nan")] * 40
+    cases = [([tuple(x) for x in expected], expected, {}),
+             ([(i, i * 0.5, int(i % 2 == 0), f"s{i}") for i in range(64)], expected, {}),  # 1 is not True
+             ([list(x) for x in expected], expected, {}),
+             ([(i, i * 0.5 + 1e-12, i % 2 == 0, f"s{i}") for i in range(64)], expected, {"rtol": 1e-6}),
+             ([(i, i * 0.5 + 1e-3, i % 2 == 0, f"s{i}") for i in range(64)], expected, {"rtol": 1e-6}),
+             (list(nans), nans, {}),
+             ({str(i): i for i in range(40)}, {str(i): i for i in range(40)}, {}),
+             ({str(i): float(i) for i in range(40)}, {str(i): i for i in range(40)}, {})]
+    fast = [C.compare(g, e, **kw) for g, e, kw in cases]
+    assert fast[0] is None and fast[1] is not None and fast[5] is not None
+    monkeypatch.setattr(C, "_identical", lambda got, expected: False)
+    assert fast == [C.compare(g, e, **kw) for g, e, kw in cases]
