@@ -400,11 +400,16 @@ class ModeledClock:
     def advance(self, composition) -> StepTime:
         """Move time on by one step: `composition` is a Composition or the engine's SchedulerOutput
         (read before the step updates num_computed_tokens). Returns the step's StepTime."""
+        return self._charge(self.shape, composition, self.overhead_s, self.steps)
+
+    def _charge(self, shape: ModelShape, composition, overhead_s: float, log: list) -> StepTime:
+        """Price one forward of `shape` (a Composition, or a SchedulerOutput read as one), move time on by it,
+        and keep its StepTime in `log`."""
         if not isinstance(composition, Composition):
             composition = Composition.from_schedule(composition)
-        st = step_time(self.shape, self.chip, composition, tp=self.tp, overhead_s=self.overhead_s)
+        st = step_time(shape, self.chip, composition, tp=self.tp, overhead_s=overhead_s)
         self.now += st.time_s
-        self.steps.append(st)
+        log.append(st)
         return st
 
     def advance_to(self, t: float) -> None:
@@ -419,12 +424,7 @@ class ModeledClock:
         if self.draft_shape is None:
             self.uncharged_draft_forwards += 1
             return None
-        if not isinstance(composition, Composition):
-            composition = Composition.from_schedule(composition)
-        st = step_time(self.draft_shape, self.chip, composition, tp=self.tp, overhead_s=0.0)
-        self.now += st.time_s
-        self.draft_steps.append(st)
-        return st
+        return self._charge(self.draft_shape, composition, 0.0, self.draft_steps)
 
     def __repr__(self):
         return f"ModeledClock({self.shape.name} on {self.chip.name}, tp={self.tp}, now={self.now:.6f} s)"
