@@ -189,9 +189,13 @@ class LLMEngine:
         return ids
 
     def add_request(self, prompt, params: SamplingParams | None = None, request_id: str | None = None,
-                    arrival_time: float | None = None) -> str:
-        """Queue a request; arrival_time (engine clock) is recorded as given, admission is not delayed."""
+                    arrival_time: float | None = None, hold_kv: bool = False) -> str:
+        """Queue a request; arrival_time (engine clock) is recorded as given, admission is not delayed.
+        hold_kv (disaggregated prefill, disagg.py): when the request finishes, its sequence keeps its KV blocks
+        until release_kv(seq); the caller must keep the Sequence (self.requests[request_id][0]) to do so."""
         params = params if params is not None else SamplingParams()
+        if hold_kv and params.n != 1:
+            raise ValueError("hold_kv needs SamplingParams.n == 1: forked samples share blocks")
         ids = self.validate(prompt, params)
         if request_id is None:
             request_id = str(next(self._ids))
@@ -204,6 +208,7 @@ class LLMEngine:
         stop_ids = frozenset(params.stop_token_ids) | (frozenset() if params.ignore_eos else self._eos)
         seq = Sequence(next(self._seq_ids), request_id, ids, params, metrics,
                        make_generator(params.seed, 0, self.device), stop_ids=stop_ids)
+        seq.hold_kv = hold_kv
         self.requests[request_id] = [seq]
         self.scheduler.add(seq)
         return request_id
@@ -231,6 +236,44 @@ class LLMEngine:
 
     def has_unfinished(self) -> bool:
         return self.scheduler.has_unfinished()
+
+    # ---- disaggregated prefill/decode (disagg.py, kv_transfer.py) -----------------------------------
+    def release_kv(self, seq: Sequence) -> None:
+        """Prefill side: free the blocks a finished hold_kv sequence kept (once its KV is shipped or dropped)."""
+        if seq.status is not Status.FINISHED:
+            raise RuntimeError(f"release_kv({seq!r}): the sequence has not finished; abort() frees a live one")
+        self.block_manager.free(seq)
+
+    def allocate_received(self, request_id: str, prompt, params: SamplingParams,
+                          arrival_time: float | None = None) -> Sequence | None:
+        """Decode side: a Sequence for a request whose prompt was prefilled elsewhere, holding the blocks its
+        prompt's KV will be written into (seq.block_table), outside the scheduler until admit_received.
+        None when the blocks do not fit now (decode steps free some; try again)."""
+        params = params if params is not None else SamplingParams()
+        if params.n != 1 or self.spec is not None:
+            raise ValueError("a received request needs SamplingParams.n == 1 and no speculative decoding here")
+        request_id = self.add_request(prompt, params, str(request_id), arrival_time)  # built as any request is,
+        seq = self.requests.pop(request_id)[0]  # then taken back out: it never waits to be prefilled here
+        self.scheduler.waiting.remove(seq)
+        if not self.block_manager.can_reserve(seq, seq.num_prompt_tokens):
+            return None
+        self.block_manager.reserve(seq, seq.num_prompt_tokens)
+        return seq
+
+    def admit_received(self, seq: Sequence, first_token: int) -> StepOutput:
+        """Decode side: the prompt's KV is in seq's blocks. Count the prompt as computed, append the first
+        token (sampled by the prefill instance) and join the running batch; the next step decodes it.
+        Returns the first token's StepOutput (finished already if that token ends the request)."""
+        seq.num_computed_tokens = seq.num_prompt_tokens
+        seq.status = Status.RUNNING
+        seq.metrics.first_scheduled_time = self.clock()
+        self.requests[seq.request_id] = [seq]
+        self.scheduler.running.append(seq)
+        return self._append_token(seq, int(first_token), self.clock())
+
+    def free_received(self, seq: Sequence) -> None:
+        """Decode side: drop a received sequence before admit_received (its transfer was aborted)."""
+        self.block_manager.free(seq)
 
     # ---- the step -------------------------------------------------------------------------------
     def step(self) -> list[StepOutput]:
@@ -355,7 +398,7 @@ class LLMEngine:
         out = StepOutput(seq.request_id, seq.index, [token], reason is not None, reason)
         if reason:
             seq.finish_reason, m.finish_time = reason, now
-            self.scheduler.finish(seq)
+            self.scheduler.finish(seq, free=not seq.hold_kv)
             if all(s.status is Status.FINISHED for s in self.requests[seq.request_id]):
                 out.output = self._request_output(self.requests.pop(seq.request_id))
         return out

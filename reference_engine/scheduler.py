@@ -202,13 +202,15 @@ class Scheduler:
         seq.metrics.num_preemptions += 1
         self.waiting.appendleft(seq)
 
-    def finish(self, seq: Sequence) -> None:
-        """Remove a finished or aborted sequence from whichever queue holds it and free its blocks."""
+    def finish(self, seq: Sequence, free: bool = True) -> None:
+        """Remove a finished or aborted sequence from whichever queue holds it and free its blocks
+        (free=False: it keeps them, for a caller that frees them later, e.g. after shipping its KV)."""
         if seq.status is Status.RUNNING:
             self.running.remove(seq)
         elif seq.status is Status.WAITING:
             self.waiting.remove(seq)
-        self.bm.free(seq)
+        if free:
+            self.bm.free(seq)
         seq.status = Status.FINISHED
 
     def _budget(self, decode_tokens: int) -> Budget:

@@ -54,6 +54,10 @@ class RequestMetrics:
 
 
 class Sequence:
+    # Disaggregated prefill (disagg.py): when True, finishing keeps the blocks (the prefill instance ships
+    # them, then frees them with LLMEngine.release_kv); an abort still frees them.
+    hold_kv: bool = False
+
     def __init__(self, seq_id: int, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
                  metrics: RequestMetrics, generator=None, index: int = 0, stop_ids: frozenset = frozenset()):
         self.seq_id, self.request_id, self.index = seq_id, request_id, index

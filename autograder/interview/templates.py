@@ -26,6 +26,7 @@ from . import (  # noqa: F401 - importing a lesson's module registers its templa
     l14_speculative_decoding,
     l15_attention_layouts,
     l16_quantization,
+    l17_disaggregation,
     l18_prefix_caching,
     l19_offline_batch,
 )
