@@ -112,7 +112,9 @@ def safetensors_header(path) -> tuple[dict, int]:
     relative to the first byte after the JSON; an optional "__metadata__" entry holds strings.
     Returns (header without "__metadata__", data_start = 8 + N): tensor t's bytes sit at
     [data_start + begin, data_start + end) in the file.
-    Raise ValueError if the file is shorter than 8 + N bytes (a truncated download).
+    Read only the header, with read_range: bytes [0, 8), then [8, 8 + N); never the tensor bytes after it.
+    Raise ValueError if the file is shorter than 8 bytes (no room for N) or shorter than 8 + N bytes (a
+    truncated download). A file of exactly 8 + N bytes (a checkpoint with no tensors) is valid.
     """
     raise NotImplementedError("Exercise 3.1 (safetensors_header): see section 3.1 of lessons/l11_cold_start.ipynb")
 
@@ -181,7 +183,9 @@ def load_shard(model_dir, tp: int, rank: int) -> dict[str, torch.Tensor]:
     rank_range below gives the [lo, hi) to index with):
       "column", "vocab": rows [rank*R/tp, (rank+1)*R/tp);  "row" (2-D): columns [rank*C/tp, (rank+1)*C/tp);
       "replicated" (and 1-D row-parallel tensors): the whole tensor.
-    Returns {name: contiguous CPU tensor}, in the checkpoint's dtype. Same refusals as shard_plan.
+    Read nothing more: get_tensor(name) only for the tensors this rank keeps whole. Returns {name: contiguous
+    CPU tensor}, in the checkpoint's dtype. Same refusals as shard_plan (check_tp's, and a dimension to split
+    that tp does not divide: ValueError).
     At tp=1 this is the whole checkpoint; concatenating the ranks' tensors (dim 0 for column/vocab, dim 1
     for row) gives each full tensor back.
     """

@@ -144,3 +144,105 @@ def test_checkpoint_io_reads_only_checkpoint_files_and_measures(tmp_path):
     shard = S.load_shard(tmp_path, 8, 3)
     assert sum(t.numel() * t.element_size() for t in shard.values()) < n / 4
     assert ck.h2d_bandwidth(1 << 20) is None or torch.cuda.is_available()
+
+
+def test_the_fill_mistakes_are_each_named_alone_on_some_visible_case():
+    # A mistake is named only when its value is unique on a case; make sure each of these has such a case.
+    for flag in ("no_clamp", "ties_out", "before_only"):
+        unique = False
+        for _, (nbytes, hops, overlap, chunk) in C.VISIBLE_CHAINS:
+            exp = C.chain_variant(nbytes, hops, overlap, chunk)
+            vals = {k: C.chain_variant(nbytes, hops, overlap, chunk, **v) for k, v in C.CHAIN_MISTAKES.items()}
+            mine = C.chain_variant(nbytes, hops, overlap, chunk, **{flag: True})
+            others = [v for k, v in vals.items() if C.CHAIN_MISTAKES[k] != {flag: True}]
+            unique |= mine != pytest.approx(exp) and all(mine != pytest.approx(v) for v in others)
+        assert unique, flag
+
+
+def test_written_checkpoint_options(tmp_path):
+    spec = C.PLAN_SPECS["keys out of offset order"]
+    (path,) = C.write_checkpoint(spec, tmp_path)
+    header, start = S.safetensors_header(path)
+    begins = [info["data_offsets"][0] for info in header.values()]
+    assert begins == sorted(begins, reverse=True)  # really out of offset order
+    assert [list(r) for r in S.shard_plan(tmp_path, 2, 1)] == C.plan_variant(tmp_path, 2, 1)
+    assert C.plan_variant(tmp_path, 2, 1, unsorted=True) != C.plan_variant(tmp_path, 2, 1)
+    plain = tmp_path / "plain"
+    plain.mkdir()
+    C.write_checkpoint({**spec, "reorder": False}, plain)
+    assert _same(S.load_shard(tmp_path, 2, 1), S.load_shard(plain, 2, 1))  # same tensors, other key order
+    stray = tmp_path / "stray"
+    stray.mkdir()
+    C.write_checkpoint(C.PLAN_SPECS["an index plus a stray consolidated.safetensors"], stray)
+    assert (stray / "consolidated.safetensors").is_file()
+    assert "consolidated.safetensors" not in {p.name for p in S.weight_files(stray)}
+    assert C.STRAY_TENSOR not in S.load_shard(stray, 2, 0)
+    assert C.STRAY_TENSOR in C.shard_variant(stray, 2, 0, glob_files=True)
+
+
+def test_the_solution_refuses_every_refusal_case(tmp_path):
+    for i, (_, spec, tp, rank, _) in enumerate(C.REFUSALS):
+        d = tmp_path / str(i)
+        d.mkdir()
+        C.write_checkpoint(C.PLAN_SPECS[spec] if isinstance(spec, str) else spec, d)
+        for fn in (S.shard_plan, S.load_shard):
+            with pytest.raises(ValueError):
+                fn(d, tp, rank)
+
+
+def test_header_cases_of_the_check_hold_for_the_solution(tmp_path):
+    for i, spec in enumerate(C.HEADER_SPECS.values()):
+        d = tmp_path / str(i)
+        d.mkdir()
+        (path,) = C.write_checkpoint(spec, d)
+        raw, start = C._raw_header(path)
+        raw.pop("__metadata__")
+        assert S.safetensors_header(path) == (raw, start)
+    empty = C.write_checkpoint(C.HEADER_SPECS["no tensors: the file ends where its header does (8 + N bytes)"],
+                               tmp_path / "0")[0]
+    assert S.safetensors_header(empty) == ({}, empty.stat().st_size)
+    (tmp_path / "short.safetensors").write_bytes(b"\x05\x00\x00")
+    with pytest.raises(ValueError):
+        S.safetensors_header(tmp_path / "short.safetensors")
+
+
+def test_header_read_counter(tmp_path):
+    (path,) = C.write_checkpoint(C.READ_SPEC, tmp_path)
+    _, start = C._raw_header(path)
+    size = path.stat().st_size
+    seen = C.count_header_reads(S.safetensors_header, str(path))
+    assert seen["read_range"] == start  # exactly [0, 8) and [8, 8 + N)
+    assert S.read_range is ck.read_range  # put back
+
+    def whole_by_read_range(p):  # the harness wraps read_range in checkpoint_io and in this module's globals
+        return S.safetensors_header(p) if ck.read_range(p, 0, ck.file_size(p)) else None
+
+    assert C.count_header_reads(whole_by_read_range, str(path))["read_range"] >= size
+    if seen["rchar"] is None:
+        pytest.skip("no /proc/self/io here: reads made without read_range are not counted")
+    assert seen["rchar"] < size // 2
+    assert C.count_header_reads(lambda p: Path(p).read_bytes(), str(path))["rchar"] >= size
+
+
+def test_shard_read_counter(tmp_path):
+    spec = C.PLAN_SPECS[C.READ_CASE[0]]
+    C.write_checkpoint(spec, tmp_path)
+    _, tp, rank = C.READ_CASE
+    shard = S.load_shard(tmp_path, tp, rank)
+    seen = C.count_shard_reads(S.load_shard, str(tmp_path), tp, rank)
+    assert seen == {"read": sum(C._nbytes(x) for x in shard.values()), "non_contiguous": []}
+
+    def whole(d, tp, rank):  # load_file goes through safetensors.torch's safe_open: counted
+        return {k: v for p in S.weight_files(Path(d)) for k, v in load_file(str(p)).items()}
+
+    total = sum(C._nbytes(x) for x in C.shard_variant(tmp_path, 1, 0).values())
+    assert C.count_shard_reads(whole, str(tmp_path), tp, rank)["read"] == total
+
+    def strided(d, tp, rank):
+        return {"w": torch.zeros(4, 4)[:, :2]}
+
+    assert C.count_shard_reads(strided, str(tmp_path), tp, rank)["non_contiguous"] == ["w"]
+    import safetensors
+    import safetensors.torch
+    assert safetensors.safe_open is safetensors.torch.safe_open  # put back
+    assert getattr(safetensors.safe_open, "__name__", None) == "safe_open"  # the class, not the counting partial

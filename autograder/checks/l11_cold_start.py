@@ -5,10 +5,13 @@ Checkpoints are written here, by the grader, into a temp dir (`write_checkpoint`
 the learner's function gets the path. The reference answer is computed with `t.reference(...)` on the spec
 (it writes its own copy of the same bytes), so a student's copy can replay it. Wrong answers are named by
 running the usual wrong variants here (`chain_variant`, `plan_variant`, `shard_variant`) on the grader's
-copy of the file.
+copy of the file. What the learner's code reads is counted in the learner's process by two harnesses
+(`count_header_reads`, `count_shard_reads`), which wrap read_range and safetensors.safe_open there and
+return only counts: the verdict is made here.
 """
 from __future__ import annotations
 
+import functools
 import json
 import struct
 import tempfile
@@ -17,7 +20,7 @@ from typing import NamedTuple
 
 import torch
 
-from autograder.core import check
+from autograder.core import LearnerRaised, check
 
 
 class Hop(NamedTuple):
@@ -40,7 +43,7 @@ def hop_variant(nbytes, hop, bits_as_bytes=False, no_links=False, times_eight=Fa
 
 
 HOP_MISTAKES = {"reads Gb/s as GB/s (a network link is rated in bits: divide by 8)": {"bits_as_bytes": True},
-                "ignores the hop's links (8 GPUs each have their own PCIe link)": {"no_links": True},
+                "ignores the hop's links (the hop moves rate x links: each link carries its share of the bytes)": {"no_links": True},
                 "multiplies Gb/s by 8 instead of dividing": {"times_eight": True}}
 
 
@@ -74,24 +77,39 @@ def hop_seconds(t):
 # -- 2.2 the chain -------------------------------------------------------------------------------------------
 
 def chain_variant(nbytes, hops, overlap, chunk_bytes, serial=False, no_fill=False, always_overlap=False,
-                  fill_all=False, **hop_flags):
+                  fill_all=False, no_clamp=False, ties_out=False, before_only=False, **hop_flags):
     if not hops:
         return 0.0
     whole = [hop_variant(nbytes, h, **hop_flags) for h in hops]
     if (not overlap or serial) and not always_overlap:
         return sum(whole)
-    chunk = min(chunk_bytes, nbytes)
+    chunk = chunk_bytes if no_clamp else min(chunk_bytes, nbytes)
     slow = max(range(len(hops)), key=lambda i: whole[i])
-    fill = sum(hop_variant(chunk, h, **hop_flags) for i, h in enumerate(hops) if fill_all or i != slow)
+
+    def in_fill(i):
+        if fill_all:
+            return True
+        if ties_out:  # every hop as slow as the slowest left out, not just one of them
+            return whole[i] != whole[slow]
+        return i < slow if before_only else i != slow
+
+    fill = sum(hop_variant(chunk, h, **hop_flags) for i, h in enumerate(hops) if in_fill(i))
     return whole[slow] + (0.0 if no_fill else fill)
 
 
 CHAIN_MISTAKES = {"adds the hops' times even when they overlap": {"serial": True},
-                  "leaves out the pipeline fill (the first chunk's trip through the other hops)": {"no_fill": True},
+                  "leaves out the pipeline fill (one chunk's trip through each of the other hops)": {"no_fill": True},
                   "overlaps the hops even when overlap=False": {"always_overlap": True},
                   "counts the slowest hop in the fill too": {"fill_all": True},
                   "reads Gb/s as GB/s (a network link is rated in bits: divide by 8)": {"bits_as_bytes": True},
-                  "ignores the hops' links (PCIe counted once per node, not once per GPU)": {"no_links": True}}
+                  "ignores the hops' links (a hop moves rate x links: each link carries its share of the bytes)":
+                  {"no_links": True},
+                  "fills with chunk_bytes even when the checkpoint is smaller (then the one chunk is the whole "
+                  "checkpoint: min(chunk_bytes, nbytes))": {"no_clamp": True},
+                  "leaves every hop tied for slowest out of the fill (one of them sets the pace; the others still "
+                  "add one chunk's time)": {"ties_out": True},
+                  "counts only the hops before the slowest in the fill (the last chunk still has to cross the hops "
+                  "after it)": {"before_only": True}}
 
 NODE = [Hop("object store -> host (network)", 100.0, "Gb/s"), Hop("host -> NVMe cache", 7.0, "GB/s", 4),
         Hop("page cache -> GPU (PCIe Gen5 x16)", 63.0, "GB/s", 8)]
@@ -106,7 +124,9 @@ VISIBLE_CHAINS = [
     ("141 GB, serial", (141e9, NODE, False, 256e6)),
     ("141 GB, pipelined in 256 MB chunks", (141e9, NODE, True, 256e6)),
     ("10 GB, two hops, 1 GB chunks, overlapped", (10e9, [Hop("a", 1.0), Hop("b", 2.0)], True, 1e9)),
-    ("a chunk larger than the checkpoint", (1e9, [Hop("a", 1.0), Hop("b", 2.0, "Gb/s", 4)], True, 4e9)),
+    ("a chunk larger than the checkpoint", (1e9, [Hop("a", 1.0), Hop("b", 16.0, "Gb/s", 2)], True, 4e9)),
+    ("two hops tied for slowest, not first, 1 GB chunks",
+     (10e9, [Hop("b", 4.0), Hop("a", 1.0), Hop("d", 2.0), Hop("c", 1.0)], True, 1e9)),
     ("no hops", (1e9, [], True, 1e8)),
 ]
 
@@ -155,7 +175,10 @@ def spec_of(seed: int, files: int = 1, metadata: dict | None = None, config: dic
 
 def write_checkpoint(spec: dict, model_dir: Path) -> list[Path]:
     """Write the spec's tensors (values drawn from its seed) over spec["files"] safetensors files (with an
-    index when more than one) and its config.json. Same spec, same bytes."""
+    index when more than one) and its config.json. Same spec, same bytes. Options: spec["reorder"] writes
+    each header's JSON keys in reverse (a valid file whose keys are not in offset order, as a hand-written
+    or other-library header may be); spec["stray"] (with an index) adds a consolidated.safetensors that the
+    index does not list, as some Hugging Face repos ship next to their shards."""
     from safetensors.torch import save_file
 
     g = torch.Generator().manual_seed(spec["seed"])
@@ -166,13 +189,32 @@ def write_checkpoint(spec: dict, model_dir: Path) -> list[Path]:
         part = {n: tensors[n] for n in names[j * len(names) // k:(j + 1) * len(names) // k]}
         fname = "model.safetensors" if k == 1 else f"model-{j + 1:05d}-of-{k:05d}.safetensors"
         save_file(part, str(model_dir / fname), metadata=spec.get("metadata"))
+        if spec.get("reorder"):
+            _reverse_header(model_dir / fname)
         weight_map.update(dict.fromkeys(part, fname))
         paths.append(model_dir / fname)
     if k > 1:
         (model_dir / "model.safetensors.index.json").write_text(json.dumps({"weight_map": weight_map}))
+    if spec.get("stray"):
+        assert k > 1, "a stray file is only stray next to an index"
+        save_file({STRAY_TENSOR: torch.randn(4, 4, generator=g)}, str(model_dir / "consolidated.safetensors"))
     if spec.get("config"):
         (model_dir / "config.json").write_text(json.dumps(spec["config"]))
     return paths
+
+
+STRAY_TENSOR = "layers.0.attention.wq.weight"  # the original (non-Hugging Face) name of a q_proj weight
+
+
+def _reverse_header(path: Path) -> None:
+    """Rewrite a safetensors file with its JSON keys in reverse order; the offsets (relative to the end of
+    the header) and the tensor bytes stay as they are."""
+    raw = path.read_bytes()
+    (n,) = struct.unpack("<Q", raw[:8])
+    header = json.loads(raw[8:8 + n])
+    js = json.dumps(dict(reversed(list(header.items()))), separators=(",", ":")).encode()
+    js += b" " * (-len(js) % 8)
+    path.write_bytes(struct.pack("<Q", len(js)) + js + raw[8 + n:])
 
 
 def ref_header(ref, spec: dict):
@@ -199,9 +241,9 @@ def _raw_header(path: Path) -> tuple[dict, int]:
     return json.loads(raw[8:8 + n]), 8 + n
 
 
-def _files(model_dir: Path) -> list[Path]:
+def _files(model_dir: Path, glob_files: bool = False) -> list[Path]:
     index = model_dir / "model.safetensors.index.json"
-    if index.is_file():
+    if index.is_file() and not glob_files:
         return [model_dir / n for n in sorted(set(json.loads(index.read_text())["weight_map"].values()))]
     return sorted(model_dir.glob("*.safetensors"))
 
@@ -223,10 +265,11 @@ _BYTES = {"F32": 4, "F16": 2, "BF16": 2}
 
 
 def plan_variant(model_dir: Path, tp: int, rank: int, row_as_column=False, vocab_replicated=False,
-                 relative_offsets=False, no_length_bytes=False, no_merge=False) -> list:
+                 relative_offsets=False, no_length_bytes=False, no_merge=False, unsorted=False,
+                 glob_files=False) -> list:
     """The shard plan, or one of its usual wrong versions, as [file, tensor, start, end] lists."""
     reads = []
-    for path in _files(model_dir):
+    for path in _files(model_dir, glob_files):
         header, data_start = _raw_header(path)
         header.pop("__metadata__", None)
         base0 = 0 if relative_offsets else data_start - (8 if no_length_bytes else 0)
@@ -251,7 +294,11 @@ def plan_variant(model_dir: Path, tp: int, rank: int, row_as_column=False, vocab
                         reads[-1][3] = t_
                     else:
                         reads.append([path.name, name, s, t_])
-    return sorted(reads, key=lambda r: (r[0], r[2]))
+    return reads if unsorted else sorted(reads, key=lambda r: (r[0], r[2]))
+
+
+GLOB_MISTAKE = ("reads every *.safetensors file in the folder (with an index, only the files it lists hold the "
+                "model: use weight_files)")
 
 
 PLAN_MISTAKES = {"splits o_proj/down_proj by rows like q/k/v (row-parallel layers split by input columns)":
@@ -260,7 +307,10 @@ PLAN_MISTAKES = {"splits o_proj/down_proj by rows like q/k/v (row-parallel layer
                  "uses data_offsets as file offsets (they count from the end of the JSON header)":
                  {"relative_offsets": True},
                  "forgets the 8 header-length bytes before the JSON": {"no_length_bytes": True},
-                 "does not merge touching ranges (at tp=1 a tensor is one read)": {"no_merge": True}}
+                 "does not merge touching ranges (at tp=1 a tensor is one read)": {"no_merge": True},
+                 "returns the reads in header order (sort them by (file, start): a header's keys need not be in "
+                 "offset order)": {"unsorted": True},
+                 GLOB_MISTAKE: {"glob_files": True}}
 
 
 def _config(heads: int, kv_heads: int, hidden: int) -> dict:
@@ -293,37 +343,190 @@ def random_spec(rng) -> dict:
 
 # -- 3.1 the header ---------------------------------------------------------------------------------------------
 
-@check(points=2, section="3.1", timeout=20)
+HEADER_SPECS = {
+    "no tensors: the file ends where its header does (8 + N bytes)":
+        {"tensors": [], "files": 1, "seed": 4, "metadata": {"format": "pt"}, "config": None},
+    "a torch.compile'd model's names (the _orig_mod. prefix)":
+        {"tensors": [["_orig_mod.model.norm.weight", "F32", [8]], ["_orig_mod.lm_head.weight", "F32", [4, 8]]],
+         "files": 1, "seed": 5, "metadata": {"format": "pt"}, "config": None},
+}
+READ_SPEC = spec_of(6, **_dims(256, 512, 4, 4, 0, 4096, "F32"))  # a 1 KB header, then 4 MiB of embedding
+
+UNDERSCORE_MISTAKE = "drops every name that starts with '_' (only the \"__metadata__\" entry is not a tensor)"
+
+
+def count_header_reads(header_fn, path: str) -> dict:
+    """(A harness: runs in the learner's process under `t.run`.) Call header_fn(path) once to warm up (a
+    first call may import modules, which reads files), then again while counting the bytes read: those
+    returned by checkpoint_io.read_range (wrapped in that module and wherever the learner's module holds
+    it by name), and the process's rchar from /proc/self/io (every read() call, open() or Path.read_bytes
+    included; None where /proc is not there)."""
+    from reference_engine import checkpoint_io
+
+    header_fn(path)
+    real, asked = checkpoint_io.read_range, [0]
+
+    def counting(p, start, end):
+        out = real(p, start, end)
+        asked[0] += len(out)
+        return out
+
+    with _patched([(checkpoint_io.__dict__, "read_range"), *_holders(getattr(header_fn, "__globals__", {}), real)],
+                  counting):
+        before = _rchar()
+        header_fn(path)
+        after = _rchar()
+    return {"read_range": asked[0], "rchar": None if before is None or after is None else after - before}
+
+
+def _holders(namespace: dict, obj) -> list:
+    return [(namespace, k) for k, v in list(namespace.items()) if v is obj]
+
+
+class _patched:
+    """Set namespace[key] = value for each (namespace, key) inside the with block, then put them back."""
+    def __init__(self, places, value):
+        self.places, self.value, self.saved = places, value, []
+
+    def __enter__(self):
+        self.saved = [(ns, k, ns[k]) for ns, k in self.places]
+        for ns, k in self.places:
+            ns[k] = self.value
+
+    def __exit__(self, *exc):
+        for ns, k, v in self.saved:
+            ns[k] = v
+
+
+def _rchar() -> int | None:
+    try:
+        with open("/proc/self/io") as f:
+            return next(int(line.split()[1]) for line in f if line.startswith("rchar:"))
+    except (OSError, StopIteration, ValueError):
+        return None
+
+
+def _judge_header_reads(t, seen, size: int, start: int, blksize: int) -> None:
+    """Fail if the learner's safetensors_header read at least half of the tensor bytes after the header.
+    rchar counts whole buffered reads (a read of 8 bytes may fetch a block), so it is trusted only when the
+    tensors are many blocks long."""
+    if not isinstance(seen, dict):
+        t.fail(f"the read counter got {seen!r} back (a grader bug: please report it)")
+    counts = [seen.get("read_range") or 0]
+    if seen.get("rchar") is not None and size - start >= 64 * max(blksize, 4096):
+        counts.append(seen["rchar"])
+    n = max(counts)
+    if n < start + (size - start) // 2:
+        return
+    how = ("Looks like your code reads the whole file to find the header" if n >= size else
+           "It reads (most of) the tensor bytes too")
+    t.fail(f"safetensors_header read {n:,} bytes of a {size:,}-byte file whose header is its first {start:,} bytes. "
+           f"{how}: read_range(path, 0, 8) gives N, then read_range(path, 8, 8 + N) the JSON; the tensors after "
+           "it are what a rank must not read unless it needs them")
+
+
+def _header_call(t, path: Path, ends_at_header: bool):
+    try:
+        return t.call("safetensors_header", str(path))
+    except LearnerRaised as e:
+        if ends_at_header and not e.info.get("not_implemented") and e.is_a(ValueError):
+            t.fail(f"safetensors_header() raised ValueError on a valid file that ends exactly where its header "
+                   f"does ({path.stat().st_size} bytes = 8 + N: a checkpoint with no tensors). Only a file shorter "
+                   "than 8 + N bytes is truncated")
+        raise
+
+
+@check(points=2, section="3.1", timeout=30)
 def safetensors_header(t):
-    """Parse the header of a safetensors file written here."""
-    for label, spec in t.cases(visible=list(VISIBLE_SPECS.items()), hidden=random_spec, n=2):
+    """Parse the header of a safetensors file written here; refuse short and cut files; read only the header."""
+    visible = list(VISIBLE_SPECS.items()) + list(HEADER_SPECS.items())
+    for label, spec in t.cases(visible=visible, hidden=random_spec, n=2):
         with t.case(label), tempfile.TemporaryDirectory() as d:
             path = write_checkpoint(spec, Path(d))[0]
             expected = t.reference(ref_header, spec)
-            got = t.call("safetensors_header", str(path))
             raw, start = _raw_header(path)
+            got = _header_call(t, path, path.stat().st_size == start)
             got = list(got) if isinstance(got, tuple) else got
             if isinstance(got, list) and len(got) == 2 and isinstance(got[0], dict):
                 t.expect(sorted(got[0]), sorted(expected[0]), "the header's keys",
-                         mistakes={"keeps the __metadata__ entry": sorted(raw)})
+                         mistakes={"keeps the __metadata__ entry": sorted(raw),
+                                   UNDERSCORE_MISTAKE: sorted(k for k in raw if not k.startswith("_"))})
             t.expect(got, expected, f"(header, data_start) of {path.name}",
                      mistakes={"returns the JSON length, not where the data starts (8 + N)": [expected[0], start - 8]})
+    with t.case("a file of 3 bytes"), tempfile.TemporaryDirectory() as d:
+        path = Path(d) / "model.safetensors"
+        path.write_bytes(b"\x05\x00\x00")
+        t.expect_raises(ValueError, "safetensors_header", str(path),
+                        why="a file under 8 bytes cannot even hold the header length: check the size first "
+                            "(struct.unpack on a short read raises struct.error, which is not a ValueError)")
     with t.case("a truncated file"), tempfile.TemporaryDirectory() as d:
         path = write_checkpoint(VISIBLE_SPECS["one layer, F32"], Path(d))[0]
         raw = path.read_bytes()
         path.write_bytes(raw[:8] + raw[8:40])  # the length says more JSON than the file holds
         t.expect_raises(ValueError, "safetensors_header", str(path),
                         why="the header length points past the end of the file: the download was cut short")
+    with t.case("a file cut inside the JSON's trailing spaces"), tempfile.TemporaryDirectory() as d:
+        path = Path(d) / "model.safetensors"
+        js = json.dumps({"model.norm.weight": {"dtype": "F32", "shape": [4], "data_offsets": [0, 16]}}).encode()
+        n = len(js) + 4  # the JSON padded with 4 spaces (the format allows it), then 16 bytes of tensor
+        path.write_bytes(struct.pack("<Q", n) + js + b" ")  # cut 3 bytes before the header's end
+        t.expect_raises(ValueError, "safetensors_header", str(path),
+                        why=f"N = {n}, so the file needs at least 8 + N = {8 + n} bytes, and it has {8 + len(js) + 1}. "
+                            "Its JSON still parses (only trailing spaces are missing), so only comparing 8 + N "
+                            "with the file size catches the cut")
+    with t.case("a header length with its high 4 bytes set"), tempfile.TemporaryDirectory() as d:
+        path = write_checkpoint(VISIBLE_SPECS["one layer, F32"], Path(d))[0]
+        raw = path.read_bytes()
+        (n,) = struct.unpack("<Q", raw[:8])
+        path.write_bytes(struct.pack("<Q", n + 2**32) + raw[8:])
+        t.expect_raises(ValueError, "safetensors_header", str(path),
+                        why=f"the length field is {n} + 2**32, which points 4 GiB past the end of this "
+                            f"{len(raw)}-byte file. N is all 8 bytes, one little-endian unsigned 64-bit "
+                            "integer ('<Q'), not its low 4")
+    with t.case("reads only the header (a 4 MiB file)"), tempfile.TemporaryDirectory() as d:
+        path = write_checkpoint(READ_SPEC, Path(d))[0]
+        _, start = _raw_header(path)
+        st = path.stat()
+        seen = t.run(count_header_reads, t.learner("safetensors_header"), str(path), what="safetensors_header")
+        _judge_header_reads(t, seen, st.st_size, start, st.st_blksize)
 
 
 # -- 3.2 the shard plan ----------------------------------------------------------------------------------------
+
+PLAN_SPECS = {
+    **VISIBLE_SPECS,
+    "keys out of offset order": {**spec_of(7, config=_config(4, 2, 16), **_dims(16, 24, 4, 2, 1, 32, "F32")),
+                                 "reorder": True},
+    "an index plus a stray consolidated.safetensors": {
+        **spec_of(8, files=2, config=_config(4, 4, 16), **_dims(16, 32, 4, 4, 1, 32, "F16")), "stray": True},
+}
 
 VISIBLE_PLANS = [
     ("one layer, F32, tp=2 rank 1", ("one layer, F32", 2, 1)),
     ("one layer, F32, tp=1", ("one layer, F32", 1, 0)),
     ("two files, F16, lm_head, biases, tp=4 rank 2", ("two files, F16, lm_head, biases", 4, 2)),
     ("BF16 with __metadata__, tp=2 rank 0", ("BF16 with __metadata__", 2, 0)),
+    ("a header whose keys are not in offset order, tp=2 rank 1", ("keys out of offset order", 2, 1)),
+    ("an index plus a consolidated.safetensors it does not list, tp=2 rank 0",
+     ("an index plus a stray consolidated.safetensors", 2, 0)),
 ]
+
+REFUSALS = [
+    ("tp=4 with 2 KV heads", "one layer, F32", 4, 0,
+     "4 ranks cannot share 2 KV heads without cutting a head in two"),
+    ("rank 2 of tp=2", "one layer, F32", 2, 2, "the ranks of tp=2 are 0 and 1: there is no rank 2 to read for"),
+    ("a vocabulary of 30 rows at tp=4 (the heads divide, the rows do not)",
+     spec_of(9, config=_config(4, 4, 16), **_dims(16, 32, 4, 4, 1, 30, "F32")), 4, 0,
+     "embed_tokens has 30 rows, which 4 ranks cannot share evenly (30 / 4 = 7.5): a dimension to split that tp "
+     "does not divide must be refused, not handed out in parts of different sizes"),
+]
+
+
+def _refusals(t, name: str) -> None:
+    for label, spec, tp, rank, why in REFUSALS:
+        with t.case(label), tempfile.TemporaryDirectory() as d:
+            write_checkpoint(PLAN_SPECS[spec] if isinstance(spec, str) else spec, Path(d))
+            t.expect_raises(ValueError, name, d, tp, rank, why=why)
 
 
 def _hidden_plan(rng):
@@ -334,13 +537,13 @@ def _hidden_plan(rng):
 
 
 def _plan_cases(t):
-    visible = [(label, (VISIBLE_SPECS[s], tp, r)) for label, (s, tp, r) in VISIBLE_PLANS]
+    visible = [(label, (PLAN_SPECS[s], tp, r)) for label, (s, tp, r) in VISIBLE_PLANS]
     return t.cases(visible=visible, hidden=_hidden_plan, n=3)
 
 
 @check(points=4, section="3.2", timeout=30)
 def shard_plan(t):
-    """The byte ranges one TP rank reads, on checkpoints written here."""
+    """The byte ranges one TP rank reads, on checkpoints written here; the TP degrees it must refuse."""
     for label, (spec, tp, rank) in _plan_cases(t):
         with t.case(label), tempfile.TemporaryDirectory() as d:
             write_checkpoint(spec, Path(d))
@@ -349,19 +552,17 @@ def shard_plan(t):
             got = [list(r) for r in got] if isinstance(got, (list, tuple)) else got
             t.expect(got, expected, f"reads of rank {rank} of tp={tp}",
                      mistakes={k: plan_variant(Path(d), tp, rank, **v) for k, v in PLAN_MISTAKES.items()})
-    with t.case("tp=4 with 2 KV heads"), tempfile.TemporaryDirectory() as d:
-        write_checkpoint(VISIBLE_SPECS["one layer, F32"], Path(d))
-        t.expect_raises(ValueError, "shard_plan", d, 4, 0,
-                        why="4 ranks cannot share 2 KV heads without cutting a head in two")
+    _refusals(t, "shard_plan")
 
 
 # -- 3.3 the sharded loader ---------------------------------------------------------------------------------------
 
-def shard_variant(model_dir: Path, tp: int, rank: int, row_as_column=False, vocab_replicated=False) -> dict:
+def shard_variant(model_dir: Path, tp: int, rank: int, row_as_column=False, vocab_replicated=False,
+                  glob_files=False) -> dict:
     from safetensors.torch import load_file
 
     out = {}
-    for p in _files(model_dir):
+    for p in _files(model_dir, glob_files):
         for name, x in load_file(str(p)).items():
             kind = _kind(name, vocab_replicated, row_as_column)
             if kind == "row" and x.dim() < 2:
@@ -380,16 +581,129 @@ SHARD_MISTAKES = {"splits o_proj/down_proj by rows like q/k/v (row-parallel laye
                   "replicates embed_tokens/lm_head (they are split by vocabulary rows)": {"vocab_replicated": True}}
 
 
+class _ReadCounter:
+    """Bytes of the tensors (or arrays) that safe_open handed out."""
+    def __init__(self):
+        self.bytes = 0
+
+    def add(self, x):
+        if isinstance(x, torch.Tensor):
+            self.bytes += x.numel() * x.element_size()
+        elif isinstance(x, dict):  # get_tensors(): every tensor of the file
+            for v in x.values():
+                self.add(v)
+        elif hasattr(x, "nbytes") and not isinstance(x, (str, bytes)):  # framework="np"
+            self.bytes += int(x.nbytes)
+        return x
+
+
+class _CountingSlice:
+    def __init__(self, sl, counter: _ReadCounter):
+        self._sl, self._counter = sl, counter
+
+    def __getitem__(self, index):
+        return self._counter.add(self._sl[index])
+
+    def __getattr__(self, name):
+        return getattr(self._sl, name)
+
+
+class _CountingOpen:
+    """safetensors.safe_open, counting what get_tensor and get_slice(...)[...] read."""
+    def __init__(self, real, counter: _ReadCounter, *args, **kwargs):
+        self._f, self._counter = real(*args, **kwargs), counter
+
+    def __enter__(self):
+        self._f.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        return self._f.__exit__(*exc)
+
+    def get_tensor(self, name):
+        return self._counter.add(self._f.get_tensor(name))
+
+    def get_slice(self, name):
+        return _CountingSlice(self._f.get_slice(name), self._counter)
+
+    def __getattr__(self, name):  # get_tensors (what load_file calls), and whatever a later version adds
+        attr = getattr(self._f, name)
+        if not callable(attr):
+            return attr
+        return lambda *args, **kwargs: self._counter.add(attr(*args, **kwargs))
+
+
+def count_shard_reads(load_fn, model_dir: str, tp: int, rank: int) -> dict:
+    """(A harness: runs in the learner's process under `t.run`.) load_fn(model_dir, tp, rank) with
+    safetensors.safe_open wrapped (in safetensors, in safetensors.torch, whose load_file uses it, and
+    wherever the learner's module holds it by name) so that the bytes of every get_tensor and every indexed
+    get_slice are counted. Returns that count and the names of the non-contiguous tensors it returned
+    (a tensor crosses to the grader as a contiguous copy, so only this side can tell)."""
+    import safetensors
+    import safetensors.torch
+
+    real, counter = safetensors.safe_open, _ReadCounter()
+    places = {(id(ns), k): (ns, k) for ns in (safetensors.__dict__, safetensors.torch.__dict__,
+                                               getattr(load_fn, "__globals__", {}))
+              for k, v in list(ns.items()) if v is real}
+    with _patched(list(places.values()), functools.partial(_CountingOpen, real, counter)):
+        out = load_fn(model_dir, tp, rank)
+    tensors = out if isinstance(out, dict) else {}
+    return {"read": counter.bytes,
+            "non_contiguous": sorted(k for k, v in tensors.items() if isinstance(v, torch.Tensor) and not v.is_contiguous())}
+
+
+def _nbytes(x: torch.Tensor) -> int:
+    return x.numel() * x.element_size()
+
+
+READ_CASE = ("two files, F16, lm_head, biases", 2, 1)
+
+
+def _shard_reads_case(t) -> None:
+    """Two cases on one checkpoint, both seen from the learner's process: the tensors come back contiguous,
+    and only this rank's bytes are read (get_tensor reads a whole tensor, an indexed get_slice its part)."""
+    name, tp, rank = READ_CASE
+    with t.case(f"returns contiguous tensors ({name}, tp={tp} rank {rank})"), tempfile.TemporaryDirectory() as d:
+        write_checkpoint(PLAN_SPECS[name], Path(d))
+        seen = t.run(count_shard_reads, t.learner("load_shard"), d, tp, rank, what="load_shard")
+        strided = seen.get("non_contiguous") if isinstance(seen, dict) else None
+        t.expect_true(strided == [], f"load_shard returned non-contiguous tensors: {strided}. A column slice "
+                      "([:, lo:hi]) of a row-parallel weight is a strided view of the whole tensor; the docstring "
+                      "promises contiguous tensors (a GPU copy or a kernel expects a dense layout): call "
+                      ".contiguous() on it")
+    with t.case(f"reads only its own bytes through safe_open ({name}, tp={tp} rank {rank})"), \
+            tempfile.TemporaryDirectory() as d:
+        spec = PLAN_SPECS[name]
+        write_checkpoint(spec, Path(d))
+        expected = sum(_nbytes(x) for x in t.reference(ref_shard, spec, tp, rank).values())
+        seen = t.run(count_shard_reads, t.learner("load_shard"), d, tp, rank, what="load_shard")
+        n = seen.get("read") if isinstance(seen, dict) else None
+        if isinstance(n, int) and n < expected:
+            t.fail(f"load_shard read {n:,} bytes through safetensors.safe_open, but this rank's tensors hold "
+                   f"{expected:,}: read them through safe_open(...).get_slice(name), as the docstring says")
+        full, part = shard_variant(Path(d), 1, 0), shard_variant(Path(d), tp, rank)
+        whole_rows = sum(_nbytes(full[k] if _kind(k) == "row" and full[k].dim() == 2 else part[k]) for k in full)
+        t.expect(n, expected, "bytes read through safe_open (get_tensor and indexed get_slice)",
+                 mistakes={"reads every tensor whole (get_tensor) and slices it afterwards: index "
+                           "get_slice(name) instead, which reads only this rank's bytes":
+                           sum(_nbytes(x) for x in full.values()),
+                           "reads o_proj/down_proj whole (get_tensor) and slices their columns afterwards: index "
+                           "get_slice(name)[:, lo:hi] instead": whole_rows})
+
+
 @check(points=4, section="3.3", timeout=40)
 def load_shard(t):
-    """Each rank's tensors, compared with the reference; the ranks put back together give the checkpoint."""
+    """Each rank's tensors, compared with the reference; the TP degrees it must refuse; the bytes it reads
+    and the layout it returns; the ranks put back together give the checkpoint."""
     for label, (spec, tp, rank) in _plan_cases(t):
         with t.case(label), tempfile.TemporaryDirectory() as d:
             write_checkpoint(spec, Path(d))
             expected = t.reference(ref_shard, spec, tp, rank)
             got = t.call("load_shard", d, tp, rank)
             if isinstance(got, dict):
-                t.expect(sorted(got), sorted(expected), "tensor names")
+                t.expect(sorted(got), sorted(expected), "tensor names",
+                         mistakes={GLOB_MISTAKE: sorted(shard_variant(Path(d), tp, rank, glob_files=True))})
             t.expect(got, expected, f"tensors of rank {rank} of tp={tp}", rtol=0, atol=0,
                      mistakes={k: shard_variant(Path(d), tp, rank, **v) for k, v in SHARD_MISTAKES.items()})
     with t.case("ranks of tp=2 put back together"), tempfile.TemporaryDirectory() as d:
@@ -410,3 +724,5 @@ def load_shard(t):
                 t.expect_true(torch.equal(pieces[0], pieces[1]), f"{name} is replicated, but ranks 0 and 1 differ")
                 back = pieces[0]
             t.expect(back, x, f"{name}, ranks 0 and 1 concatenated ({kind})", rtol=0, atol=0)
+    _refusals(t, "load_shard")
+    _shard_reads_case(t)

@@ -86,3 +86,254 @@ def load_shard(model_dir, tp, rank):
                 else:  # the embedding table whole on every rank
                     out[name] = f.get_tensor(name)
     return out
+
+
+# -- 2.2 the fill, done wrong in ways the other mutants are not --------------------------------------------
+
+
+@mutant(check="cold_start_seconds", message="fills with chunk_bytes even when the checkpoint is smaller")
+def cold_start_seconds(nbytes, hops, overlap, chunk_bytes=256e6):  # noqa: F811
+    if not hops:
+        return 0.0
+    whole = [sol.hop_seconds(nbytes, h) for h in hops]  # noqa: F821
+    if not overlap:
+        return sum(whole)
+    slowest = max(range(len(hops)), key=lambda i: whole[i])
+    # a 4 GB chunk of a 1 GB checkpoint: the fill pays for bytes that do not exist
+    return whole[slowest] + sum(sol.hop_seconds(chunk_bytes, h) for i, h in enumerate(hops) if i != slowest)  # noqa: F821
+
+
+@mutant(check="cold_start_seconds", message="leaves every hop tied for slowest out of the fill")
+def cold_start_seconds(nbytes, hops, overlap, chunk_bytes=256e6):  # noqa: F811
+    if not hops:
+        return 0.0
+    whole = [sol.hop_seconds(nbytes, h) for h in hops]  # noqa: F821
+    if not overlap:
+        return sum(whole)
+    chunk, top = min(chunk_bytes, nbytes), max(whole)
+    # "the other hops" read as "the hops that are not the slowest": two equally slow hops both drop out
+    return top + sum(sol.hop_seconds(chunk, h) for h, w in zip(hops, whole) if w != top)  # noqa: F821
+
+
+@mutant(check="cold_start_seconds", message="counts only the hops before the slowest in the fill")
+def cold_start_seconds(nbytes, hops, overlap, chunk_bytes=256e6):  # noqa: F811
+    if not hops:
+        return 0.0
+    whole = [sol.hop_seconds(nbytes, h) for h in hops]  # noqa: F821
+    if not overlap:
+        return sum(whole)
+    chunk = min(chunk_bytes, nbytes)
+    slowest = max(range(len(hops)), key=lambda i: whole[i])
+    # only the time for the first chunk to reach the slowest hop; the last chunk's trip after it is lost
+    return whole[slowest] + sum(sol.hop_seconds(chunk, h) for h in hops[:slowest])  # noqa: F821
+
+
+# -- 3.1 the header: short, cut and odd files; reading more than the header -----------------------------------
+
+
+@mutant(check="safetensors_header", message="a file under 8 bytes cannot even hold the header length")
+def safetensors_header(path):  # noqa: F811
+    (n,) = struct.unpack("<Q", read_range(path, 0, 8))  # a 3-byte file: struct.error, not ValueError
+    if 8 + n > file_size(path):
+        raise ValueError("truncated")
+    header = json.loads(read_range(path, 8, 8 + n))
+    header.pop("__metadata__", None)
+    return header, 8 + n
+
+
+@mutant(check="safetensors_header", message="raised ValueError on a valid file that ends exactly where its header")
+def safetensors_header(path):  # noqa: F811
+    size = file_size(path)
+    if size < 8:
+        raise ValueError("too short")
+    (n,) = struct.unpack("<Q", read_range(path, 0, 8))
+    if 8 + n >= size:  # off by one: a checkpoint with no tensors ends right at 8 + N
+        raise ValueError("truncated")
+    header = json.loads(read_range(path, 8, 8 + n))
+    header.pop("__metadata__", None)
+    return header, 8 + n
+
+
+@mutant(check="safetensors_header", message="only comparing 8 + N with the file size catches the cut")
+def safetensors_header(path):  # noqa: F811
+    if file_size(path) < 8:
+        raise ValueError("too short")
+    (n,) = struct.unpack("<Q", read_range(path, 0, 8))
+    # no size check: a cut JSON fails to parse (JSONDecodeError is a ValueError), unless only its padding is cut
+    header = json.loads(read_range(path, 8, 8 + n))
+    header.pop("__metadata__", None)
+    return header, 8 + n
+
+
+@mutant(check="safetensors_header", message="only comparing 8 + N with the file size catches the cut")
+def safetensors_header(path):  # noqa: F811
+    size = file_size(path)
+    if size < 8:
+        raise ValueError("too short")
+    (n,) = struct.unpack("<Q", read_range(path, 0, 8))
+    if n > size:  # forgets the 8 length bytes in front of the JSON
+        raise ValueError("truncated")
+    header = json.loads(read_range(path, 8, 8 + n))
+    header.pop("__metadata__", None)
+    return header, 8 + n
+
+
+@mutant(check="safetensors_header", message="reads the whole file to find the header")
+def safetensors_header(path):  # noqa: F811
+    size = file_size(path)
+    if size < 8:
+        raise ValueError("too short")
+    data = read_range(path, 0, size)  # every tensor's bytes too, to parse a header of a few KB
+    (n,) = struct.unpack("<Q", data[:8])
+    if 8 + n > size:
+        raise ValueError("truncated")
+    header = json.loads(data[8:8 + n])
+    header.pop("__metadata__", None)
+    return header, 8 + n
+
+
+@mutant(check="safetensors_header", message="N is all 8 bytes, one little-endian unsigned 64-bit integer")
+def safetensors_header(path):  # noqa: F811
+    size = file_size(path)
+    if size < 8:
+        raise ValueError("too short")
+    (n,) = struct.unpack("<I", read_range(path, 0, 4))  # the low 4 bytes only
+    if 8 + n > size:
+        raise ValueError("truncated")
+    header = json.loads(read_range(path, 8, 8 + n))
+    header.pop("__metadata__", None)
+    return header, 8 + n
+
+
+@mutant(check="safetensors_header", message="drops every name that starts with '_'")
+def safetensors_header(path):  # noqa: F811
+    header, start = sol.safetensors_header(path)  # noqa: F821
+    return {k: v for k, v in header.items() if not k.startswith("_")}, start  # "private" keys dropped
+
+
+# -- 3.2 the shard plan: uneven splits, order, which files ----------------------------------------------------
+
+
+def _m_plan(model_dir, tp, rank, rank_range, files):
+    """The shard plan with how a dimension is split and which files are read swappable."""
+    sol.check_tp(model_dir, tp, rank)  # noqa: F821
+    reads = []
+    for path in files(Path(model_dir)):
+        header, data_start = safetensors_header(path)
+        for name, info in header.items():
+            e, shape, kind = sol.DTYPE_BYTES[info["dtype"]], info["shape"], split_kind(name)  # noqa: F821
+            b, end = data_start + info["data_offsets"][0], data_start + info["data_offsets"][1]
+            if kind == "replicated" or not shape or (kind == "row" and len(shape) < 2):
+                reads.append(Read(path.name, name, b, end))
+            elif kind in ("column", "vocab"):
+                row = e * sol._prod(shape[1:])  # noqa: F821
+                lo, hi = rank_range(shape[0], tp, rank, name)
+                reads.append(Read(path.name, name, b + lo * row, b + hi * row))
+            else:
+                cols = sol._prod(shape[1:])  # noqa: F821
+                c0, c1 = rank_range(cols, tp, rank, name)
+                for i in range(shape[0]):
+                    s, t = b + (i * cols + c0) * e, b + (i * cols + c1) * e
+                    if reads and reads[-1].tensor == name and reads[-1].end == s:
+                        reads[-1] = reads[-1]._replace(end=t)
+                    else:
+                        reads.append(Read(path.name, name, s, t))
+    return sorted(reads, key=lambda r: (r.file, r.start))
+
+
+@mutant(check="shard_plan", message="which 4 ranks cannot share evenly")
+def shard_plan(model_dir, tp, rank):  # noqa: F811
+    def floor_range(n, tp, rank, name):  # 30 rows at tp=4: 7, 8, 7, 8, and no refusal
+        return rank * n // tp, (rank + 1) * n // tp
+    return _m_plan(model_dir, tp, rank, floor_range, weight_files)
+
+
+@mutant(check="shard_plan", message="returns the reads in header order")
+def shard_plan(model_dir, tp, rank):  # noqa: F811
+    reads = sol.shard_plan(model_dir, tp, rank)  # noqa: F821
+    order = {}
+    for path in weight_files(Path(model_dir)):
+        order.update((name, (path.name, i)) for i, name in enumerate(safetensors_header(path)[0]))
+    return sorted(reads, key=lambda r: order[r.tensor])  # the JSON's key order, not (file, start)
+
+
+@mutant(check="shard_plan", message="reads every *.safetensors file in the folder")
+def shard_plan(model_dir, tp, rank):  # noqa: F811
+    return _m_plan(model_dir, tp, rank, sol.rank_range,  # noqa: F821
+                   lambda d: sorted(d.glob("*.safetensors")))  # the index ignored
+
+
+# -- 3.3 the loader: refusals, whole reads, layout, which files -------------------------------------------------
+
+
+def _m_load(model_dir, tp, rank, check=True, split=None, files=None):
+    """The loader with its parts swappable: split(f, name, kind, shape) -> tensor for the split tensors."""
+    from safetensors import safe_open
+
+    if check:
+        sol.check_tp(model_dir, tp, rank)  # noqa: F821
+    out = {}
+    for path in (files or weight_files)(Path(model_dir)):
+        with safe_open(str(path), framework="pt", device="cpu") as f:
+            for name in f.keys():
+                sl = f.get_slice(name)
+                shape, kind = sl.get_shape(), split_kind(name)
+                if (kind in ("column", "vocab") and shape) or (kind == "row" and len(shape) == 2):
+                    out[name] = split(f, name, kind, shape)
+                else:
+                    out[name] = f.get_tensor(name)
+    return out
+
+
+def _m_exact(f, name, kind, shape, tp, rank):
+    dim = 0 if kind in ("column", "vocab") else 1
+    lo, hi = sol.rank_range(shape[dim], tp, rank, name)  # noqa: F821
+    return (f.get_slice(name)[lo:hi] if dim == 0 else f.get_slice(name)[:, lo:hi]).contiguous()
+
+
+@mutant(check="load_shard", message="4 ranks cannot share 2 KV heads")
+def load_shard(model_dir, tp, rank):  # noqa: F811
+    return _m_load(model_dir, tp, rank, check=False,  # no check_tp: rank 2 of 2 gets empty slices
+                   split=lambda f, n, k, s: _m_exact(f, n, k, s, tp, rank))
+
+
+@mutant(check="load_shard", message="which 4 ranks cannot share evenly")
+def load_shard(model_dir, tp, rank):  # noqa: F811
+    def floor_split(f, name, kind, shape):
+        dim = 0 if kind in ("column", "vocab") else 1
+        lo, hi = rank * shape[dim] // tp, (rank + 1) * shape[dim] // tp  # 30 rows at tp=4: 7, 8, 7, 8
+        return (f.get_slice(name)[lo:hi] if dim == 0 else f.get_slice(name)[:, lo:hi]).contiguous()
+    return _m_load(model_dir, tp, rank, split=floor_split)
+
+
+@mutant(check="load_shard", message="which 4 ranks cannot share evenly")
+def load_shard(model_dir, tp, rank):  # noqa: F811
+    def chunk(f, name, kind, shape):  # torch.chunk of the whole tensor: uneven parts, and every byte read
+        return f.get_tensor(name).chunk(tp, dim=0 if kind in ("column", "vocab") else 1)[rank].contiguous()
+    return _m_load(model_dir, tp, rank, split=chunk)
+
+
+@mutant(check="load_shard", message="reads every tensor whole (get_tensor) and slices it afterwards")
+def load_shard(model_dir, tp, rank):  # noqa: F811
+    def whole_then_slice(f, name, kind, shape):
+        dim = 0 if kind in ("column", "vocab") else 1
+        lo, hi = sol.rank_range(shape[dim], tp, rank, name)  # noqa: F821
+        x = f.get_tensor(name)  # the whole tensor read, three quarters of it thrown away at tp=4
+        return (x[lo:hi] if dim == 0 else x[:, lo:hi]).contiguous()
+    return _m_load(model_dir, tp, rank, split=whole_then_slice)
+
+
+@mutant(check="load_shard", message="returned non-contiguous tensors")
+def load_shard(model_dir, tp, rank):  # noqa: F811
+    def strided(f, name, kind, shape):
+        if kind != "row":
+            return _m_exact(f, name, kind, shape, tp, rank)
+        lo, hi = sol.rank_range(shape[1], tp, rank, name)  # noqa: F821
+        return f.get_tensor(name)[:, lo:hi]  # a view with the whole row's stride, no .contiguous()
+    return _m_load(model_dir, tp, rank, split=strided)
+
+
+@mutant(check="load_shard", message="reads every *.safetensors file in the folder")
+def load_shard(model_dir, tp, rank):  # noqa: F811
+    return _m_load(model_dir, tp, rank, split=lambda f, n, k, s: _m_exact(f, n, k, s, tp, rank),
+                   files=lambda d: sorted(Path(d).glob("*.safetensors")))  # the index ignored
