@@ -8,8 +8,9 @@ it runs next to learner code and returns only what a client or an operator could
     drive_buffer / drive_watcher / drive_cache / drive_resume / drive_framer: one component, scripted
     run_server: create_app(engine, components=StreamComponents(<the parts>)) under uvicorn on a free port
         (small socket and write buffers, so that a reader that stops reading stalls the server's writes
-        after a few KiB), then scripted clients, one after another: a vanishing one, a stalled one beside
-        polite ones, a retrying one, a resuming one. Every wait is bounded; the server, its threads and
+        after a few KiB), then scripted clients, one after another: a vanishing one, polite ones beside a
+        long stream read by a client that keeps up and then beside a stalled one (their pace compared), a
+        retrying one, a resuming one. Every wait is bounded; the server, its threads and
         sockets are closed before it returns.
 """
 from __future__ import annotations
@@ -38,19 +39,43 @@ def drive_buffer(cls, high_water: int, max_lag_s: float, ops: list) -> list:
     return out
 
 
+def drive_buffer_lists(cls) -> dict:
+    """Whether a buffer leaves its caller's lists alone: push [1, 2], push [3], pop, push [4], push [5], pop
+    on cls(16, 60.0); returns the pushed lists and the popped ones as the caller holds them afterwards."""
+    buf = cls(16, 60.0)
+    pushed = [[1, 2], [3], [4], [5]]
+    buf.push(pushed[0], 0.0)
+    buf.push(pushed[1], 0.1)
+    first = buf.pop(0.2)
+    buf.push(pushed[2], 0.3)
+    buf.push(pushed[3], 0.4)
+    second = buf.pop(0.5)
+    return {"pushed": [list(x) for x in pushed], "popped": [list(first), list(second)]}
+
+
+BLOCKED_S = 0.02  # every gap between handing watch a message and its next receive() longer than this: blocked
+
+
 def drive_watcher(cls, messages: list, timeout_s: float = 1.0) -> dict:
     """Run watch() over a scripted receive channel: `messages` are the ASGI message types it returns in
     order, after which receive() waits forever (like a connection that stays open). Returns how many
-    messages watch read, how many times it called on_disconnect, and whether it returned by itself
-    within timeout_s (False: it was still waiting, and was cancelled)."""
+    messages watch read, how many times it called on_disconnect, whether it returned by itself within
+    timeout_s (False: it was still waiting, and was cancelled), and whether it blocked the event loop: every
+    gap between receive() handing it a message and its next call to receive() took over BLOCKED_S (a
+    watcher that only awaits takes microseconds; one that calls time.sleep takes the sleep; asking for
+    every gap, not one, keeps a machine's hiccup from counting)."""
     async def main():
-        read, calls = [0], [0]
+        read, calls, handed, gaps = [0], [0], [None], []
 
         async def receive():
+            if handed[0] is not None:
+                gaps.append(time.monotonic() - handed[0])
             if read[0] < len(messages):
                 read[0] += 1
                 await asyncio.sleep(0)
+                handed[0] = time.monotonic()
                 return {"type": messages[read[0] - 1], "body": b"", "more_body": False}
+            handed[0] = None
             await asyncio.sleep(3600)
 
         def on_disconnect():
@@ -66,7 +91,8 @@ def drive_watcher(cls, messages: list, timeout_s: float = 1.0) -> dict:
                 await task
             except asyncio.CancelledError:
                 pass
-        return {"read": read[0], "on_disconnect_calls": calls[0], "returned": returned}
+        return {"read": read[0], "on_disconnect_calls": calls[0], "returned": returned,
+                "blocked": bool(gaps) and min(gaps) > BLOCKED_S}
     # A thread of its own: the caller may already run an event loop (a notebook), where asyncio.run fails.
     box: dict = {}
 
@@ -84,29 +110,33 @@ def drive_watcher(cls, messages: list, timeout_s: float = 1.0) -> dict:
 
 
 def drive_cache(cls, max_entries: int, ops: list) -> list:
-    """ops: ("put", key, in_flight, subscribers), ("get", key), ("set", key, in_flight, subscribers) (change
-    the state of the Generation put under key). Returns per op: put -> len(cache); get -> the key of the
-    Generation returned, or None."""
+    """ops: ("put", key, in_flight, subscribers[, finish_reason]), ("get", key), ("set", key, in_flight,
+    subscribers[, finish_reason]) (change the state of the Generation put under key). Returns per op: put
+    or set -> len(cache); get -> the key of the Generation returned, or None."""
     from reference_engine.server.interfaces import Generation
     cache, gens, out = cls(max_entries), {}, []
     for op in ops:
+        reason = op[4] if len(op) > 4 else None
         if op[0] == "put":
-            gens[op[1]] = g = Generation(op[1], "fp", [1], 8, in_flight=op[2], subscribers=op[3])
+            gens[op[1]] = g = Generation(op[1], "fp", [1], 8, finish_reason=reason, in_flight=op[2],
+                                         subscribers=op[3])
             cache.put(op[1], g)
             out.append(len(cache))
         elif op[0] == "get":
             g = cache.get(op[1])
             out.append(None if g is None else g.key)
         else:
-            gens[op[1]].in_flight, gens[op[1]].subscribers = op[2], op[3]
+            g = gens[op[1]]
+            g.in_flight, g.subscribers, g.finish_reason = op[2], op[3], reason
             out.append(len(cache))
     return out
 
 
 def drive_resume(plan, cases: list) -> list:
     """cases: dicts of Generation fields (prompt_token_ids, token_ids, max_tokens, finish_reason, in_flight)
-    and "received". Returns per case (replay, continue_prompt, max_tokens), or ("ValueError", message) when
-    the plan raised ValueError."""
+    and "received". Returns per case (replay, continue_prompt, max_tokens), or (exception type name, message)
+    when the plan raised ValueError or TypeError (the spec asks for ValueError; TypeError is the usual
+    wrong one)."""
     from reference_engine.server.interfaces import Generation
     out = []
     for c in cases:
@@ -114,8 +144,8 @@ def drive_resume(plan, cases: list) -> list:
                        finish_reason=c["finish_reason"], in_flight=c["in_flight"])
         try:
             p = plan(g, c["received"])
-        except ValueError as e:
-            out.append(("ValueError", str(e)[:200]))
+        except (ValueError, TypeError) as e:
+            out.append(("ValueError" if isinstance(e, ValueError) else "TypeError", str(e)[:200]))
             continue
         cont = None if p.continue_prompt is None else list(p.continue_prompt)
         out.append((list(p.replay), cont, p.max_tokens))
@@ -123,15 +153,22 @@ def drive_resume(plan, cases: list) -> list:
 
 
 def drive_framer(cls, interval: float, payloads: list) -> dict:
-    """Every output of an SSEFramer(interval), as bytes; and whether event() refused a two-line payload."""
+    """Every output of an SSEFramer(interval), as bytes; and whether event() refused a two-line payload
+    (split by \\n) and a payload ending in \\r (SSE ends a line at either)."""
     f = cls(interval)
     try:
         f.event('{"a": 1}\n{"b": 2}')
         refused = False
     except ValueError:
         refused = True
+    try:
+        f.event('{"a": 1}\r')
+        refused_cr = False
+    except ValueError:
+        refused_cr = True
     return {"interval": f.keep_alive_interval, "events": [f.event(p) for p in payloads],
-            "keep_alive": f.keep_alive(), "done": f.done(), "refuses_newline": refused}
+            "keep_alive": f.keep_alive(), "done": f.done(), "refuses_newline": refused,
+            "refuses_cr": refused_cr}
 
 
 # -- the server ------------------------------------------------------------------------------------------------
@@ -177,9 +214,11 @@ def _body(prompt: list[int], max_tokens: int) -> dict:
             "ignore_eos": True}
 
 
-def _read(base_url: str, body: dict, headers: dict | None = None, stop_after: int | None = None) -> dict:
+def _read(base_url: str, body: dict, headers: dict | None = None, stop_after: int | None = None,
+          until: threading.Event | None = None) -> dict:
     """One streamed answer read by an SSE parser that follows the spec (an event ends at a blank line).
-    Returns token ids, finish_reason, whether [DONE] came, or the error."""
+    Returns token ids, finish_reason, whether [DONE] came, or the error. stop_after: close the connection
+    after that many tokens; until: close it once this event is set (checked after each event)."""
     import httpx
     ids, reason, done = [], None, False
     try:
@@ -205,7 +244,7 @@ def _read(base_url: str, body: dict, headers: dict | None = None, stop_after: in
                     return {"tokens": ids, "finish_reason": None, "done": False, "error": ev["error"]["code"]}
                 ids += ev["choices"][0]["token_ids"]
                 reason = ev["choices"][0]["finish_reason"] or reason
-                if stop_after is not None and len(ids) >= stop_after:
+                if (stop_after is not None and len(ids) >= stop_after) or (until is not None and until.is_set()):
                     break
     except (httpx.HTTPError, json.JSONDecodeError, KeyError) as e:
         return {"tokens": ids, "finish_reason": reason, "done": done, "error": f"{type(e).__name__}: {str(e)[:120]}"}
@@ -226,8 +265,9 @@ def _aborts(metrics, cause: str) -> float:
 
 
 def run_server(buffer_cls, watcher_cls, cache_cls, plan, framer_cls, high_water: int = 48,
-               long_tokens: int = 400, polite_tokens: int = 24, retry_tokens: int = 40,
-               resume_tokens: int = 60, wait_s: float = 20.0, budget_s: float = 90.0) -> dict:
+               long_tokens: int = 400, polite_tokens: int = 24, retry_tokens: int = 160,
+               resume_tokens: int = 60, wait_s: float = 20.0, budget_s: float = 90.0,
+               pace_retry_below: float = 0.6) -> dict:
     """The server with these parts (plan: a function plan(generation, received) -> ResumePlan) on the draft
     model, greedy, driven by scripted clients. Each wait gives up after wait_s, and all of them together
     after budget_s (a broken part then shows as a client that got nothing, not as a hang). Returns plain
@@ -248,9 +288,25 @@ def run_server(buffer_cls, watcher_cls, cache_cls, plan, framer_cls, high_water:
     server = ServerThread(app, sndbuf=4096, write_buffer_bytes=2048).start()
     aengine, metrics, out = app.state.aengine, app.state.metrics, {}
     service, started = app.state.service, []  # every engine request the server starts: (key, Generation)
+    steps_log: list[tuple[float, float]] = []  # (start, end) of every engine step, appended by the engine thread
+    engine_step = engine.step
+
+    def timed_step():
+        t0 = time.monotonic()
+        try:
+            return engine_step()
+        finally:
+            steps_log.append((t0, time.monotonic()))
+    engine.step = timed_step
     start = service._start
 
+    # key -> {each earlier key: (in_flight, subscribers, finish_reason, tokens) of its latest Generation} when
+    # key first started
+    live_at_start: dict = {}
+
     def recording_start(gen, prompt, params):
+        live_at_start.setdefault(gen.key, {k: (g.in_flight, g.subscribers, g.finish_reason, len(g.token_ids))
+                                           for k, g in started})
         started.append((gen.key, gen))
         start(gen, prompt, params)
     service._start = recording_start
@@ -279,31 +335,66 @@ def run_server(buffer_cls, watcher_cls, cache_cls, plan, framer_cls, high_water:
                          "steps_until_free": aengine.snapshot[0] - steps0,
                          "abort_delay": aengine.abort_delays[-1] if aengine.abort_delays else None,
                          "aborted_as_disconnect": _aborts(metrics, "client_disconnect") == 1}
-        # 2. a reader that stops reading, beside three polite streams
-        sock = socket.socket()
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 2048)
-        try:
-            sock.connect(("127.0.0.1", server.port))
-            raw = json.dumps(_body([21, 22], 400)).encode()
-            sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                         b"Content-Length: " + str(len(raw)).encode() + b"\r\n\r\n" + raw)
-            polite = [_read(url, _body([31, 32, 33 + i], polite_tokens)) for i in range(3)]
-            dropped = bounded(lambda: _aborts(metrics, "slow_reader") == 1, wait_s)
-            out["stall"] = {"polite": polite, "dropped_as_slow": dropped, "freed": bounded(idle, wait_s)}
-        finally:
-            sock.close()
-        # 3. a retried request: a retry while the first is in flight (and, meanwhile, another key arrives:
-        # the cache holds one entry, so only a cache that evicts in-flight answers would drop "retry"),
-        # then one after it finished (a replay)
+        # 2. three polite streams beside a fourth, long stream whose reader keeps up (the baseline), then
+        # the same three beside a long stream whose reader stops reading. Step time grows with the batch,
+        # so both phases run one long answer beside the polite one; what differs is only the stalled reader.
+        # On a loaded machine one window can be slowed by other work: a pace ratio below pace_retry_below
+        # is measured once more (a part that busy-waits or blocks is slow on every try).
+        def polite_phase():
+            """The three polite streams, read one after another, and the engine steps that ran meanwhile."""
+            n0, t0 = len(steps_log), time.monotonic()
+            streams = [_read(url, _body([31, 32, 33 + i], polite_tokens)) for i in range(3)]
+            t1 = time.monotonic()
+            took = [b - a for a, b in steps_log[n0:] if t0 <= a and b <= t1]
+            return streams, {"tokens": sum(len(x["tokens"]) for x in streams), "steps": len(took),
+                             "wall_s": t1 - t0, "busy_s": sum(took)}
+
+        def stall_round():
+            stop, reader = threading.Event(), {}
+            keeps_up = threading.Thread(target=lambda: reader.update(r=_read(url, _body([21, 23], long_tokens),
+                                                                              until=stop)), daemon=True)
+            keeps_up.start()
+            bounded(lambda: aengine.snapshot[2] >= 1 or not keeps_up.is_alive(), wait_s)
+            _, baseline = polite_phase()
+            stop.set()
+            keeps_up.join(max(0.0, end - time.monotonic()))
+            bounded(idle, wait_s)
+            slow0 = _aborts(metrics, "slow_reader")
+            sock = socket.socket()
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 2048)
+            try:
+                sock.connect(("127.0.0.1", server.port))
+                raw = json.dumps(_body([21, 22], long_tokens)).encode()
+                sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                             b"Content-Length: " + str(len(raw)).encode() + b"\r\n\r\n" + raw)
+                bounded(lambda: aengine.snapshot[2] >= 1, wait_s)
+                polite, beside = polite_phase()
+                dropped = bounded(lambda: _aborts(metrics, "slow_reader") == slow0 + 1, wait_s)
+                return {"polite": polite, "dropped_as_slow": dropped, "freed": bounded(idle, wait_s),
+                        "pace": [baseline, beside]}
+            finally:
+                sock.close()
+
+        def ratio(pace):
+            (b, x) = pace
+            return (x["tokens"] / x["wall_s"]) / (b["tokens"] / b["wall_s"]) if b["tokens"] and x["wall_s"] else 0.0
+        out["stall"] = stall_round()
+        out["stall"]["paces"] = [out["stall"].pop("pace")]
+        if ratio(out["stall"]["paces"][0]) < pace_retry_below and out["stall"]["dropped_as_slow"]:
+            out["stall"]["paces"].append(stall_round()["pace"])
+        # 3. a retried request: while the first attempt is in flight, another key is put into the one-entry
+        # cache (only a cache that evicts a live entry loses "retry") and a second attempt attaches; a third
+        # comes after the end (a replay). The answer is long, so that it is still being generated when
+        # "other" arrives; live_at_other records whether it was (else the case is not graded).
         body, key = _body([41, 42, 43], retry_tokens), {"Idempotency-Key": "retry"}
         results: dict = {}
         first = threading.Thread(target=lambda: results.update(first=_read(url, body, key)), daemon=True)
         first.start()
-        bounded(lambda: comps.cache.get("retry") is not None, wait_s)
+        bounded(lambda: any(k == "retry" for k, _ in started) or "first" in results, wait_s)
         other = threading.Thread(target=lambda: results.update(other=_read(url, _body([44], polite_tokens),
                                                                             {"Idempotency-Key": "other"})), daemon=True)
         other.start()
-        bounded(lambda: aengine.snapshot[2] >= 2 or "other" in results, wait_s)
+        bounded(lambda: "other" in live_at_start or "other" in results, wait_s)
         second = _read(url, body, key)
         first.join(max(0.0, end - time.monotonic()))
         other.join(max(0.0, end - time.monotonic()))
@@ -311,7 +402,9 @@ def run_server(buffer_cls, watcher_cls, cache_cls, plan, framer_cls, high_water:
         requests, tokens, gens = generated("retry")
         out["retry"] = {"streams": [results.get("first"), second, third], "other": results.get("other"),
                         "engine_requests": requests, "engine_tokens": tokens, "generations": gens,
-                        "answer": retry_tokens}
+                        "answer": retry_tokens,
+                        # the server puts "other" into the cache right after starting it: the state of "retry" then
+                        "at_other": live_at_start.get("other", {}).get("retry")}
         # 4. a client that loses the tail, then resumes with the key and the count it holds
         body, key = _body([51, 52], resume_tokens), "resume"
         part = _read(url, body, {"Idempotency-Key": key}, stop_after=10)

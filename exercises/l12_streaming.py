@@ -41,9 +41,11 @@ class CoalescingBuffer:
           waiting and the oldest one arrived more than max_lag_s before `now` (now - oldest > max_lag_s).
           Then the buffer becomes dead, drops everything it held (a dead stream keeps no memory) and
           returns False. Else it appends the tokens (the oldest's arrival time is `now` if nothing was
-          waiting) and returns True. Decide BEFORE appending: pending never exceeds high_water.
+          waiting; an empty push adds no token and starts no clock) and returns True. Decide BEFORE
+          appending: pending never exceeds high_water. Keep a copy: the caller's list is not yours to change.
       pop(now) -> list[int]: every waiting token, in order, as one list (a reader that fell behind gets
-          one bigger event, not many small ones); the buffer is then empty. [] when nothing waits.
+          one bigger event, not many small ones); the buffer is then empty, and the lag clock starts
+          again with the next token pushed. [] when nothing waits.
       pending (property) -> int: the number of tokens waiting.
       dead (attribute) -> bool: True once push has returned False.
 
@@ -126,10 +128,12 @@ class IdempotencyCache:
 def plan_resume(generation: Generation, received: int) -> ResumePlan:
     """Exercise 12.4: what a client holding `received` tokens of `generation` gets next (a ResumePolicy).
 
-    Raise ValueError when received is not an int, is negative, or exceeds len(generation.token_ids) (a
-    client cannot hold tokens the server never made). Otherwise:
+    Raise ValueError when received is not an int (a float, a string, or a bool: True is no count), is
+    negative, or exceeds len(generation.token_ids) (a client cannot hold tokens the server never made).
+    Otherwise:
       replay = generation.token_ids[received:], the cached tokens the client lacks (sent first);
-      if the answer is finished (generation.finished), or an engine request is producing it now
+      if the answer is finished (generation.finished: "stop" or "length", even with max_tokens left), or
+      an engine request is producing it now
       (generation.in_flight: the stream attaches to it), or no token is left to make
       (max_tokens - len(token_ids) <= 0): ResumePlan(replay), nothing to generate;
       else ResumePlan(replay, continue_prompt, left): a new engine request continues from the END of
@@ -157,8 +161,9 @@ class SSEFramer:
 
     SSEFramer(keep_alive_interval): keep the interval as the attribute keep_alive_interval (seconds of
     silence after which the server sends keep_alive()).
-      event(payload) -> b"data: " + payload + b"\\n\\n" (UTF-8). The blank line ends the event; a newline
-          inside the payload would end the field early, so raise ValueError if payload has one.
+      event(payload) -> b"data: " + payload + b"\\n\\n" (UTF-8). The blank line ends the event; a line break
+          inside the payload would end the field early, so raise ValueError if payload has one (\\n or \\r:
+          SSE ends a line at either).
       keep_alive() -> a comment, a line starting with b":" and ending with b"\\n\\n" (clients ignore it;
           proxies and load balancers see traffic and keep the idle connection open).
       done() -> b"data: [DONE]\\n\\n", the OpenAI end-of-stream marker.

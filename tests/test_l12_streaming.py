@@ -3,6 +3,7 @@ with the reference when they have no variant, and each must differ from it on a 
 from __future__ import annotations
 
 import random
+import time
 from functools import partial
 
 import pytest
@@ -36,9 +37,9 @@ def test_buffer_refuses_bad_limits(bad):
 
 def test_watcher_reads_until_the_disconnect():
     assert drive_watcher(sol.DisconnectWatcher, ["http.request", "http.disconnect", "http.request"], 0.2) == \
-        {"read": 2, "on_disconnect_calls": 1, "returned": True}
+        {"read": 2, "on_disconnect_calls": 1, "returned": True, "blocked": False}
     assert drive_watcher(sol.DisconnectWatcher, ["http.request"], 0.1) == \
-        {"read": 1, "on_disconnect_calls": 0, "returned": False}
+        {"read": 1, "on_disconnect_calls": 0, "returned": False, "blocked": False}
 
 
 def test_cache_docstring_example():
@@ -160,13 +161,64 @@ class _Once:
             on_disconnect()
 
 
-@pytest.mark.parametrize("variant,cls", [("any", _AnyMessage), ("keeps_reading", _KeepsReading), ("once", _Once)])
+class _Blocks:
+    async def watch(self, receive, on_disconnect):
+        while True:
+            time.sleep(0.05)
+            if (await receive())["type"] == "http.disconnect":
+                on_disconnect()
+                return
+
+
+@pytest.mark.parametrize("variant,cls", [("any", _AnyMessage), ("keeps_reading", _KeepsReading), ("once", _Once),
+                                         ("blocks", _Blocks)])
 def test_watcher_variants_describe_those_watchers(variant, cls):
     for _, messages in chk.WATCHER_CASES:
-        assert chk.watcher_variant(messages, variant) == drive_watcher(cls, messages, 0.1), messages
+        assert chk.watcher_variant(messages, variant) == drive_watcher(cls, messages, 0.3), messages
 
 
 def test_framer_variants_differ_from_the_reference():
     expected = drive_framer(sol.SSEFramer, 1.0, chk.PAYLOADS)
     for v in chk.FRAMER_MISTAKES.values():
         assert chk.framer_variant(expected, v) != expected
+
+
+# -- the server's side of the cache --------------------------------------------------------------------------------
+
+class _QueueOnly:
+    """An AsyncEngine stand-in that only records what the service queues."""
+
+    def __init__(self):
+        self.added, self.aborted = [], []
+
+    def add(self, rid, prompt, params, on_outputs):
+        self.added.append(rid)
+
+    def abort(self, rid, cause):
+        self.aborted.append(rid)
+
+
+def test_a_new_answer_is_live_when_the_server_puts_it_into_a_full_cache():
+    """GenerationService.open attaches and starts a new Generation before putting it into the cache: a
+    cache full of live entries must keep the new one too (else its retry starts a second answer)."""
+    from reference_engine.sampling import SamplingParams
+    from reference_engine.server.serving import GenerationService
+    comps = sol.components(max_entries=1)
+    service = GenerationService(_QueueOnly(), comps)
+    params = SamplingParams(temperature=0, max_tokens=8)
+    first = service.open([1, 2], params, "fp1", key="a")
+    second = service.open([3], params, "fp2", key="b")
+    assert comps.cache.get("a") is first.gen and comps.cache.get("b") is second.gen and len(comps.cache) == 2
+    assert service.open([3], params, "fp2", key="b").gen is second.gen, "a retry attaches to the same answer"
+
+
+def test_the_retry_case_is_not_graded_only_when_the_machine_outran_the_scenario():
+    assert chk._too_slow((False, 0, "length", 160)), "generated to its end before 'other' came: not graded"
+    assert not chk._too_slow((True, 1, None, 20)) and not chk._too_slow((False, 1, "length", 160))
+    assert not chk._too_slow((False, 0, "abort", 3)), "aborted early: a part's doing, graded"
+
+    class _T:
+        parts: list = []
+    chk._not_graded(_T, "a case", "the machine was too slow")
+    (part,) = _T.parts
+    assert not part.graded and not part.passed and part.message.startswith("not graded")

@@ -65,10 +65,16 @@ class GenerationService:
                                param="X-Resume-From", code="unknown_idempotency_key")
             gen = Generation(key, fp, list(prompt_token_ids), params.max_tokens, params=params)
             gen.uid = f"gen-{next(self._uids)}"
-            if key is not None:
-                cache.put(key, gen)
             sub = self._attach(gen, [], 0)
             self._start(gen, gen.prompt_token_ids, params)
+            if key is not None:
+                # Put only once the Generation is subscribed and in flight: a cache full of live entries
+                # would otherwise evict the new one at once, and its retry would start a second answer.
+                try:
+                    cache.put(key, gen)
+                except BaseException:
+                    self.release(sub)  # aborts the request just queued: nobody will read it
+                    raise
             return sub
         if gen.fingerprint != fp:
             raise APIError(422, "this Idempotency-Key was first used with a different request body; use a new key "
