@@ -65,6 +65,8 @@ def compare_number(got, expected, rtol: float = 1e-9, atol: float = 0.0) -> str 
         return f"expected a number, got {describe(got)} ({fmt(got)[:80]})"
     if isinstance(got, complex):
         return f"expected a real number, got the complex number {got}"
+    if isinstance(expected, float) and math.isnan(expected):  # as for tensors: only a NaN matches a NaN
+        return None if math.isnan(got) else f"got {fmt(got)}, expected NaN"
     if math.isnan(got):
         return "got NaN"
     if math.isinf(expected) or math.isinf(got):

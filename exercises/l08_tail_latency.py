@@ -42,7 +42,8 @@ def tail_summary(requests: Sequence[dict], q: float = 99) -> dict[str, tuple[flo
     between consecutive token times, pooled over all requests (one value per gap, as vLLM's serving
     benchmark pools them; a request with one token adds none). Percentiles as np.percentile (linear).
 
-    Returns {"ttft": (p50, pq), "itl": (p50, pq), "e2e": (p50, pq)}, floats.
+    Returns {"ttft": (p50, pq), "itl": (p50, pq), "e2e": (p50, pq)}, floats; (nan, nan) for a metric with no
+    values (when every request has one token there is no gap, so no ITL).
 
     >>> r = [{"arrival": 0.0, "token_times": [0.5, 0.6, 1.0], "finish": 1.0},
     ...      {"arrival": 1.0, "token_times": [1.2], "finish": 1.2}]
@@ -132,7 +133,8 @@ def first_suspect(requests: Sequence[dict], steps_by_replica: Sequence[Sequence[
       "queueing":             shares["queue_s"] >= min_share and no request was preempted (num_preemptions
                               all 0: with preemptions the queue is a symptom of a full KV pool, not of load);
       "prefill_interference": shares["prefill_stall_s"] >= min_share;
-      "preemption":           shares["preempted_s"] >= min_share, or any request was preempted;
+      "preemption":           shares["preempted_s"] >= min_share, or any request (in the tail or not) was
+                              preempted;
       "host_stall":           shares["host_gap_s"] >= min_share;
       "bad_replica":          straggler_replica(per-replica lists of per_token_latency, ratio) is not None.
     Otherwise "none".

@@ -88,6 +88,8 @@ def test_an_expected_nan_is_matched_only_by_a_nan():
     assert compare(torch.tensor([1.0, float("nan")]), expected) is None
     assert compare(torch.tensor([1.0, 0.0]), expected) is not None
     assert compare(torch.tensor([float("nan"), float("nan")]), expected) is not None
+    assert compare(float("nan"), float("nan")) is None and compare(1.0, float("nan")) is not None
+    assert compare(float("nan"), 1.0) == "got NaN"
 
 
 def test_the_fast_path_for_large_exact_matches_keeps_compares_verdicts(monkeypatch):
@@ -105,6 +107,6 @@ def test_the_fast_path_for_large_exact_matches_keeps_compares_verdicts(monkeypat
              ({str(i): i for i in range(40)}, {str(i): i for i in range(40)}, {}),
              ({str(i): float(i) for i in range(40)}, {str(i): i for i in range(40)}, {})]
     fast = [C.compare(g, e, **kw) for g, e, kw in cases]
-    assert fast[0] is None and fast[1] is not None and fast[5] is not None
+    assert fast[0] is None and fast[1] is not None and fast[5] is None  # NaN matches NaN, as for tensors
     monkeypatch.setattr(C, "_identical", lambda got, expected: False)
     assert fast == [C.compare(g, e, **kw) for g, e, kw in cases]

@@ -107,6 +107,8 @@ def test_grader_copies_match_the_solutions():
     for _ in range(200):
         lats, ratio = checks.random_latencies(rng)
         assert checks.straggler_variant(lats, ratio) == S.straggler_replica(lats, ratio)
+    for _, (lats, ratio) in checks.STRAGGLER_CASES:
+        assert checks.straggler_variant(lats, ratio) == S.straggler_replica(lats, ratio)
 
 
 def test_attribution_adds_up_within_the_request():
@@ -139,8 +141,10 @@ def test_every_mistake_shows_in_a_visible_case():
     seen |= _offered({n: checks.summary_variant(rs, 99, **kw) for n, kw in checks.SUMMARY_MISTAKES.items()}, S.tail_summary(rs, 99))
     assert seen == set(checks.SUMMARY_MISTAKES)
 
-    seen = _offered({n: checks.attribute(checks.DOC_REQUEST, checks.DOC_STEPS, **kw) for n, kw in checks.ATTRIBUTE_MISTAKES.items()},
-                    S.attribute_request(checks.DOC_REQUEST, checks.DOC_STEPS))
+    seen = set()
+    for _, (request, st) in checks.SMALL_ATTRIBUTE_CASES:
+        seen |= _offered({n: checks.attribute(request, st, **kw) for n, kw in checks.ATTRIBUTE_MISTAKES.items()},
+                         S.attribute_request(request, st))
     for cause in ("host_stall", "preemption", "prefill_interference"):
         data = checks.replay(cause, checks.VISIBLE_SEED)
         for i in checks.pick_requests(data["requests"]):
@@ -151,6 +155,10 @@ def test_every_mistake_shows_in_a_visible_case():
     assert seen == set(checks.ATTRIBUTE_MISTAKES)
 
     seen = set()
+    rs, st = checks.fleet(**checks.SHARES_FLEET)
+    for q in (90, 85):
+        seen |= _offered({n: checks.shares_variant(rs, st, q, **kw) for n, kw in checks.SHARES_MISTAKES.items()},
+                         S.tail_shares(rs, st, q))
     for cause, q in (("queueing", 90), ("bad_replica", 95)):
         data = checks.replay(cause, checks.VISIBLE_SEED)
         expected = S.tail_shares(data["requests"], data["steps"], q)
@@ -162,16 +170,100 @@ def test_every_mistake_shows_in_a_visible_case():
 
     seen = set()
     for _, (lats, ratio) in checks.STRAGGLER_CASES:
-        seen |= _offered({n: checks.straggler_variant(lats, ratio, **kw) for n, kw in checks.STRAGGLER_MISTAKES.items()},
-                         S.straggler_replica(lats, ratio))
-    assert seen == set(checks.STRAGGLER_MISTAKES)
+        seen |= _offered(checks.straggler_mistakes(lats, ratio), S.straggler_replica(lats, ratio))
+    assert seen == {*checks.STRAGGLER_MISTAKES, checks.RATIO_IGNORED}
 
     seen = set()
     for cause in ("none", *checks.CAUSES):
         data = checks.replay(cause, checks.VISIBLE_SEED)
-        seen |= _offered({n: checks.suspect_variant(data["requests"], data["steps"], **kw)
-                          for n, kw in checks.SUSPECT_MISTAKES.items()}, cause)
-    assert seen == set(checks.SUSPECT_MISTAKES)
+        seen |= _offered(checks.suspect_mistakes(data["requests"], data["steps"]), cause)
+    for _, fleet_faults, args in checks.SUSPECT_CASES:
+        rs, st = checks.fleet(**fleet_faults)
+        seen |= _offered(checks.suspect_mistakes(rs, st, *args), S.first_suspect(rs, st, *args))
+    assert seen == {*checks.SUSPECT_MISTAKES, *checks.ARGUMENT_IGNORED.values()}
+
+
+def _named_alone(mistakes: dict, expected) -> set:
+    """The mistakes a learner making them would see named alone: wrong, and unlike every other mistake."""
+    wrong = {n: v for n, v in mistakes.items() if _differs(v, expected)}
+    return {n for n, v in wrong.items() if all(_differs(v, w) for m, w in wrong.items() if m != n)}
+
+
+# Mistakes no single case can tell from another one (each is named with it, "X; or your code Y"): asking
+# "was anything preempted?" of the tail only gives what judging preemption by its share gives when the
+# preempted request is outside the tail, and what dropping the guard on queueing gives when the tail also
+# queued; a big queue with preemptions named preemption at once differs from the right order only where
+# ruling out preemption before prefill interference does too; E2E > the cut keeps the same requests as the
+# int(n * (1 - q/100)) slowest whenever the cut is a request's E2E.
+INSEPARABLE = {"asks whether a request was preempted of the tail only", "names preemption as soon as a big queue",
+               "takes the tail as E2E > the cut"}
+
+
+def test_the_new_visible_cases_name_each_mistake_alone():
+    """Each mistake of the synthetic cases is named on its own by some visible case (but the inseparable)."""
+    alone = set()
+    for _, (request, st) in checks.SMALL_ATTRIBUTE_CASES:
+        alone |= _named_alone({n: checks.attribute(request, st, **kw) for n, kw in checks.ATTRIBUTE_MISTAKES.items()},
+                              S.attribute_request(request, st))
+    rs, st = checks.fleet(**checks.SHARES_FLEET)
+    for q in (90, 85):
+        alone |= _named_alone({n: checks.shares_variant(rs, st, q, **kw) for n, kw in checks.SHARES_MISTAKES.items()},
+                              S.tail_shares(rs, st, q))
+    for _, (lats, ratio) in checks.STRAGGLER_CASES:
+        alone |= _named_alone(checks.straggler_mistakes(lats, ratio), S.straggler_replica(lats, ratio))
+    for _, fleet_faults, args in checks.SUSPECT_CASES:
+        rs, st = checks.fleet(**fleet_faults)
+        alone |= _named_alone(checks.suspect_mistakes(rs, st, *args), S.first_suspect(rs, st, *args))
+    every = {*checks.ATTRIBUTE_MISTAKES, *checks.SHARES_MISTAKES, *checks.STRAGGLER_MISTAKES, checks.RATIO_IGNORED,
+             *checks.SUSPECT_MISTAKES, *checks.ARGUMENT_IGNORED.values()}
+    # the replays name the rest (the older mistakes, some of them only there)
+    older = {"counts every host gap of the run", "leaves the host gaps in queue_s", "counts the step that produced",
+             "takes the mean of the decode-only", "averages over every request", "averages per-request shares",
+             "judges every request against replica 0", "includes the replica itself", "names queueing although",
+             "judges preemption by its share", "names the largest share", "checks the replicas before",
+             "takes the int(n", "counts a whole prefill-carrying step", "chooses the tail by TTFT"}
+    missing = {n for n in every - alone if not any(n.startswith(p) for p in INSEPARABLE | older)}
+    assert not missing, missing
+
+
+def test_the_synthetic_fleets_are_well_formed_and_the_grader_copies_agree():
+    cases = [checks.SHARES_FLEET] + [f for _, f, _ in checks.SUSPECT_CASES]
+    for fleet_faults in cases:
+        rs, st = checks.fleet(**fleet_faults)
+        for steps in st:
+            assert all(a["end"] <= b["start"] for a, b in zip(steps, steps[1:]))
+        for r in rs:
+            steps = st[r["replica"]]
+            assert set(r["token_times"]) <= {s["end"] for s in steps}
+            assert r["arrival"] <= r["first_scheduled"] <= r["token_times"][0] and r["finish"] == r["token_times"][-1]
+            assert checks.attribute(r, steps) == pytest.approx(S.attribute_request(r, steps), rel=1e-9, abs=1e-12)
+    for _, fleet_faults, args in checks.SUSPECT_CASES:
+        rs, st = checks.fleet(**fleet_faults)
+        assert checks.suspect_variant(rs, st, *args) == S.first_suspect(rs, st, *args)
+    rs, st = checks.fleet(**checks.SHARES_FLEET)
+    for q in (85, 90):
+        assert checks.shares_variant(rs, st, q) == pytest.approx(S.tail_shares(rs, st, q))
+
+
+def test_the_edge_cases_the_synthetic_fleets_are_built_for():
+    # a share exactly at min_share: binary fractions make it exact whatever the order of the sums
+    _, fleet_faults, (q, min_share, _) = next(c for c in checks.SUSPECT_CASES if "exactly min_share" in c[0])
+    rs, st = checks.fleet(**fleet_faults)
+    assert S.tail_shares(rs, st, q)["queue_s"] == min_share
+    # the only preempted request is outside the tail
+    rs, st = checks.fleet(**checks.SUSPECT_CASES[0][1])
+    cut = np.percentile([r["finish"] - r["arrival"] for r in rs], 90)
+    assert [r["finish"] - r["arrival"] < cut for r in rs if r["num_preemptions"]] == [True]
+    # the q=90 cut of SHARES_FLEET is the E2E of two tied requests; at q=85 ceil(20 * 0.15) is 4, not 3
+    rs, _ = checks.fleet(**checks.SHARES_FLEET)
+    e2e = sorted(r["finish"] - r["arrival"] for r in rs)
+    assert np.percentile(e2e, 90) == e2e[-2] == e2e[-3] < e2e[-1]
+    assert sum(x >= np.percentile(e2e, 85) for x in e2e) == 3 and int(np.ceil(20 * (1 - 85 / 100))) == 4
+
+
+def test_one_token_requests_have_no_itl():
+    out = S.tail_summary(checks.ONE_TOKEN, 99)
+    assert all(np.isnan(x) for x in out["itl"]) and not any(np.isnan(x) for x in out["ttft"] + out["e2e"])
 
 
 def test_tail_summary_docstring_and_edge_cases():

@@ -9,7 +9,10 @@ functions get the records as plain dicts, rebuilt in the learner's process from 
 on one replay in one round trip (call_on_replay). The verdicts are made here. The diagnosis check names the injected fault as the answer, on visible replays
 (workload seed 2) and hidden ones (other workload seeds, tested in tests/test_l08_tail_latency.py to be
 diagnosed right by the reference). Wrong answers are named by running the usual wrong versions (the
-grader's own copies, below) on the same data.
+grader's own copies, below) on the same data. Small hand-made records add what the replays never show:
+docstring-sized steps for attribute_request's edges, and synthetic fleets (fleet(), binary-fraction times, so
+every sum is exact) for a tie at the tail's cut, a share exactly at min_share, a preempted request outside
+the tail, two signals at once, and q, min_share and ratio passed on.
 """
 from __future__ import annotations
 
@@ -117,6 +120,30 @@ def _resolve(arg, requests, steps):
     return arg
 
 
+def call_hinted(t, name: str, *args):
+    """t.call(name, *args), with a teaching message for a KeyError on a time: a token time looked up among
+    steps that did not produce it (the traceback alone only shows `by_end[t]`)."""
+    from autograder.core import LearnerRaised
+
+    try:
+        return t.call(name, *args)
+    except LearnerRaised as e:
+        msg = str(e.info.get("message") or "")
+        if e.info.get("not_implemented") or not e.is_a(KeyError) or not _is_number(msg):
+            raise
+        t.fail(f"{name}() raised KeyError {msg}: a token time that is the end of no step in the steps it was "
+               "looked up in. Looks like your code judges a request against another replica's steps; each "
+               f"request ran on steps_by_replica[request[\"replica\"]].\n{e.tb_text}")
+
+
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
+
+
 def learner_calls(t, name: str, cause: str, seed: int, calls: list, args_here) -> list:
     """The learner's `name` on each of `calls` (see call_on_replay) of replay (cause, seed), in one round
     trip. Returns one zero-argument function per call that gives its value inside a case (failing it if
@@ -128,7 +155,7 @@ def learner_calls(t, name: str, cause: str, seed: int, calls: list, args_here) -
     try:
         got = t.run(call_on_replay, t.learner(name), columns(cause, seed), calls, what=name)
     except LearnerRaised:
-        return [functools.partial(t.call, name, *args_here(spec)) for spec in calls]
+        return [functools.partial(call_hinted, t, name, *args_here(spec)) for spec in calls]
 
     def value(v, changed):
         if changed is not None:
@@ -146,6 +173,48 @@ def columns(cause: str, seed: int) -> dict:
 def here(data: dict):
     """args_here for learner_calls: the records themselves for each argument of a call spec."""
     return lambda spec: [_resolve(a, data["requests"], data["steps"]) for a in spec]
+
+
+# -- synthetic fleets: small plain records where each signal is placed by hand ----------------------------
+
+STEP = 1 / 64  # one plain decode step of the synthetic fleet (s): binary fractions keep every sum exact
+
+
+def fleet(lengths=(6, 7, 8, 9, 10, 11, 12, 16), replicas=2, slow=None, queue=None, sat_out=None, preempted=(),
+          flood=None, host=None):
+    """A synthetic fleet (requests, steps_by_replica), for the cases that need two signals at once, a
+    preempted request outside the tail, a share exactly at min_share, a tie at the tail's cut: cheaper and
+    more exact than a replay. Replica r admits its request k at step 4k (that step computes its prompt) and
+    gives it one token per step for lengths[k] tokens (lengths: one tuple for every replica, or one per
+    replica); every step lasts STEP times slow[r]. Faults, keyed (replica, request) or (replica, step):
+    queue: steps waited before admission; sat_out: (first step, count) of steps the request sits out (and
+    num_preemptions 1); preempted: requests counted as preempted (num_preemptions 1) that sat nothing out;
+    flood: extra STEPs a prefill-heavy step lasts; host: idle STEPs before a step."""
+    slow, queue, sat_out, flood, host = slow or {}, queue or {}, sat_out or {}, flood or {}, host or {}
+    per_replica = isinstance(lengths[0], (tuple, list))
+    requests, steps_by_replica = [], []
+    for r in range(replicas):
+        plan = []
+        for k, n in enumerate(lengths[r] if per_replica else lengths):
+            a, c = sat_out.get((r, k), (0, 0))
+            plan.append((k, [j for j in range(4 * k, 4 * k + n + c) if not a <= j < a + c]))
+        steps, clock, unit = [], 0.0, STEP * slow.get(r, 1)
+        for j in range(1 + max(toks[-1] for _, toks in plan)):
+            clock += host.get((r, j), 0) * unit
+            end = clock + (1 + flood.get((r, j), 0)) * unit
+            prefill = 32 * sum(4 * k == j for k, _ in plan) + (512 if (r, j) in flood else 0)
+            steps.append({"start": clock, "end": end, "prefill_tokens": prefill, "decode_tokens": 1,
+                          "preempted": 0, "running": 1, "waiting": 0})
+            clock = end
+        for k, toks in plan:
+            times = [steps[j]["end"] for j in toks]
+            requests.append({"arrival": steps[4 * k]["start"] - queue.get((r, k), 0) * STEP,
+                             "first_scheduled": steps[4 * k]["start"], "token_times": times, "finish": times[-1],
+                             "num_preemptions": int((r, k) in sat_out or (r, k) in preempted),
+                             "prompt_tokens": 32, "replica": r})
+        steps_by_replica.append(steps)
+    requests.sort(key=lambda x: (x["arrival"], x["replica"]))
+    return requests, steps_by_replica
 
 
 # -- 1.1 tail_summary ----------------------------------------------------------------------------------
@@ -189,6 +258,36 @@ def _small_requests(rng, n=12):
     return out
 
 
+# every request has one token: no gap, so no ITL value at all (the docstring asks for (nan, nan))
+ONE_TOKEN = [{"arrival": 0.0, "first_scheduled": 0.25, "token_times": [0.5], "finish": 0.5},
+             {"arrival": 1.0, "first_scheduled": 1.0, "token_times": [1.25], "finish": 1.25},
+             {"arrival": 2.0, "first_scheduled": 2.5, "token_times": [3.0], "finish": 3.0}]
+
+
+def one_token_case(t):
+    from autograder.core import LearnerRaised
+
+    with t.case("visible: every request has one token (no gap, so no ITL value at all)"):
+        expected = t.ref.tail_summary(ONE_TOKEN, 99)
+        try:
+            got = t.call("tail_summary", ONE_TOKEN, 99)
+        except LearnerRaised as e:
+            if e.info.get("not_implemented"):
+                raise
+            t.fail(f"tail_summary() raised {e.type_name} on requests of one token each. With no gap there is no "
+                   "ITL value (np.percentile of an empty list raises); the docstring asks for (nan, nan) for a "
+                   f"metric with no values.\n{e.tb_text}")
+        itl = got.get("itl") if isinstance(got, dict) else None
+        t.expect_true(isinstance(itl, (tuple, list)) and len(itl) == 2
+                      and all(isinstance(x, float) and math.isnan(x) for x in itl),
+                      f"the ITL pair: got {itl!r}, expected (nan, nan): with no gap there is no ITL value, and the "
+                      "docstring asks for (nan, nan) for a metric with no values")
+        keys = ("ttft", "e2e")
+        mistakes = {name: {k: summary_variant(ONE_TOKEN, 99, **kw)[k] for k in keys} for name, kw in SUMMARY_MISTAKES.items()}
+        t.expect({k: got.get(k) for k in keys}, {k: expected[k] for k in keys}, "the TTFT and E2E pairs", rtol=1e-9,
+                 atol=1e-12, mistakes=mistakes)
+
+
 @check(points=2, section="1.1", timeout=60)
 def tail_summary(t):
     """p50 and p99 of TTFT, pooled ITL and E2E."""
@@ -207,6 +306,7 @@ def tail_summary(t):
             got = call()
             mistakes = {name: summary_variant(requests, q, **kw) for name, kw in SUMMARY_MISTAKES.items()}
             t.expect(got, expected, "the (p50, pq) pairs", rtol=1e-9, atol=1e-12, mistakes=mistakes)
+    one_token_case(t)
 
 
 # -- 2.1 attribute_request -----------------------------------------------------------------------------
@@ -224,8 +324,9 @@ class StepIndex:
         self.gap_lo = [a["end"] for a in steps[:-1]]
         self.gap_hi = [b["start"] for b in steps[1:]]
         self.gap_cum = [0.0, *np.cumsum([max(0.0, h - lo) for lo, h in zip(self.gap_lo, self.gap_hi)]).tolist()]
+        self.gaps = [(lo, h) for lo, h in zip(self.gap_lo, self.gap_hi) if h > lo]  # the idle ones
         plain = [d for s, d in zip(steps, dur) if s["prefill_tokens"] == 0]
-        self.base = {"median": float(np.median(plain)) if plain else 0.0,
+        self.base = {"median": float(np.median(plain)) if plain else 0.0, "none": float(np.median(plain)) if plain else math.nan,
                      "mean": float(np.mean(plain)) if plain else 0.0, "all": float(np.median(dur)) if dur else 0.0}
 
     def idle_before(self, x: float) -> float:
@@ -252,24 +353,38 @@ def step_index(steps) -> StepIndex:
 
 
 def attribute(request, steps, gaps_everywhere=False, queue_with_gaps=False, inclusive=False, whole_step=False,
-              mean_base=False, base_all=False):
+              mean_base=False, base_all=False, host="overlap", first_step=False, clamp=True, no_fallback=False):
     """attribute_request (the grader's copy) and its usual wrong versions, one keyword each: host gaps of
     the whole run (not clipped to the request's life), queue time with the host gaps left in, the token step
     counted as sat out (<= instead of <), the whole prefill step as stall (no base), the base as a mean, or
-    the base over every step. The same sums as the solution, taken from the cumulative sums of StepIndex."""
+    the base over every step; host="whole" counts a gap that overlaps [arrival, finish] whole, "contained"
+    only the gaps wholly inside it, "from_sched" the overlap with [first_scheduled, finish]; first_step counts the first token's own prefill step as stall;
+    clamp=False lets a step faster than the base subtract; no_fallback leaves the base nan (np.median of no
+    decode-only step), which Python's max(0.0, nan) turns into no stall at all. The same sums as the
+    solution, taken from the cumulative sums of StepIndex."""
     arrival, sched, times = request["arrival"], request["first_scheduled"], request["token_times"]
     finish = times[-1]
     ix = step_index(steps)
-    base = 0.0 if whole_step else ix.base["mean" if mean_base else "all" if base_all else "median"]
+    base = 0.0 if whole_step else ix.base["mean" if mean_base else "all" if base_all else "none" if no_fallback else "median"]
     preempted = stall = 0.0
+    firsts = [times[0]] if first_step else []
     for prev, cur in zip(times, times[1:]):
         hi = (bisect.bisect_right if inclusive else bisect.bisect_left)(ix.ends, cur)
         lo = bisect.bisect_right(ix.ends, prev)
         preempted += ix.dur_cum[hi] - ix.dur_cum[lo] if hi > lo else 0.0
+    for cur in firsts + times[1:]:
         s = ix.by_end.get(cur)  # None only for a wrong version judging a request against another replica
         if s is not None and s["prefill_tokens"] > 0:
-            stall += max(0.0, s["end"] - s["start"] - base)
-    host = ix.gap_cum[-1] if gaps_everywhere else ix.idle(arrival, finish)
+            d = s["end"] - s["start"] - base
+            stall += max(0.0, d) if clamp else d
+    if host == "whole":
+        host = sum((h - lo for lo, h in ix.gaps if h > arrival and lo < finish), 0.0)
+    elif host == "contained":
+        host = sum((h - lo for lo, h in ix.gaps if lo >= arrival and h <= finish), 0.0)
+    elif host == "from_sched":
+        host = ix.idle(sched, finish)
+    else:
+        host = ix.gap_cum[-1] if gaps_everywhere else ix.idle(arrival, finish)
     queue = sched - arrival - (0.0 if queue_with_gaps else ix.gap_cum[-1] if gaps_everywhere else ix.idle(arrival, sched))
     return {"queue_s": queue, "prefill_stall_s": stall, "preempted_s": preempted, "host_gap_s": host}
 
@@ -287,6 +402,18 @@ ATTRIBUTE_MISTAKES = {
         dict(mean_base=True),
     "takes the base over every step; it is the median of the decode-only steps (prefill_tokens == 0)":
         dict(base_all=True),
+    "counts a host gap the request arrived in whole; only its part after arrival (the overlap with "
+    "[arrival, finish]) is this request's": dict(host="whole"),
+    "counts only the host gaps wholly inside [arrival, finish]; a gap the request arrived in counts from "
+    "arrival on": dict(host="contained"),
+    "counts host gaps from first_scheduled on; the request's life, and its host time, starts at arrival":
+        dict(host="from_sched"),
+    "counts the first token's own prefill step as stall; the first token's prefill is the request's own "
+    "work, only the steps of tokens k >= 1 can stall it": dict(first_step=True),
+    "lets a prefill step faster than the base count negative; each step adds max(0, duration - base)":
+        dict(clamp=False),
+    "has no base when the replica has no decode-only step (np.median([]) is nan, and max(0.0, nan) drops "
+    "every stall); the base is then 0": dict(no_fallback=True),
 }
 
 DOC_STEPS = [{"start": 0.0, "end": 1.0, "prefill_tokens": 10, "decode_tokens": 0},
@@ -294,6 +421,30 @@ DOC_STEPS = [{"start": 0.0, "end": 1.0, "prefill_tokens": 10, "decode_tokens": 0
              {"start": 2.125, "end": 2.875, "prefill_tokens": 8, "decode_tokens": 2},
              {"start": 2.875, "end": 3.375, "prefill_tokens": 0, "decode_tokens": 2}]
 DOC_REQUEST = {"arrival": 0.5, "first_scheduled": 1.125, "token_times": [2.125, 2.875, 3.375], "finish": 3.375}
+# a prefill step (0.25 s) faster than the decode-only base (0.5 s): it adds no stall, and takes none away
+FAST_STEPS = [{"start": 0.0, "end": 1.0, "prefill_tokens": 10, "decode_tokens": 0},
+              {"start": 1.0, "end": 1.25, "prefill_tokens": 4, "decode_tokens": 1},
+              {"start": 1.25, "end": 1.75, "prefill_tokens": 0, "decode_tokens": 1},
+              {"start": 1.75, "end": 2.25, "prefill_tokens": 0, "decode_tokens": 1}]
+# two host pauses before admission: one the request arrived in (it counts from arrival), one wholly after
+PAUSED_STEPS = [{"start": 0.0, "end": 1.0, "prefill_tokens": 10, "decode_tokens": 0},
+                {"start": 1.125, "end": 2.125, "prefill_tokens": 9, "decode_tokens": 1},
+                {"start": 2.25, "end": 2.75, "prefill_tokens": 8, "decode_tokens": 1},
+                {"start": 2.75, "end": 3.25, "prefill_tokens": 0, "decode_tokens": 2},
+                {"start": 3.25, "end": 3.75, "prefill_tokens": 0, "decode_tokens": 2}]
+# no decode-only step: the base is 0, so each later prefill step stalls the request by its whole duration
+PREFILL_ONLY_STEPS = [{"start": 0.0, "end": 0.25, "prefill_tokens": 10, "decode_tokens": 0},
+                      {"start": 0.25, "end": 0.75, "prefill_tokens": 9, "decode_tokens": 1},
+                      {"start": 0.75, "end": 1.75, "prefill_tokens": 8, "decode_tokens": 1}]
+SMALL_ATTRIBUTE_CASES = [
+    ("visible: the docstring's example", (DOC_REQUEST, DOC_STEPS)),
+    ("visible: a request that arrived during a host pause (1.0 to 1.125 s) at 1.0625 s and queued past another",
+     ({"arrival": 1.0625, "first_scheduled": 2.25, "token_times": [2.75, 3.25, 3.75], "finish": 3.75}, PAUSED_STEPS)),
+    ("visible: three prefill-carrying steps of 0.25, 0.5 and 1.0 s, no decode-only step (base 0)",
+     ({"arrival": 0.0, "first_scheduled": 0.0, "token_times": [0.25, 0.75, 1.75], "finish": 1.75}, PREFILL_ONLY_STEPS)),
+    ("visible: a 0.25 s prefill step against a 0.5 s decode-only base",
+     ({"arrival": 0.0, "first_scheduled": 0.0, "token_times": [1.0, 1.25, 1.75, 2.25], "finish": 2.25}, FAST_STEPS)),
+]
 
 
 def pick_requests(requests: list[dict], k: int = 4) -> list[int]:
@@ -326,10 +477,11 @@ def attribute_cases(t, cause: str, seed: int, label: str):
 @check(points=3, section="2.1", timeout=90)
 def attribute_request(t):
     """Queue, prefill stall, preempted and host-gap seconds of single requests of real replays."""
-    with t.case("visible: the docstring's example"):
-        got, expected = t.both("attribute_request", DOC_REQUEST, DOC_STEPS)
-        t.expect(got, expected, "the attribution (seconds)", rtol=1e-9,
-                 mistakes={name: attribute(DOC_REQUEST, DOC_STEPS, **kw) for name, kw in ATTRIBUTE_MISTAKES.items()})
+    for label, (request, steps) in SMALL_ATTRIBUTE_CASES:
+        with t.case(label):
+            got, expected = t.both("attribute_request", request, steps)
+            t.expect(got, expected, "the attribution (seconds)", rtol=1e-9,
+                     mistakes={name: attribute(request, steps, **kw) for name, kw in ATTRIBUTE_MISTAKES.items()})
     visible = [("visible: host-stall replay", ("host_stall", VISIBLE_SEED)),
                ("visible: small-KV-pool replay", ("preemption", VISIBLE_SEED)),
                ("visible: long-prompt-flood replay", ("prefill_interference", VISIBLE_SEED))]
@@ -340,12 +492,21 @@ def attribute_request(t):
 
 # -- 2.2 tail_shares -----------------------------------------------------------------------------------
 
-def shares_variant(requests, steps_by_replica, q, everyone=False, per_request=False, replica0=False):
-    """tail_shares with one thing changed: every request as the tail, the mean of per-request shares, or
-    every request judged against replica 0's steps."""
-    e2e = [r["finish"] - r["arrival"] for r in requests]
-    cut = np.percentile(e2e, q)
-    tail = [r for r, x in zip(requests, e2e) if everyone or x >= cut]
+def shares_variant(requests, steps_by_replica, q, everyone=False, per_request=False, replica0=False, strict=False,
+                   top_k=None, by_ttft=False):
+    """tail_shares with one thing changed: every request as the tail, the mean of per-request shares, every
+    request judged against replica 0's steps, the tail as E2E > the cut (strict), or as a count of the
+    slowest requests, top_k="floor" or "ceil" of n * (1 - q/100), or the tail chosen by TTFT (by_ttft)."""
+    key = [r["token_times"][0] - r["arrival"] if by_ttft else r["finish"] - r["arrival"] for r in requests]
+    cut = np.percentile(key, q)
+    if top_k:
+        k = (math.floor if top_k == "floor" else math.ceil)(len(requests) * (1 - q / 100))
+        order = sorted(range(len(requests)), key=lambda i: -key[i])[:k]
+        tail = [requests[i] for i in sorted(order)]
+    else:
+        tail = [r for r, x in zip(requests, key) if everyone or (x > cut if strict else x >= cut)]
+    if not tail:
+        return None  # a wrong version that divides by zero
     parts = [(attribute(r, steps_by_replica[0 if replica0 else r["replica"]]), r["finish"] - r["arrival"]) for r in tail]
     if per_request:
         return {k: sum(a[k] / d for a, d in parts) / len(parts) for k in COMPONENTS}
@@ -357,12 +518,34 @@ SHARES_MISTAKES = {
     "averages over every request; the shares are the tail's (E2E >= the q-th percentile)": dict(everyone=True),
     "averages per-request shares; the share is the tail's summed component over its summed E2E": dict(per_request=True),
     "judges every request against replica 0's steps; each request ran on its own replica": dict(replica0=True),
+    "takes the tail as E2E > the cut; a request exactly at the q-th percentile belongs to it (>=)":
+        dict(strict=True),
+    "takes the int(n * (1 - q/100)) slowest requests; the tail is every request with E2E >= "
+    "np.percentile(E2Es, q) (in floats 150 * (1 - 0.9) is 14.999999999999996)": dict(top_k="floor"),
+    "takes the ceil(n * (1 - q/100)) slowest requests; the tail is every request with E2E >= "
+    "np.percentile(E2Es, q) (in floats 20 * (1 - 0.85) is 3.0000000000000004)": dict(top_k="ceil"),
+    "chooses the tail by TTFT; the tail is the requests slowest end to end (E2E >= its q-th percentile)":
+        dict(by_ttft=True),
 }
+
+
+# 20 requests whose 2nd and 3rd slowest tie (21 STEPs): at q=90 the cut is their E2E exactly, so ">" drops
+# them; at q=85, 20 * (1 - 0.85) rounds up past 3. Replica 1 runs 1.25x slower (its step ends differ).
+SHARES_FLEET = dict(lengths=((5, 6, 7, 8, 9, 10, 11, 12, 13, 18), (5, 6, 7, 8, 9, 10, 11, 12, 14, 15)),
+                    queue={(0, 9): 2, (1, 8): 2.25, (1, 9): 1}, flood={(0, 38): 2}, host={(1, 37): 1}, slow={1: 1.25})
 
 
 @check(points=2, section="2.2", timeout=90)
 def tail_shares(t):
     """Summed components over summed E2E, for the requests at or above the q-th E2E percentile."""
+    requests, steps = fleet(**SHARES_FLEET)
+    for q, label in ((85, "visible: 20 synthetic requests, q=85"),
+                     (90, "visible: 20 synthetic requests, q=90: the cut is the E2E of two tied requests")):
+        with t.case(label):
+            expected = t.ref.tail_shares(requests, steps, q)
+            got = call_hinted(t, "tail_shares", requests, steps, q)
+            mistakes = {name: shares_variant(requests, steps, q, **kw) for name, kw in SHARES_MISTAKES.items()}
+            t.expect(got, expected, "the tail's shares", rtol=1e-9, atol=1e-12, mistakes=mistakes)
     visible = [("visible: burst replay, q=90", ("queueing", VISIBLE_SEED, 90)),
                ("visible: slow-replica replay, q=95", ("bad_replica", VISIBLE_SEED, 95))]
     hidden = lambda rng: (rng.choice(CAUSES), rng.choice(HIDDEN_SEEDS), rng.choice([90, 95]))  # noqa: E731
@@ -378,18 +561,29 @@ def tail_shares(t):
 
 # -- 3.1 straggler_replica ---------------------------------------------------------------------------
 
-def straggler_variant(lats, ratio, center="median", include_self=False, first=False, at_least=False):
+def straggler_variant(lats, ratio, center="median", include_self=False, first=False, at_least=False,
+                      empty_as_zero=False, renumber=False, others="median", last_on_tie=False, difference=False):
     """straggler_replica with one thing changed: means instead of medians, the others' median taken with
-    the replica itself included, the first straggler instead of the worst, or >= instead of >."""
+    the replica itself included, the first straggler instead of the worst, >= ratio instead of >, an empty
+    replica as median 0, the index counted among the non-empty replicas (renumber), the others combined by
+    "mean", "min" or "pooled" (the median of all their latencies), a tie to the last, or m - others > ratio."""
     f = np.mean if center == "mean" else np.median
-    meds = {i: float(f(x)) for i, x in enumerate(lats) if len(x)}
+    meds = {i: float(f(x)) if len(x) else 0.0 for i, x in enumerate(lats) if len(x) or empty_as_zero}
     if len(meds) < 2:
         return None
+    if renumber:
+        meds = dict(enumerate(meds.values()))
+    combine = {"median": np.median, "mean": np.mean, "min": np.min}.get(others)
     best, best_excess = None, ratio
     for i, m in meds.items():
-        others = float(np.median([v for j, v in meds.items() if include_self or j != i]))
-        excess = m / others if others > 0 else math.inf
-        if (excess >= best_excess if at_least else excess > best_excess) and not (first and best is not None):
+        if combine is None:  # pooled
+            base = float(np.median([v for j, x in enumerate(lats) if j != i for v in x]))
+        else:
+            base = float(combine([v for j, v in meds.items() if include_self or j != i]))
+        excess = m - base if difference else m / base if base > 0 else math.inf
+        flagged = excess >= ratio if at_least else excess > ratio
+        better = best is None or (excess >= best_excess if last_on_tie else excess > best_excess)
+        if flagged and better and not (first and best is not None):
             best, best_excess = i, excess
     return best
 
@@ -400,7 +594,20 @@ STRAGGLER_MISTAKES = {
     "includes the replica itself in the median it is compared with": dict(include_self=True),
     "returns the first straggler found, not the one furthest above the others": dict(first=True),
     "flags a replica exactly ratio times the others; a straggler is more than ratio times slower": dict(at_least=True),
+    "counts an empty replica among the others as median 0; a replica with no latencies is left out":
+        dict(empty_as_zero=True),
+    "returns the straggler's position among the non-empty replicas; the index is its place in the list given "
+    "(empty replicas included)": dict(renumber=True),
+    "combines the others' medians by their mean; it is their median (np.median), which one more slow replica "
+    "cannot drag": dict(others="mean"),
+    "compares with the fastest other replica; it is the median of the others' medians": dict(others="min"),
+    "takes the median of the others' pooled latencies; it is the median of their medians (a replica with many "
+    "requests would outvote the rest)": dict(others="pooled"),
+    "returns the last of two equally slow stragglers; a tie goes to the lowest index": dict(last_on_tie=True),
+    "compares the difference m - others with ratio; ratio is a factor: m / others > ratio": dict(difference=True),
 }
+# passed a ratio, the learner's code may use its default instead: named when the case's ratio is not 1.5
+RATIO_IGNORED = "uses ratio 1.5 whatever ratio it is given"
 
 STRAGGLER_CASES = [
     ("visible: the docstring's three replicas", ([[1.0, 1.2, 0.9], [3.0, 2.8, 3.3], [1.1, 1.0]], 1.5)),
@@ -409,6 +616,13 @@ STRAGGLER_CASES = [
     ("visible: exactly 1.5 times the others", ([[1.0, 1.0], [1.5, 1.5], [1.0, 1.0]], 1.5)),
     ("visible: two replicas, 2.5 and 1.0 s; an empty third", ([[2.5, 2.5, 2.5], [1.0, 1.0, 1.0], []], 2.0)),
     ("visible: one replica only", ([[5.0, 6.0]], 1.5)),
+    ("visible: an empty replica before the straggler", ([[], [1.0], [3.0]], 1.5)),
+    ("visible: two replicas with data, two empty", ([[1.0], [1.1], [], []], 1.5)),
+    ("visible: five replicas, two equally slow", ([[10.0], [10.0], [10.0], [17.5], [17.5]], 1.5)),
+    ("visible: a replica of two latencies beside two of one", ([[1.0, 3.0], [2.0], [1.0]], 1.5)),
+    ("visible: one fast replica and two at twice its latency", ([[1.0], [2.0], [2.0]], 1.5)),
+    ("visible: a replica 1.8 times the others", ([[1.8, 1.8], [1.0, 1.0], [1.0]], 2.0)),
+    ("visible: latencies of a tenth of a second, one replica 5 times the others", ([[0.1, 0.1], [0.5, 0.5], [0.1]], 1.5)),
 ]
 
 
@@ -421,14 +635,19 @@ def random_latencies(rng):
     return lats, rng.choice([1.3, 1.5, 2.0])
 
 
+def straggler_mistakes(lats, ratio) -> dict:
+    out = {name: straggler_variant(lats, ratio, **kw) for name, kw in STRAGGLER_MISTAKES.items()}
+    out[RATIO_IGNORED] = straggler_variant(lats, 1.5)
+    return out
+
+
 @check(points=2, section="3.1")
 def straggler_replica(t):
     """The replica whose median latency is more than ratio x the other replicas' median, the worst one."""
     for label, (lats, ratio) in t.cases(visible=STRAGGLER_CASES, hidden=random_latencies, n=3):
         with t.case(f"{label} (ratio {ratio})"):
             got, expected = t.both("straggler_replica", lats, ratio)
-            mistakes = {name: straggler_variant(lats, ratio, **kw) for name, kw in STRAGGLER_MISTAKES.items()}
-            t.expect(got, expected, "the straggler (replica index or None)", mistakes=mistakes)
+            t.expect(got, expected, "the straggler (replica index or None)", mistakes=straggler_mistakes(lats, ratio))
     # the real thing: the slow-replica replay, by per-token latency
     data = replay("bad_replica", VISIBLE_SEED)
     lats = [[(r["finish"] - r["arrival"]) / len(r["token_times"]) for r in data["requests"] if r["replica"] == i]
@@ -441,22 +660,31 @@ def straggler_replica(t):
 # -- 3.2 first_suspect ---------------------------------------------------------------------------------
 
 def suspect_variant(requests, steps_by_replica, q=90, min_share=0.06, ratio=1.5, order=None, guard=True,
-                    count_preempted=True, largest=False):
+                    count_preempted=True, largest=False, tail_only=False, raw_e2e=False, strict=False,
+                    queue_is_preemption=False):
     """first_suspect with one thing changed: another order of the suspects, no preemption guard on
-    queueing, preemption judged by its share only, or the largest share named whatever the order."""
+    queueing, preemption judged by its share only, the largest share named whatever the order, "was any
+    request preempted" asked of the tail only, the replicas compared by raw E2E (not per output token),
+    shares tested with > min_share, or a big queue with preemptions named preemption at once."""
     shares = shares_variant(requests, steps_by_replica, q)
-    preempted = any(r["num_preemptions"] > 0 for r in requests)
-    tests = {"queueing": shares["queue_s"] >= min_share and not (guard and preempted),
-             "prefill_interference": shares["prefill_stall_s"] >= min_share,
-             "preemption": shares["preempted_s"] >= min_share or (count_preempted and preempted),
-             "host_stall": shares["host_gap_s"] >= min_share}
+    e2e = [r["finish"] - r["arrival"] for r in requests]
+    cut = np.percentile(e2e, q)
+    preempted = any(r["num_preemptions"] > 0 for r, x in zip(requests, e2e) if not tail_only or x >= cut)
+    big = {k: v > min_share if strict else v >= min_share for k, v in shares.items()}
+    tests = {"queueing": big["queue_s"] and not (guard and preempted),
+             "prefill_interference": big["prefill_stall_s"],
+             "preemption": big["preempted_s"] or (count_preempted and preempted),
+             "host_stall": big["host_gap_s"]}
+    if queue_is_preemption and big["queue_s"] and preempted:
+        return "preemption"
     n = 1 + max(r["replica"] for r in requests)
-    lats = [[(r["finish"] - r["arrival"]) / len(r["token_times"]) for r in requests if r["replica"] == i] for i in range(n)]
+    lats = [[(r["finish"] - r["arrival"]) / (1 if raw_e2e else len(r["token_times"])) for r in requests
+             if r["replica"] == i] for i in range(n)]
     tests["bad_replica"] = straggler_variant(lats, ratio) is not None
     if largest:
         k = max(COMPONENTS, key=lambda c: shares[c])
         return {"queue_s": "queueing", "prefill_stall_s": "prefill_interference", "preempted_s": "preemption",
-                "host_gap_s": "host_stall"}[k] if shares[k] >= min_share else ("bad_replica" if tests["bad_replica"] else "none")
+                "host_gap_s": "host_stall"}[k] if big[k] else ("bad_replica" if tests["bad_replica"] else "none")
     for name in order or CAUSES:
         if tests[name]:
             return name
@@ -472,12 +700,62 @@ SUSPECT_MISTAKES = {
     "interference, preemption, host stall, bad replica)": dict(largest=True),
     "checks the replicas before the engine's own suspects; a straggler test comes last":
         dict(order=("bad_replica", "queueing", "prefill_interference", "preemption", "host_stall")),
+    "asks whether a request was preempted of the tail only; any preempted request, in the tail or not, means "
+    "the KV pool ran out": dict(tail_only=True),
+    "compares the replicas by raw E2E; a replica that got longer outputs is not slower: compare "
+    "per_token_latency": dict(raw_e2e=True),
+    "tests the shares with > min_share; a share equal to min_share passes (>=)": dict(strict=True),
+    "rules out preemption before prefill interference; the order is queueing, prefill interference, "
+    "preemption, host stall, bad replica": dict(order=("queueing", "preemption", "prefill_interference",
+                                                       "host_stall", "bad_replica")),
+    "names preemption as soon as a big queue comes with preemptions, skipping the prefill test; the guard only "
+    "rules out queueing, the order goes on": dict(queue_is_preemption=True),
+    "rules out host stall before preemption; the order is queueing, prefill interference, preemption, host "
+    "stall, bad replica": dict(order=("queueing", "prefill_interference", "host_stall", "preemption",
+                                      "bad_replica")),
 }
+# passed on unchanged or not: named on the cases whose argument is not the default
+ARGUMENT_IGNORED = {"q": "does not pass q on to tail_shares (it keeps tail_shares' default 90)",
+                    "min_share": "uses min_share 0.06 whatever min_share it is given",
+                    "ratio": "does not pass ratio on to straggler_replica (it keeps the default 1.5)"}
+SUSPECT_DEFAULTS = {"q": 90, "min_share": 0.06, "ratio": 1.5}
+
+
+def suspect_mistakes(requests, steps_by_replica, q=90, min_share=0.06, ratio=1.5) -> dict:
+    args = dict(q=q, min_share=min_share, ratio=ratio)
+    out = {name: suspect_variant(requests, steps_by_replica, **args, **kw) for name, kw in SUSPECT_MISTAKES.items()}
+    for arg, name in ARGUMENT_IGNORED.items():
+        out[name] = suspect_variant(requests, steps_by_replica, **{**args, arg: SUSPECT_DEFAULTS[arg]})
+    return out
+
+
+T0, T1 = (0, 7), (1, 7)  # the slowest request of each replica of the default fleet (16 tokens): the q=90 tail
+# (label, the fleet's faults, (q, min_share, ratio)): the signals the replays never show alone or together
+SUSPECT_CASES = [
+    ("a request outside the tail was preempted (it sat out 2 steps); nothing else",
+     dict(sat_out={(0, 1): (6, 2)}), (90, 0.06, 1.5)),
+    ("the tail queued; the only preempted request is outside it",
+     dict(queue={T0: 2, T1: 2}, sat_out={(0, 1): (6, 2)}), (90, 0.06, 1.5)),
+    ("the requests that queued are in the q=50 tail, not in the q=90 one; q=50",
+     dict(queue={(0, 5): 4, (1, 5): 4}), (50, 0.06, 1.5)),
+    ("replica 1 runs 1.75x slower; ratio 2.0", dict(slow={1: 1.75}), (90, 0.06, 2.0)),
+    ("the tail queued 3% of its time; min_share 0.02", dict(queue={T0: 1}), (90, 0.02, 1.5)),
+    ("replica 0 got 3x longer outputs, at the same speed per token",
+     dict(lengths=((18, 20, 22, 24, 26, 28, 30, 34), (6, 7, 8, 9, 10, 11, 12, 14))), (90, 0.06, 1.5)),
+    ("the tail's queue share is exactly min_share (0.2)", dict(queue={T0: 4, T1: 4}), (90, 0.2, 1.5)),
+    ("the tail queued and was stalled by a prefill flood; a request outside it was preempted",
+     dict(queue={T0: 4, T1: 4}, preempted=[(0, 2)], flood={(0, 30): 3, (1, 30): 3}), (90, 0.06, 1.5)),
+    ("a prefill flood stalled the tail; a request outside it was preempted",
+     dict(preempted=[(0, 2)], flood={(0, 30): 3, (1, 30): 3}), (90, 0.06, 1.5)),
+    ("a tail request sat out 5 steps (preempted) and the host paused 2 steps' time",
+     dict(sat_out={T0: (32, 5)}, host={(0, 34): 2, (1, 34): 2}), (90, 0.06, 1.5)),
+]
 
 
 @check(points=4, section="3.2", timeout=180)
 def first_suspect(t):
-    """The injected fault named, on a clean replay and one replay per fault."""
+    """The injected fault named, on a clean replay and one replay per fault; then small synthetic fleets with
+    two signals at once, a preemption outside the tail, a share at min_share and q, min_share, ratio passed."""
     visible = [(f"visible: {cause} injected (workload seed {VISIBLE_SEED})", (cause, VISIBLE_SEED))
                for cause in ("none", *CAUSES)]
     hidden = lambda rng: (rng.choice(("none", *CAUSES)), rng.choice(HIDDEN_SEEDS))  # noqa: E731
@@ -486,5 +764,10 @@ def first_suspect(t):
         call, = learner_calls(t, "first_suspect", cause, seed, [[["$requests"], ["$steps"]]], here(data))
         with t.case(label if label.startswith("visible") else f"{label}: one fault injected (or none)"):
             got = call()
-            mistakes = {name: suspect_variant(data["requests"], data["steps"], **kw) for name, kw in SUSPECT_MISTAKES.items()}
-            t.expect(got, cause, "the first suspect", mistakes=mistakes)
+            t.expect(got, cause, "the first suspect", mistakes=suspect_mistakes(data["requests"], data["steps"]))
+    for label, faults, args in SUSPECT_CASES:
+        requests, steps = fleet(**faults)
+        with t.case(f"visible: synthetic fleet, {label} (q={args[0]}, min_share={args[1]}, ratio={args[2]})"):
+            expected = t.ref.first_suspect(requests, steps, *args)
+            got = call_hinted(t, "first_suspect", requests, steps, *args)
+            t.expect(got, expected, "the first suspect", mistakes=suspect_mistakes(requests, steps, *args))
