@@ -359,7 +359,7 @@ class Trial:
         if count and isinstance(expected, int) and not (isinstance(got, int) and not isinstance(got, bool)):
             if isinstance(got, float) and got == expected:
                 self.fail(f"{what}: got the float {got!r}, expected the int {expected}. Looks like your code returns "
-                          "a float count: floor division of floats (70e9 // per_user) is a float too; a count of "
+                          "a float count: a product or a floor division with any float in it (7.0 // 2 == 3.0) is a float too; a count of "
                           "whole things is an int (wrap it in int())")
         msg = cmp.compare(got, expected, rtol, atol, check_dtype)
         if msg is None:

@@ -39,7 +39,8 @@ def kv_transfer_bytes(prompt_len: int, num_layers: int, num_kv_heads: int, head_
     Every layer holds a K and a V vector of head_dim elements per KV head per prompt token. Under tensor
     parallelism a rank holds num_kv_heads / tp heads when tp divides num_kv_heads; when tp is a multiple of
     num_kv_heads, each rank holds ONE head and every head is replicated on tp / num_kv_heads ranks (vLLM
-    shards Llama this way). Any other tp is refused: ValueError.
+    shards Llama this way). Any other tp is refused with ValueError, and so is a tp that is not a positive
+    int (0, -8, 8.0: a GPU count is a whole number of GPUs).
 
     What is counted: every decode rank receives, over the network, the K and V of each head it holds, from a
     prefill rank that holds that head. So a head replicated on the decode side is sent once per replica
@@ -144,8 +145,9 @@ def plan_pools(model: str, chip: str, rate_rps: float, prompt_len: int, output_l
     output_len - 1 steps there (the prefill instance sampled the first token): decode_rps = B /
     ((output_len - 1) * step time).
     Returns {"n_prefill", "n_decode" (ceil(rate / per-instance rate) each), "prefill_rps", "decode_rps",
-    "decode_batch", "prefill_s" (t_p), "decode_step_s"}. ValueError when an SLO cannot be met by any load
-    (TTFT budget <= t_p, or not even B = 1 within TPOT and memory).
+    "decode_batch", "prefill_s" (t_p), "decode_step_s" (the chosen B's step, <= tpot_slo_s)}. ValueError when
+    an SLO cannot be met by any load (TTFT budget <= t_p, equality included: x = 1 allows no load; or not even
+    B = 1 within TPOT and memory).
     """
     raise NotImplementedError("Exercise 4.1 (plan_pools): see section 4.1 of lessons/l17_disaggregation.ipynb")
 

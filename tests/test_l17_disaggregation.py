@@ -26,7 +26,7 @@ def test_replication_counts_decode_side_only():
     base = sol.kv_transfer_bytes(100, 32, 8, 128, 2)
     assert sol.kv_transfer_bytes(100, 32, 8, 128, 2, tp_prefill=16, tp_decode=8) == base
     assert sol.kv_transfer_bytes(100, 32, 8, 128, 2, tp_prefill=1, tp_decode=32) == 4 * base
-    for bad in ((3, 1), (1, 6), (0, 1)):
+    for bad in ((3, 1), (1, 6), (0, 1), (1, 0), (-8, 1), (1, 8.0)):
         with pytest.raises(ValueError):
             sol.kv_transfer_bytes(100, 32, 8, 128, 2, *bad)
 
@@ -81,6 +81,28 @@ def test_engine_harness_with_reference_pack_unpack():
     assert any(got["tokens"][i] is None for i in aborted), "an abort must have landed before the request finished"
 
 
+def test_engine_harness_fp8_workload_ships_uint8_bytes():
+    label, work = chk.VISIBLE_WORKLOADS[2]
+    assert "fp8" in label and chk.engine_kw(work)["kv_cache_dtype"] == "fp8"
+    got = chk.pair_harness(sol.pack_kv, sol.unpack_kv, work)
+    expected = chk._single_engine(work)
+    aborted = {i for ids in work["aborts"].values() for i in ids}
+    assert got["error"] is None and not got["unfinished"]
+    assert all(g == e for i, (g, e) in enumerate(zip(got["tokens"], expected)) if i not in aborted)
+    upcast = chk.pair_harness(lambda *a: sol.pack_kv(*a).float(), sol.unpack_kv, work)
+    assert upcast["error"] is not None and "uint8" in upcast["error"]
+
+
+def test_pack_layout_sees_a_view():
+    k, v, table, n = chk.kv_case(torch.Generator().manual_seed(0), *chk.PACK_VISIBLE[0][1])
+    assert chk.pack_layout(sol.pack_kv, k, v, table, n)["contiguous"]
+
+    def view(*a):
+        return sol.pack_kv(*a).transpose(1, 2).contiguous().transpose(1, 2)
+
+    assert not chk.pack_layout(view, k, v, table, n)["contiguous"]
+
+
 def test_engine_harness_catches_swapped_unpack():
     work = chk.VISIBLE_WORKLOADS[1][1]
 
@@ -125,6 +147,22 @@ def test_break_even_is_where_transfer_equals_stall():
 def test_plan_variant_unchanged_is_the_solution():
     for _, case in chk.PLAN_VISIBLE:
         assert chk.plan_variant(*case) == pytest.approx(sol.plan_pools(*case), rel=1e-12)
+
+
+def test_plan_cases_exercise_tpot_and_boundaries():
+    """The TPOT-bound visible case is bound by TPOT, not memory; the boundary case keeps the batch whose step is
+    exactly the SLO; a TTFT of exactly t_p is refused."""
+    label, case = chk.PLAN_VISIBLE[-1]
+    assert "TPOT-bound" in label
+    right = sol.plan_pools(*case)
+    assert chk.plan_variant(*case, no_memory=True) == right
+    assert chk.plan_variant(*case, no_tpot=True)["decode_batch"] > right["decode_batch"]
+    (_, boundary), t_p = chk.plan_boundary_cases()
+    assert chk.plan_variant(*boundary) == pytest.approx(sol.plan_pools(*boundary), rel=1e-12)
+    assert sol.plan_pools(*boundary)["decode_batch"] == 100
+    assert chk.plan_variant(*boundary, strict_tpot=True)["decode_batch"] == 99
+    with pytest.raises(ValueError):
+        sol.plan_pools("llama-3-8b", "H100", 20.0, 2048, 256, t_p, 0.04)
 
 
 def test_plan_meets_the_ttft_slo_at_its_rate():

@@ -51,19 +51,32 @@ def kv_transfer_bytes(t):
         with t.case(label):
             P, L, H, D, b, tp_p, tp_d = case
             got, expected = t.both("kv_transfer_bytes", *case)
-            t.expect(got, expected, "bytes", count=True, mistakes={
+            if isinstance(got, float) and got == expected:
+                t.fail(f"bytes: got the float {got!r}, expected the int {expected}. Looks like your code returns a "
+                       "float byte count: true division (tp_decode / num_kv_heads) gives a float even when it divides "
+                       "evenly; a byte count is an int (max(num_kv_heads, tp_decode) stays in integers)")
+            t.expect(got, expected, "bytes", mistakes={
                 "counts only K (or only V): both cross the link": bytes_variant(*case, k_only=True),
                 "ignores decode-side replication: a head held by several decode GPUs is received by each":
                     bytes_variant(*case, heads=H),
                 "counts the prefill side's replicas instead of the decode side's (the sender sends each head once "
                 "per decode GPU that needs it, from one replica)": bytes_variant(*case, heads=max(H, tp_p)),
                 "counts one decode GPU's share, not the whole request": bytes_variant(*case, share=True),
+                "sends every head to every decode GPU (heads x tp_decode): a decode GPU receives only the heads it "
+                "holds": bytes_variant(*case, heads=H * tp_d),
                 "counts bits, not bytes": bytes_variant(*case, bits=True)})
     with t.case("a TP that neither divides nor is a multiple of the KV heads is refused"):
         t.expect_raises(ValueError, "kv_transfer_bytes", 100, 32, 8, 128, 2, 1, 3,
                         why="tp_decode=3 with 8 KV heads: no way to shard the heads")
         t.expect_raises(ValueError, "kv_transfer_bytes", 100, 32, 8, 128, 2, 12, 1,
                         why="tp_prefill=12 with 8 KV heads: no way to shard the heads")
+    with t.case("a TP that is not a positive int is refused (0, negative, 8.0)"):
+        t.expect_raises(ValueError, "kv_transfer_bytes", 100, 32, 8, 128, 2, 1, 0,
+                        why="tp_decode=0: no GPU holds the heads (0 is a multiple of 8, but not a GPU count)")
+        t.expect_raises(ValueError, "kv_transfer_bytes", 100, 32, 8, 128, 2, -8, 1,
+                        why="tp_prefill=-8: a GPU count is positive")
+        t.expect_raises(ValueError, "kv_transfer_bytes", 100, 32, 8, 128, 2, 1, 8.0,
+                        why="tp_decode=8.0: a GPU count is an int (the docstring refuses floats)")
 
 
 # ---------------------------------------------------------------- 1.2 time on the link
@@ -192,6 +205,13 @@ def random_pack_case(rng):
             rng.choice([torch.float32, torch.bfloat16, torch.uint8]))
 
 
+def pack_layout(pack, k, v, table, n) -> dict:
+    """(A harness: runs in the learner's process.) What the wire cannot show (it sends a tensor's values, made
+    contiguous): whether pack_kv's buffer is contiguous, as a transport that sends its storage needs."""
+    out = pack(k, v, table, n)
+    return {"contiguous": bool(out.is_contiguous()), "stride": list(out.stride())}
+
+
 @check(points=3, section="2.1")
 def pack_kv(t):
     """[layers, 2, num_tokens, kv_heads, head_dim] from the paged caches, in token order, K first."""
@@ -201,6 +221,12 @@ def pack_kv(t):
             got, expected = t.both("pack_kv", k, v, table, n)
             t.expect(got, expected, f"packed KV of block table {table}",
                      mistakes={name: pack_variant(k, v, table, n, **kw) for name, kw in PACK_MISTAKES.items()})
+            if i == 0:  # the values are right: now the layout, which only the learner's process can see
+                layout = t.run(pack_layout, t.learner("pack_kv"), k, v, table, n, what="pack_kv")
+                t.expect_true(layout["contiguous"], f"pack_kv returned the right values in a tensor that is not "
+                              f"contiguous (strides {layout['stride']}, a view such as .transpose() or .permute()): "
+                              "a real transport (RDMA) sends the buffer's memory as one block, so return a new contiguous tensor "
+                              "(.contiguous(), or build it in [layers, 2, tokens, ...] order)")
 
 
 @check(points=3, section="2.2")
@@ -236,7 +262,14 @@ def engine_workload(rng) -> dict:
 
 
 VISIBLE_WORKLOADS = [("visible workload A", engine_workload(random.Random(171))),
-                     ("visible workload B", engine_workload(random.Random(172)))]
+                     ("visible workload B", engine_workload(random.Random(172))),
+                     ("visible workload C (fp8 KV cache on both sides, shipped as its uint8 bytes)",
+                      {**engine_workload(random.Random(173)), "kv_cache_dtype": "fp8"})]
+
+
+def engine_kw(work: dict) -> dict:
+    """ENGINE_KW, with the workload's KV cache dtype when it names one (fp8: the packed buffer is uint8 bytes)."""
+    return {**ENGINE_KW, **({"kv_cache_dtype": work["kv_cache_dtype"]} if "kv_cache_dtype" in work else {})}
 
 
 def pair_harness(pack, unpack, work: dict, scramble: bool = True) -> dict:
@@ -252,7 +285,7 @@ def pair_harness(pack, unpack, work: dict, scramble: bool = True) -> dict:
     from reference_engine.disagg import DisaggPair
     from reference_engine.engine import LLMEngine
     _torch.set_num_threads(1)
-    engines = [LLMEngine(str(DRAFT), dtype=_torch.float32, **ENGINE_KW) for _ in range(2)]
+    engines = [LLMEngine(str(DRAFT), dtype=_torch.float32, **engine_kw(work)) for _ in range(2)]
     if scramble:
         for i, e in enumerate(engines):
             random.Random(work["seed"] + i).shuffle(e.block_manager.allocator._free)
@@ -286,13 +319,18 @@ def pair_harness(pack, unpack, work: dict, scramble: bool = True) -> dict:
 def _single_engine(work: dict) -> list:
     """Greedy tokens of one plain engine (no transfer) on the same prompts, here in the grader."""
     from autograder.engine_harness import run_engine
-    return run_engine(work["prompts"], work["lens"], ENGINE_KW, model=ENGINE_MODEL)["tokens"]
+    return run_engine(work["prompts"], work["lens"], engine_kw(work), model=ENGINE_MODEL)["tokens"]
 
 
 def _diagnose(t) -> str:
     """Name the mistake behind wrong tokens by probing pack_kv and unpack_kv on a small case here."""
     k, v, table, n = kv_case(torch.Generator().manual_seed(7), 3, 8, 4, 2, 4, 10)
     try:
+        k8, v8, _, _ = kv_case(torch.Generator().manual_seed(7), 3, 8, 4, 2, 4, 10, torch.uint8)
+        got8 = t.call("pack_kv", k8, v8, table, n)
+        if isinstance(got8, torch.Tensor) and got8.dtype != torch.uint8:
+            return (f" Looks like your pack_kv returns {got8.dtype} for a uint8 cache, not the caches' dtype (an fp8 "
+                    "cache travels as its bytes; the decode side writes them into a cache of the same dtype).")
         got = t.call("pack_kv", k, v, table, n)
         for name, kw in ENGINE_PACK_MISTAKES.items():
             if torch.equal(got, pack_variant(k, v, table, n, **kw)):
@@ -408,13 +446,35 @@ def break_even_gbps(t):
                          "leaves out the latency": nbytes * 8 / stall / 1e9,
                          "ships one decode GPU's share of the KV, not the whole request's": nbytes * 8 / tp / (stall - lat) / 1e9}
             t.expect(got, expected, "break-even Gb/s", rtol=1e-6, mistakes=wrong)
+    _break_even_at_equality(t)
+
+
+def _break_even_at_equality(t):
+    """latency_s exactly the stall: "at least the stall" includes equality, so inf. The latency is the learner's
+    own prefill_stall (checked against the reference first), so its break_even sees the very same float."""
+    case = ("llama-3-8b", "H100", 2048, 512, 16, 1024)
+    with t.case("a latency exactly equal to the stall: no link is enough (inf)"):
+        stall, expected_stall = t.both("prefill_stall", *case)
+        t.expect(stall, expected_stall, "prefill_stall (used as the latency here)", rtol=1e-6)
+        try:
+            got = t.call("break_even_gbps", *case, stall, 1)
+        except LearnerRaised as e:
+            if e.is_a(ZeroDivisionError):
+                t.fail(f"break_even_gbps with latency_s = the stall ({stall!r} s) raised ZeroDivisionError: "
+                       "stall - latency_s is 0 there, and a latency AT LEAST the stall gives inf (the docstring): test "
+                       "stall <= latency_s before dividing, equality included")
+            raise
+        t.expect(got, float("inf"), f"break-even Gb/s at latency_s = the stall ({stall!r} s)")
 
 
 # ---------------------------------------------------------------- 4. pools
 
 def plan_variant(model, chip, rate, P, O, ttft, tpot, tp=1, xfer=0.0, no_queue=False, all_steps=False,
-                 prompt_ctx=False, no_memory=False, no_transfer=False) -> dict | None:
-    """plan_pools with one thing changed (None when that version has no answer)."""
+                 prompt_ctx=False, no_memory=False, no_transfer=False, no_tpot=False, overshoot=False,
+                 strict_tpot=False) -> dict | None:
+    """plan_pools with one thing changed (None when that version has no answer): no_tpot = the batch only
+    capped by memory, overshoot = reports the step time of the first batch over the SLO, strict_tpot = a step
+    exactly at the SLO refused."""
     from reference_engine import gpu_model as gm
     shape, gpu = gm.MODELS[model], gm.CHIPS[chip]
     t_p = gm.step_time(shape, gpu, gm.Composition(prefills=((P, 0),)), tp=tp).time_s
@@ -427,7 +487,9 @@ def plan_variant(model, chip, rate, P, O, ttft, tpot, tp=1, xfer=0.0, no_queue=F
     best = None
     for b in range(1, min(1024, cap) + 1):
         st = gm.step_time(shape, gpu, gm.Composition.decode_batch(b, ctx), tp=tp).time_s
-        if st > tpot:
+        if not no_tpot and (st >= tpot if strict_tpot else st > tpot):
+            if overshoot and best is not None:
+                best = (best[0], st)
             break
         best = (b, st)
     if best is None:
@@ -445,7 +507,30 @@ PLAN_VISIBLE = [
      ("llama-3-70b", "H100", 5.0, 4096, 512, 1.0, 0.06, 4, 0.05)),
     ("Llama-3-70B on 8 x H200 (memory-bound batch): 40 req/s, 8k in, 2k out, TTFT 2 s, TPOT 150 ms",
      ("llama-3-70b", "H200", 40.0, 8192, 2048, 2.0, 0.15, 8, 0.0)),
+    ("Llama-3-8B on H100 (TPOT-bound batch: the KV cache holds more): 20 req/s, 2k in, 256 out, TTFT 0.5 s, TPOT 20 ms",
+     ("llama-3-8b", "H100", 20.0, 2048, 256, 0.5, 0.02, 1, 0.0)),
 ]
+PLAN_MISTAKES = (
+    ("loads a prefill instance to 100% (no queueing): random arrivals wait, TTFT grows as rho -> 1", "no_queue"),
+    ("counts output_len decode steps: the prefill instance sampled the first token", "all_steps"),
+    ("takes the prompt length as the decode context, not the mean while generating", "prompt_ctx"),
+    ("ignores the KV cache: B requests of prompt + output tokens must fit", "no_memory"),
+    ("forgets that the transfer spends part of the TTFT budget", "no_transfer"),
+    ("ignores the TPOT SLO: the largest batch that fits memory can step slower than tpot_slo_s", "no_tpot"),
+    ("reports the step time of the first batch over the SLO, not of the batch it keeps", "overshoot"),
+    ("refuses a step exactly at the SLO (the docstring's test is step <= tpot_slo_s)", "strict_tpot"),
+)
+
+
+def plan_boundary_cases() -> tuple:
+    """Built on the modeled clock's own values: (the case whose TPOT equals batch 100's step time, where that
+    batch is allowed; t_p of its 2048-token prompt, a TTFT budget that no load meets: x = 1, ValueError)."""
+    from reference_engine import gpu_model as gm
+    shape, gpu = gm.MODELS["llama-3-8b"], gm.CHIPS["H100"]
+    step_100 = gm.step_time(shape, gpu, gm.Composition.decode_batch(100, 2048 + 256 // 2)).time_s
+    t_p = gm.step_time(shape, gpu, gm.Composition(prefills=((2048, 0),))).time_s
+    return (("TPOT exactly the step time of batch 100 (step <= SLO: batch 100 is allowed)",
+             ("llama-3-8b", "H100", 20.0, 2048, 256, 0.5, step_100, 1, 0.0)), t_p)
 
 
 def random_plan_case(rng):
@@ -459,15 +544,36 @@ def random_plan_case(rng):
 @check(points=3, section="4.1")
 def plan_pools(t):
     """DistServe-style pool sizes: M/D/1 prefill load under the TTFT SLO, the largest decode batch under TPOT."""
-    for label, case in t.cases(visible=PLAN_VISIBLE, hidden=random_plan_case, n=2):
+    boundary, t_p = plan_boundary_cases()
+    for label, case in t.cases(visible=[*PLAN_VISIBLE, boundary], hidden=random_plan_case, n=2):
         with t.case(label):
             got, expected = t.both("plan_pools", *case)
-            wrong = {name: plan_variant(*case, **{flag: True}) for name, flag in (
-                ("loads a prefill instance to 100% (no queueing): random arrivals wait, TTFT grows as rho -> 1",
-                 "no_queue"),
-                ("counts output_len decode steps: the prefill instance sampled the first token", "all_steps"),
-                ("takes the prompt length as the decode context, not the mean while generating", "prompt_ctx"),
-                ("ignores the KV cache: B requests of prompt + output tokens must fit", "no_memory"),
-                ("forgets that the transfer spends part of the TTFT budget", "no_transfer"))}
+            wrong = {name: plan_variant(*case, **{flag: True}) for name, flag in PLAN_MISTAKES}
             t.expect_dict(got, expected, "the plan", {k: v for k, v in wrong.items() if v is not None},
                           keys=PLAN_KEYS, rtol=1e-6)
+    _plan_whole_multiple(t)
+    with t.case("a TTFT SLO below one prefill is refused: ValueError"):
+        t.expect_raises(ValueError, "plan_pools", "llama-3-8b", "H100", 20.0, 2048, 256, 0.01, 0.04, 1, 0.0,
+                        why=f"TTFT 10 ms is less than one 2048-token prefill ({t_p * 1e3:.1f} ms)")
+    with t.case("a TTFT SLO of exactly one prefill is refused: ValueError"):
+        t.expect_raises(ValueError, "plan_pools", "llama-3-8b", "H100", 20.0, 2048, 256, t_p, 0.04, 1, 0.0,
+                        why=f"TTFT exactly t_p ({t_p!r} s): x = 1 leaves no time to queue, rho = 0")
+    with t.case("a TPOT SLO below a single decode's step is refused: ValueError"):
+        t.expect_raises(ValueError, "plan_pools", "llama-3-8b", "H100", 20.0, 2048, 256, 0.5, 0.001, 1, 0.0,
+                        why="TPOT 1 ms is less than the step of a single decode: no batch meets it")
+
+
+def _plan_whole_multiple(t):
+    """A rate of exactly k prefill instances' rate needs k instances (ceil), not k + 1. Judged against the
+    learner's own prefill_rps, so a formula equal to the docstring's up to rounding is never failed here."""
+    base = ("llama-3-8b", "H100", 1.0, 2048, 256, 0.5, 0.04, 1, 0.0)
+    per = plan_variant(*base)["prefill_rps"]
+    k = next(k for k in range(3, 20) if (k * per) / per == k)
+    case = (base[0], base[1], k * per, *base[3:])
+    with t.case(f"a rate of exactly {k} prefill instances' rate ({k * per:.4f} req/s): {k} instances"):
+        got, expected = t.both("plan_pools", *case)
+        t.expect_dict(got, expected, "the plan", keys=[key for key in PLAN_KEYS if key != "n_prefill"], rtol=1e-6)
+        r = case[2] / got["prefill_rps"]
+        t.expect(got["n_prefill"], math.ceil(r), f"the plan['n_prefill'] (rate / your prefill_rps = {r!r})",
+                 mistakes={"rounds up with int(r) + 1: one instance too many when r is whole (ceil(r) is r then)":
+                           int(r) + 1})
