@@ -81,7 +81,7 @@ def first_suspect(requests, steps_by_replica, q=90, min_share=0.06, ratio=1.5): 
     return sol.first_suspect(requests, steps_by_replica, q, min_share, ratio)
 
 
-# -- wrong answers a reviewer wrote without seeing the checks ---------------------------------------------
+# -- edge cases: arguments passed on, empty replicas, ties, exact cuts, host gaps clipped at arrival ---------
 
 @mutant(check="tail_summary", message="on requests of one token each")
 def tail_summary(requests, q=99):  # noqa: F811 - no guard for a metric with no values
