@@ -86,20 +86,20 @@ class TPModelRunner:
 
     def execute(self, out) -> torch.Tensor:
         """As ModelRunner.execute: logits [sum of num_logits, vocab] float32, from rank 0."""
-        self._send("execute", self.prepare(out))
+        self._broadcast("execute", self.prepare(out))
         replies = self._gather(STEP_TIMEOUT_S)
         logits, self.last_forward_time = replies[0]
         return logits.to(self.device)
 
     def copy_blocks(self, pairs: list[tuple[int, int]]) -> None:
-        self._send("copy_blocks", pairs)
+        self._broadcast("copy_blocks", pairs)
         self._gather(STEP_TIMEOUT_S)
 
     def shutdown(self) -> None:
         self._finalizer()
 
     # ---- the pipes ------------------------------------------------------------------------------
-    def _send(self, cmd: str, args) -> None:
+    def _broadcast(self, cmd: str, args) -> None:
         if not self._finalizer.alive:
             raise RuntimeError("the tensor-parallel workers were shut down")
         for conn in self.conns:
