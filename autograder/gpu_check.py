@@ -250,12 +250,7 @@ def main(argv=None) -> int:
     out_dir.mkdir(parents=True, exist_ok=True)
     stems = [lessons.find(x).stem for x in args.lessons] if args.lessons else \
         [lesson.stem for lesson in lessons.available()]
-    start = time.perf_counter()
-    parts = [_part("doctor", doctor), _part("triton kernels", kernels, device),
-             _part("lessons with the solutions", lessons_part, stems, args.seed),
-             _part("paged decode bandwidth", paged_decode_bandwidth, device, args.quick),
-             _part("modeled clock vs measured kernels", calibration, device, args.quick),
-             _part("engine benchmark", engine_bench, device, args.quick, out_dir)]
+    start, parts = time.perf_counter(), []
     report = {"device": torch.cuda.get_device_name(0) if device == "cuda" else f"CPU ({platform.machine()})",
               "torch": torch.__version__, "python": platform.python_version(), "seconds": 0.0, "parts": parts}
     try:
@@ -263,12 +258,27 @@ def main(argv=None) -> int:
         report["triton"] = triton.__version__
     except ImportError:
         report["triton"] = None
-    report["seconds"] = round(time.perf_counter() - start, 1)
+    plan = [("doctor", doctor), ("triton kernels", kernels, device),
+            ("lessons with the solutions", lessons_part, stems, args.seed),
+            ("paged decode bandwidth", paged_decode_bandwidth, device, args.quick),
+            ("modeled clock vs measured kernels", calibration, device, args.quick),
+            ("engine benchmark", engine_bench, device, args.quick, out_dir)]
+    for name, fn, *fn_args in plan:
+        parts.append(_part(name, fn, *fn_args))
+        # The report is rewritten after every part, so a run stopped by a time limit still leaves what it did.
+        report["seconds"] = round(time.perf_counter() - start, 1)
+        _write(report, out_dir)
+        print("\n".join(summary({**report, "parts": parts[-1:]}).splitlines()[1:]), flush=True)
+    text = _write(report, out_dir)
+    print(text)
+    return 1 if any(part["status"] == FAILED for part in parts) else 0
+
+
+def _write(report: dict, out_dir: Path) -> str:
     (out_dir / "gpu-check.json").write_text(json.dumps(report, indent=1, default=str))
     text = summary(report)
     (out_dir / "gpu-check.txt").write_text(text + "\n")
-    print(text)
-    return 1 if any(part["status"] == FAILED for part in parts) else 0
+    return text
 
 
 def summary(report: dict) -> str:

@@ -212,16 +212,22 @@ def _device_map(device: str) -> str:
     return "cpu"
 
 
-def _limit_memory(extra_gb: float):
-    """Cap the address space at what is mapped now plus `extra_gb`: a 100 GiB allocation becomes a
-    MemoryError in this process instead of the machine swapping or the OOM killer picking a victim."""
+def _limit_memory(extra_gb: float, cuda: bool = False):
+    """Cap this process's memory at what it holds now plus `extra_gb`: a 100 GiB allocation becomes a
+    MemoryError in this process instead of the machine swapping or the OOM killer picking a victim.
+
+    Without CUDA the cap is on the address space (RLIMIT_AS, VmSize). CUDA reserves huge address ranges it
+    never writes (no access rights, so they hold no memory), which an address-space cap would refuse; with
+    CUDA the cap is on private writable memory instead (RLIMIT_DATA, VmData), where those ranges do not count.
+    """
     try:
         import resource
+        field, limit = ("VmData:", resource.RLIMIT_DATA) if cuda else ("VmSize:", resource.RLIMIT_AS)
         with open("/proc/self/status") as f:
-            cur = next((int(line.split()[1]) * 1024 for line in f if line.startswith("VmSize:")), 0)
+            cur = next((int(line.split()[1]) * 1024 for line in f if line.startswith(field)), 0)
         if cur:
             lim = cur + int(extra_gb * 2**30)
-            resource.setrlimit(resource.RLIMIT_AS, (lim, lim))
+            resource.setrlimit(limit, (lim, lim))
     except (ImportError, ValueError, OSError, StopIteration):
         pass
 
@@ -263,5 +269,5 @@ def child_main(sock: socket.socket, spec: dict):
     except Exception:  # noqa: BLE001
         pass
     if spec.get("memory_gb"):
-        _limit_memory(spec["memory_gb"])
+        _limit_memory(spec["memory_gb"], cuda=spec.get("memory_cap") == "data")
     Server(sock).serve()

@@ -6,7 +6,7 @@
     proc.close()                                    # kills its process group and any orphans
 
 Learner code runs only in that process (a fork of the zygote, `autograder.zygote`,
-in a session of its own, with a memory cap on CPU and its output captured to a
+in a session of its own, with a memory cap and its output captured to a
 file). What comes back is decoded by `autograder.wire`: plain data, tensors and
 `Handle`s to objects that stay over there. The outcomes a request can have:
 
@@ -81,11 +81,14 @@ def _device_map(device: str) -> str:
     return "cuda" if device == "cuda" and torch.cuda.is_available() else "cpu"
 
 
-def _use_memory_cap() -> bool:
+def _cuda_machine() -> bool:
+    """A CUDA device is present (asked through NVML: the asking starts no driver here)."""
     import sys
     torch = sys.modules.get("torch")
-    # CUDA reserves huge virtual ranges: an address-space cap would break it.
-    return not (torch is not None and torch.cuda.is_available())
+    if torch is None:
+        return False
+    import reference_engine.device  # noqa: F401 - sets the NVML way of asking
+    return torch.cuda.is_available()
 
 
 class LearnerProcess:
@@ -103,7 +106,8 @@ class LearnerProcess:
         fd, capture = tempfile.mkstemp(prefix="course-check-", suffix=".out")
         os.close(fd)
         mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-        spec = {"capture": capture, "memory_gb": memory_gb if _use_memory_cap() else 0}
+        # With CUDA the cap is on private writable memory, not the address space (see learner_side._limit_memory).
+        spec = {"capture": capture, "memory_gb": memory_gb, "memory_cap": "data" if _cuda_machine() else "address"}
         try:
             pid = zyg.spawn(theirs.fileno(), spec)
         finally:

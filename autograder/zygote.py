@@ -7,8 +7,8 @@ the engine imported (so a check starts in milliseconds) but no solutions:
 
 - on CPU, when nothing under `solutions` has been imported yet (`course check`,
   a notebook), the zygote is a fork of the grader taken before it imports them;
-- otherwise (a test session that imported them, or CUDA already initialised in
-  the grader, where forking is unsafe) it is a fresh interpreter,
+- otherwise (a test session that imported them, or a machine with a CUDA device,
+  where a fork of the grader may be unable to use CUDA) it is a fresh interpreter,
   `python -m autograder.zygote FD`, that imports torch but never touches CUDA.
 
 The grader talks to it over a Unix socket: `spawn` (with the socket the learner
@@ -235,11 +235,16 @@ def holds_solutions() -> bool:
 
 
 def can_fork_clean() -> bool:
+    """A fork of this process can be the zygote: fork exists, no solutions imported, and no CUDA device.
+    With a device, even a process that never initialised CUDA may have started its driver (torch's
+    default is_available() does), and a child forked from it then cannot use CUDA at all."""
     if not hasattr(os, "fork") or os.environ.get("COURSE_ISOLATION") in ("spawn", "forkserver"):
         return False
     torch = sys.modules.get("torch")
-    if torch is not None and torch.cuda.is_initialized():
-        return False
+    if torch is not None:
+        import reference_engine.device  # noqa: F401 - is_available() through NVML: asking starts no driver
+        if torch.cuda.is_initialized() or torch.cuda.is_available():
+            return False
     return not holds_solutions()
 
 

@@ -90,13 +90,20 @@ class TritonBackend:
 BACKENDS = {"torch": TorchBackend, "triton": TritonBackend}
 
 
-def get_backend(spec, device: torch.device):
-    """None -> "triton" on CUDA, "torch" elsewhere; a name from BACKENDS; or an object used as is."""
+TRITON_MIN_BLOCK_SIZE = 16  # the prefill kernel's tl.dot tiles a block of the cache: 16 rows at least
+
+
+def get_backend(spec, device: torch.device, block_size: int = 16):
+    """None -> "triton" on CUDA, "torch" elsewhere and for cache blocks too small for the Triton prefill
+    kernel (teaching configurations use blocks of 4 or 8 tokens); a name from BACKENDS; or an object used as is."""
     if spec is None:
-        spec = "triton" if device.type == "cuda" else "torch"
+        spec = "triton" if device.type == "cuda" and block_size >= TRITON_MIN_BLOCK_SIZE else "torch"
     if isinstance(spec, str):
         if spec not in BACKENDS:
             raise ValueError(f"unknown attention_backend {spec!r}; choose one of {sorted(BACKENDS)} or pass an object")
+        if spec == "triton" and block_size < TRITON_MIN_BLOCK_SIZE:
+            raise ValueError(f"attention_backend='triton' needs block_size >= {TRITON_MIN_BLOCK_SIZE} (the prefill "
+                             f"kernel's smallest tl.dot tile), got {block_size}; use 'torch' or larger blocks")
         return BACKENDS[spec]()
     missing = [m for m in ("write_kv", "decode", "prefill") if not callable(getattr(spec, m, None))]
     if missing:

@@ -10,6 +10,11 @@ import sys
 
 import torch
 
+# torch.cuda.is_available() by default asks cudaGetDeviceCount, which starts the CUDA driver and marks this
+# process so that no child forked from it can use CUDA. Asked through NVML it starts nothing: the grader
+# forks learner processes from a zygote that must stay usable for CUDA. (setdefault: an explicit setting wins.)
+os.environ.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")
+
 
 def default_device() -> torch.device:
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")

@@ -99,7 +99,7 @@ class LLMEngine:
         self.block_manager = make_block_manager(allocator, block_size, self.num_blocks, enable_prefix_caching, prefix_cache)
         policy = scheduler_policy() if isinstance(scheduler_policy, type) else (scheduler_policy or FCFSPolicy())
         self.scheduler = Scheduler(self.block_manager, policy, max_num_seqs, max_num_batched_tokens, enable_chunked_prefill)
-        self.backend = get_backend(attention_backend, self.device)
+        self.backend = get_backend(attention_backend, self.device, block_size)
         if self.kv_cache_dtype.itemsize == 1:  # fp8 cache: quantize on write, dequantize on read
             self.backend = Fp8KVBackend(self.backend)
         t_kv = time.perf_counter()

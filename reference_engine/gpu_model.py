@@ -514,8 +514,14 @@ def _chip_of_device(name: str, default: Chip) -> Chip:
     return default
 
 
-def _time_rotating(fn, args_pool, device, repeats: int = 20) -> float:
-    """Median seconds of fn(*args), cycling through args_pool so operands are not sitting in L2."""
+def _time_rotating(fn, args_pool, device, repeats: int = 20, per_window: int = 10) -> float:
+    """Seconds per call of fn(*args), cycling through args_pool so operands are not sitting in L2.
+
+    On CUDA: the median over `repeats` windows of `per_window` calls queued back to back between two events,
+    queued while the GPU is held busy (torch.cuda._sleep), so that it finds them all waiting. One call between
+    two events on an idle GPU would also time the host's launch of that call (tens of microseconds, more than
+    a small kernel takes); queued, the GPU runs the kernels back to back, as it runs a captured CUDA graph.
+    """
     import time
 
     import torch
@@ -526,11 +532,13 @@ def _time_rotating(fn, args_pool, device, repeats: int = 20) -> float:
     for i in range(repeats):
         if cuda:
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            torch.cuda._sleep(2_000_000)  # about a millisecond: longer than the host takes to queue the window
             start.record()
-            fn(*args_pool[i % len(args_pool)])
+            for j in range(per_window):
+                fn(*args_pool[(i * per_window + j) % len(args_pool)])
             end.record()
             torch.cuda.synchronize(device)
-            times.append(start.elapsed_time(end) / 1e3)
+            times.append(start.elapsed_time(end) / 1e3 / per_window)
         else:
             t0 = time.perf_counter()
             fn(*args_pool[i % len(args_pool)])

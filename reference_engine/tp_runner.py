@@ -196,7 +196,7 @@ def _build_rank(rank: int, size: int, spec: dict):
     _, model, _ = load_model(spec["model"], device, spec["dtype"], ShardSpec(rank, size))
     if spec["quantization"] is not None:
         quantize_model(model, spec["quantization"])
-    backend = get_backend(spec["backend"], device)
+    backend = get_backend(spec["backend"], device, spec["block_size"])
     if spec["cache_dtype"] is not None and spec["cache_dtype"].itemsize == 1:
         backend = Fp8KVBackend(backend)
     runner = ModelRunner(model, spec["block_size"], spec["num_blocks"], device, spec["dtype"], backend,

@@ -189,3 +189,16 @@ def test_kernels_refuse_a_cache_whose_head_dim_is_not_unit_stride():
         tk.prefill_triton(q, q[:, :kv_heads], q[:, :kv_heads], bad, v_cache, [0, 1], [1], bt, D ** -0.5)
     with pytest.raises(ValueError, match="v_cache .* needs a contiguous last"):
         tk.write_kv_triton(q[:, :kv_heads], q[:, :kv_heads], k_cache, bad, torch.tensor([3], device=DEV))
+
+
+def test_the_default_backend_falls_back_to_torch_for_blocks_too_small_for_triton():
+    """The Triton prefill kernel tiles a cache block with tl.dot (16 rows at least): on CUDA the default backend
+    is Triton from block_size 16 and torch below it (teaching configurations use 4 or 8); asking for Triton
+    with smaller blocks is refused when the engine is built, not at its first prefill."""
+    from reference_engine.attention import TorchBackend, TritonBackend, get_backend
+    cuda = torch.device("cuda")
+    assert isinstance(get_backend(None, cuda, 16), TritonBackend)
+    assert isinstance(get_backend(None, cuda, 8), TorchBackend)
+    assert isinstance(get_backend(None, torch.device("cpu"), 16), TorchBackend)
+    with pytest.raises(ValueError, match="block_size >= 16"):
+        get_backend("triton", cuda, 8)

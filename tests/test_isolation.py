@@ -98,3 +98,49 @@ def test_spawned_zygote_used_with_cuda_grades_the_same(tmp_path, monkeypatch):
                                      "hangs"))
     assert hangs["double"].status == "timeout" and hangs["count"].status == "passed"
     zygote.shutdown()  # the fresh-interpreter one; monkeypatch then restores the forked one
+
+
+def test_a_machine_with_a_cuda_device_never_forks_the_grader_into_the_zygote(monkeypatch):
+    """torch's default is_available() starts the CUDA driver, after which no forked child can use CUDA; so on a
+    machine with a device the zygote is always a fresh interpreter, and asking goes through NVML."""
+    import os
+
+    import torch
+
+    from autograder import zygote
+    assert os.environ.get("PYTORCH_NVML_BASED_CUDA_CHECK") == "1"  # set when reference_engine.device is imported
+    monkeypatch.delenv("COURSE_ISOLATION", raising=False)
+    monkeypatch.setattr(zygote, "holds_solutions", lambda: False)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert not zygote.can_fork_clean()
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert zygote.can_fork_clean() == hasattr(os, "fork")
+
+
+@pytest.mark.parametrize("cuda", [False, True], ids=["address-space cap", "private-data cap (CUDA)"])
+def test_the_memory_cap_turns_a_huge_allocation_into_a_memory_error(cuda):
+    """Both caps (the one for CUDA machines leaves CUDA's reserved, never-written address ranges alone) stop a
+    64 GiB allocation in the learner's process, and still allow a modest one."""
+    import os
+
+    from autograder.learner_side import _limit_memory
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(r)
+        try:
+            _limit_memory(1.0, cuda=cuda)
+            small = bytearray(100 * 2**20)
+            try:
+                bytearray(64 * 2**30)
+                verdict = b"allocated"
+            except MemoryError:
+                verdict = b"MemoryError" if len(small) else b"?"
+        except BaseException as e:  # noqa: BLE001
+            verdict = repr(e).encode()[:200]
+        os.write(w, verdict)
+        os._exit(0)
+    os.close(w)
+    got = os.read(r, 256)
+    os.waitpid(pid, 0)
+    assert got == b"MemoryError"

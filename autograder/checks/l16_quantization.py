@@ -314,8 +314,9 @@ def w4a16_kernel(t):
             rng.random() < 0.5
     for label, (M, N, K, G, sym) in t.cases(visible=visible, hidden=hidden, n=1):
         with t.case(f"{label}: fp32 and fp16 activations"):
-            qw = t.ref.quantize_int4(_weight(t.gen, N, K, G, outlier=False), G, sym)
-            x = torch.randn(M, K, generator=t.gen)
+            # On the checking device: natively compiled Triton kernels read only GPU tensors.
+            qw = t.ref.quantize_int4(_weight(t.gen, N, K, G, outlier=False).to(t.device), G, sym)
+            x = torch.randn(M, K, generator=t.gen).to(t.device)
             for dtype in (torch.float32, torch.float16):
                 xd = x.to(dtype)
                 exp = t.ref.w4a16_matmul(xd, qw)
