@@ -90,6 +90,25 @@ def _float(x: float):
     return {"$t": "float", "v": "nan" if math.isnan(x) else ("inf" if x > 0 else "-inf")}
 
 
+_SCALARS = frozenset((int, str, bool, type(None)))  # exact types that are their own JSON
+_JSON_SCALARS = frozenset((int, float, str, bool, type(None)))
+
+
+def _scalars(x):
+    """The JSON form of an exact list or tuple whose items all have exact scalar types, else None: the common
+    case (token ids, times, rows of numbers) encoded in one pass, without a call per item."""
+    out = []
+    for v in x:
+        tv = type(v)
+        if tv in _SCALARS:
+            out.append(v)
+        elif tv is float:
+            out.append(v if v - v == 0.0 else _float(v))  # v - v is nan for nan and the infinities
+        else:
+            return None
+    return out
+
+
 class _Encoder:
     def __init__(self, on_object: Callable[[Any], Any] | None):
         self.blobs: list[bytes] = []
@@ -108,8 +127,15 @@ class _Encoder:
             raise WireError("nested too deeply (a cycle?)")
         d = depth + 1
         # bool before int (bool is an int); exact-type tests first: subclasses are rebuilt below.
-        if x is None or type(x) in (bool, str):
+        tx = type(x)
+        if tx in _SCALARS:
             return x
+        if tx is float:
+            return _float(x)
+        if tx is list or tx is tuple:
+            plain = _scalars(x)
+            if plain is not None:
+                return plain if tx is list else {"$t": "tuple", "v": plain}
         if isinstance(x, bool):
             return bool(x)
         if isinstance(x, int):
@@ -141,8 +167,9 @@ class _Encoder:
             return {"$t": "ndarray", "dtype": x.dtype.str, "shape": list(x.shape),
                     **self.blob(np.ascontiguousarray(x).tobytes())}
         if isinstance(x, tuple) and hasattr(type(x), "_fields"):  # a NamedTuple: its values
+            plain = _scalars(tuple.__iter__(x))
             return {"$t": "namedtuple", "cls": type(x).__name__, "fields": [str(f) for f in type(x)._fields],
-                    "v": [self.enc(v, d) for v in tuple.__iter__(x)]}
+                    "v": plain if plain is not None else [self.enc(v, d) for v in tuple.__iter__(x)]}
         if isinstance(x, tuple):
             return {"$t": "tuple", "v": [self.enc(v, d) for v in tuple.__iter__(x)]}
         if isinstance(x, list):
@@ -190,11 +217,18 @@ class _Decoder:
                  resolve: Callable[[Any], Any] | None, rebuild: Callable[[str, str, Any], Any] | None):
         self.blobs, self.device_map, self.resolve, self.rebuild = blobs, device_map, resolve, rebuild
 
+    def items(self, v) -> list:
+        """A JSON array's items, decoded (an array of scalars as it is: JSON's own types are exact builtins)."""
+        if type(v) is not list:
+            raise WireError("malformed message")
+        return v if all(type(i) in _JSON_SCALARS for i in v) else [self.dec(i) for i in v]
+
     def dec(self, x):
-        if x is None or type(x) in (bool, int, float, str):
+        tx = type(x)
+        if tx in _JSON_SCALARS:
             return x
-        if type(x) is list:
-            return [self.dec(v) for v in x]
+        if tx is list:
+            return self.items(x)
         if type(x) is not dict or "$t" not in x:
             raise WireError("malformed message")
         tag = x["$t"]
@@ -203,12 +237,12 @@ class _Decoder:
         if tag == "complex":
             return complex(self.dec(x["re"]), self.dec(x["im"]))
         if tag == "namedtuple":
-            values = tuple(self.dec(v) for v in x["v"])
+            values = tuple(self.items(x["v"]))
             if self.rebuild:
                 return self.rebuild("namedtuple", str(x["cls"]), values)
             return _namedtuple(str(x["cls"]), tuple(str(f) for f in x.get("fields", ())), values)
         if tag == "tuple":
-            return tuple(self.dec(v) for v in x["v"])
+            return tuple(self.items(x["v"]))
         if tag == "set":
             return {self.dec(v) for v in x["v"]}
         if tag == "dict":

@@ -29,6 +29,7 @@ python -m reference_engine.gpu_model --chip H100 --model llama-3-8b prints step 
 from __future__ import annotations
 
 import argparse
+import functools
 import math
 import sys
 import warnings
@@ -160,6 +161,14 @@ def rank_dims(shape: ModelShape, tp: int = 1) -> dict:
     Raises ValueError when one of them does not divide by tp."""
     if not isinstance(tp, int) or tp < 1:
         raise ValueError(f"tp must be a positive integer, got {tp!r}")
+    try:
+        return dict(_rank_dims(shape, tp))  # a modeled clock asks for every kernel of every step
+    except TypeError:  # an unhashable shape-like object
+        return _rank_dims.__wrapped__(shape, tp)
+
+
+@functools.lru_cache(maxsize=1024)
+def _rank_dims(shape: ModelShape, tp: int) -> dict:
     dims = {"heads": shape.heads, "kv_heads": shape.kv_heads, "intermediate": shape.intermediate, "vocab": shape.vocab}
     for name, v in dims.items():
         if v % tp:
@@ -204,8 +213,8 @@ class Composition:
 
     def __post_init__(self):
         object.__setattr__(self, "prefills", tuple((int(n), int(c)) for n, c in self.prefills))
-        object.__setattr__(self, "decodes", tuple(int(c) for c in self.decodes))
-        if any(n < 1 or c < 0 for n, c in self.prefills) or any(c < 0 for c in self.decodes):
+        object.__setattr__(self, "decodes", tuple(map(int, self.decodes)))  # a batch of 256 decodes is common
+        if any(n < 1 or c < 0 for n, c in self.prefills) or (self.decodes and min(self.decodes) < 0):
             raise ValueError(f"chunks need tokens >= 1 and contexts >= 0, got {self}")
         if self.logit_rows is not None:
             if not 0 <= int(self.logit_rows) <= self.num_tokens:
@@ -320,27 +329,38 @@ def attention_cost(shape: ModelShape, tokens: int, context: int, tp: int = 1) ->
 
 def _gemm_kernels(shape, chip, comp, tp) -> list[KernelTime]:
     """One KernelTime per weight GEMM of gemm_shapes: each call's roofline at the chip's GEMM fractions, x calls."""
+    try:  # they depend on the step's token and logit-row counts only, and a replay repeats those all the time
+        return list(_gemm_kernels_of(shape, chip, comp.num_tokens, comp.num_logit_rows, tp))
+    except TypeError:  # an unhashable shape or chip
+        return list(_gemm_kernels_of.__wrapped__(shape, chip, comp.num_tokens, comp.num_logit_rows, tp))
+
+
+@functools.lru_cache(maxsize=4096)
+def _gemm_kernels_of(shape, chip, tokens: int, logit_rows: int, tp: int) -> tuple[KernelTime, ...]:
     peak, bw = chip.peak_flops * chip.gemm_eff, chip.bandwidth * chip.mem_eff
     out = []
-    for name, m, n, k, calls in gemm_shapes(shape, comp.num_tokens, comp.num_logit_rows, tp):
+    for name, m, n, k, calls in gemm_shapes(shape, tokens, logit_rows, tp):
         flops, nbytes = matmul_cost(m, n, k, shape.weight_bytes)
         t, c, mem = roofline(flops, nbytes, peak, bw)
         out.append(KernelTime(name, "gemm", calls, calls * flops, calls * nbytes, calls * c, calls * mem, calls * t,
                               "compute" if c >= mem else "memory"))
-    return out
+    return tuple(out)
 
 
-def _attention_kernel(name, shape, chip, chunks, tp) -> KernelTime:
-    """One attention launch over several sequences' chunks [(tokens, context)]: each sequence its own roofline."""
+def _attention_kernel(name, shape, chip, chunks, tp, counts: dict | None = None) -> KernelTime:
+    """One attention launch over several sequences' chunks [(tokens, context)]: each sequence its own roofline.
+    counts: {(tokens, context): how many such chunks} instead of the chunks, when the caller has it."""
     peak, bw = chip.peak_flops * chip.attn_eff, chip.bandwidth * chip.mem_eff
     flops = nbytes = compute = memory = total = compute_bound = 0.0
-    for (n, c), k in Counter(chunks).items():  # equal chunks cost the same: a batch of 1024 is one roofline
+    counts = Counter(chunks) if counts is None else counts
+    for (n, c), k in counts.items():  # equal chunks cost the same: a batch of 1024 is one roofline
         f, b = attention_cost(shape, n, c, tp)
         t, tc, tm = roofline(f, b, peak, bw)
         flops, nbytes, compute, memory, total = flops + k * f, nbytes + k * b, compute + k * tc, memory + k * tm, total + k * t
         compute_bound += k * t if tc >= tm else 0.0
     bound = "compute" if compute_bound > total / 2 else "memory"
-    return KernelTime(name, "attention", len(chunks) * shape.layers, flops, nbytes, compute, memory, total, bound)
+    return KernelTime(name, "attention", sum(counts.values()) * shape.layers, flops, nbytes, compute, memory, total,
+                      bound)
 
 
 def _allreduce_kernel(shape, chip, comp, tp) -> KernelTime:
@@ -360,7 +380,8 @@ def step_time(shape: ModelShape, chip: Chip, composition: Composition, *, tp: in
         return StepTime(composition, (), 0.0, 0.0)
     kernels = _gemm_kernels(shape, chip, composition, tp)
     if composition.decodes:
-        kernels.append(_attention_kernel("attn_decode", shape, chip, [(1, c) for c in composition.decodes], tp))
+        counts = {(1, c): k for c, k in Counter(composition.decodes).items()}  # one token each, at its context
+        kernels.append(_attention_kernel("attn_decode", shape, chip, None, tp, counts))
     if composition.prefills:
         kernels.append(_attention_kernel("attn_prefill", shape, chip, composition.prefills, tp))
     if tp > 1:

@@ -70,6 +70,22 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
 
 
+class Linear(nn.Linear):
+    """nn.Linear without its random init. Every weight of this model is read from a checkpoint right after
+    it is built (loader.load_weights refuses files that lack one), so the init is wasted time: a third of
+    building the shipped model, which the grader and the lessons build dozens of times."""
+
+    def reset_parameters(self) -> None:
+        pass
+
+
+class Embedding(nn.Embedding):
+    """nn.Embedding without its random init (see Linear)."""
+
+    def reset_parameters(self) -> None:
+        pass
+
+
 class Attention(nn.Module):
     """Under tensor parallelism (shard.size > 1) this rank's query and KV heads only; o_proj's partial sums are
     all-reduced (distributed.py)."""
@@ -82,8 +98,8 @@ class Attention(nn.Module):
         self.head_dim = config.head_dim
         self.q_size, self.kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
         self.scale = self.head_dim ** -0.5
-        self.qkv_proj = nn.Linear(config.hidden_size, self.q_size + 2 * self.kv_size, bias=config.qkv_bias, dtype=dtype, device=device)
-        self.o_proj = nn.Linear(self.q_size, config.hidden_size, bias=config.o_bias, dtype=dtype, device=device)
+        self.qkv_proj = Linear(config.hidden_size, self.q_size + 2 * self.kv_size, bias=config.qkv_bias, dtype=dtype, device=device)
+        self.o_proj = Linear(self.q_size, config.hidden_size, bias=config.o_bias, dtype=dtype, device=device)
         # Bound by ModelRunner.bind: this layer's slice of the paged cache and the attention backend.
         self.k_cache = self.v_cache = self.backend = None
 
@@ -102,8 +118,8 @@ class MLP(nn.Module):
         super().__init__()
         self.shard = shard
         inter = len(shard.intermediate(config.intermediate_size))
-        self.gate_up_proj = nn.Linear(config.hidden_size, 2 * inter, bias=config.mlp_bias, dtype=dtype, device=device)
-        self.down_proj = nn.Linear(inter, config.hidden_size, bias=config.mlp_bias, dtype=dtype, device=device)
+        self.gate_up_proj = Linear(config.hidden_size, 2 * inter, bias=config.mlp_bias, dtype=dtype, device=device)
+        self.down_proj = Linear(inter, config.hidden_size, bias=config.mlp_bias, dtype=dtype, device=device)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
@@ -135,10 +151,10 @@ class CausalLM(nn.Module):
         super().__init__()
         shard.check(config.num_attention_heads, config.num_key_value_heads, config.intermediate_size)
         self.config, self.shard = config, shard
-        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size, dtype=dtype, device=device)
+        self.embed_tokens = Embedding(config.vocab_size, config.hidden_size, dtype=dtype, device=device)
         self.layers = nn.ModuleList(DecoderLayer(config, dtype, device, shard) for _ in range(config.num_hidden_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype, device)
-        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False, dtype=dtype, device=device)
+        self.lm_head = Linear(config.hidden_size, config.vocab_size, bias=False, dtype=dtype, device=device)
         if config.tie_word_embeddings:
             self.lm_head.weight = self.embed_tokens.weight
         self.rotary: RotaryEmbedding | None = None  # set by init_rotary once the model is on its device

@@ -22,6 +22,7 @@ wrong versions computed here with reference_engine.gpu_model.
 """
 from __future__ import annotations
 
+import functools
 import math
 from collections import Counter
 from functools import partial
@@ -127,16 +128,21 @@ def random_greedy_case(rng):
     return _logits(best, V, rng.randrange(2**31)), torch.tensor(drafts)
 
 
+@functools.lru_cache(maxsize=None)
+def shipped_model(name: str):
+    """The shipped target or draft model, loaded once per process (the harnesses only run its forward)."""
+    from reference_engine import train
+    return train.load_checkpoint(CKPT / name)
+
+
 def greedy_loop(verify_fn, prompts: list, gamma: int, max_new: int) -> dict:
     """(A harness: runs in the learner's process under `t.run`, and here with `greedy_rule`.) Speculative greedy
     decoding with the shipped draft and target, every forward recomputed from the whole sequence: per step the
     draft proposes `gamma` argmax tokens, the target scores gamma + 1 positions in one forward, and
     verify_fn(logits [gamma + 1, V], drafts [gamma]) says what is emitted. Returns {"tokens": per prompt its
     first max_new new tokens, "problem": None, or what a verify_fn return value broke}."""
-    from reference_engine import train
-
     torch.set_num_threads(1)
-    target, draft = (train.load_checkpoint(CKPT / name) for name in ("target", "draft"))
+    target, draft = (shipped_model(name) for name in ("target", "draft"))
     out = []
     with torch.no_grad():
         for prompt in prompts:
