@@ -26,6 +26,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from .model_runner import raw_view  # the cache as pack/unpack index it (float8 as its uint8 bytes)
+
 START, LAYER, ABORT, STOP = 1, 2, 3, 4  # message kinds (header[0])
 HEADER_LEN = 4  # int64 words: kind, request serial, layer index (LAYER), payload bytes
 
@@ -59,11 +61,6 @@ def unpack_kv(buf: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, b
     slots = pos % block_size
     k_cache[:, blocks, slots] = buf[:, 0].to(k_cache.device)
     v_cache[:, blocks, slots] = buf[:, 1].to(v_cache.device)
-
-
-def raw_view(cache: torch.Tensor) -> torch.Tensor:
-    """The cache as pack/unpack index it: float8 as uint8 (the same bytes), anything else unchanged."""
-    return cache.view(torch.uint8) if cache.element_size() == 1 else cache
 
 
 # ---------------------------------------------------------------- transports

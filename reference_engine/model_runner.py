@@ -10,6 +10,12 @@ from .model import CausalLM
 from .scheduler import ScheduledSeq, SchedulerOutput
 
 
+def raw_view(cache: torch.Tensor) -> torch.Tensor:
+    """The cache as index operations can take it: float8 as uint8 (the same bytes; CPU torch cannot index
+    float8 tensors), anything else unchanged."""
+    return cache.view(torch.uint8) if cache.element_size() == 1 else cache
+
+
 class ModelRunner:
     clock = staticmethod(time.perf_counter)  # LLMEngine sets its own clock, so forward and wall time agree
     last_forward_time: float | None = None  # seconds the last execute() spent in the forward (prepare() excluded)
@@ -34,7 +40,7 @@ class ModelRunner:
         src = torch.tensor([s for s, _ in pairs], device=self.device)
         dst = torch.tensor([d for _, d in pairs], device=self.device)
         for cache in (self.k_cache, self.v_cache):
-            c = cache.view(torch.uint8) if cache.element_size() == 1 else cache  # CPU torch cannot index float8
+            c = raw_view(cache)
             c[:, dst] = c[:, src]
 
     def _block_tables(self, scheduled: list[ScheduledSeq]) -> torch.Tensor | None:

@@ -130,3 +130,18 @@ def test_a_worker_that_cannot_load_its_shard_raises_with_its_traceback(tmp_path)
     shutil.copy(f"{TARGET}/config.json", bad / "config.json")  # the engine reads config.json; the workers fail
     with pytest.raises(RuntimeError, match=r"(?s)rank \d failed.*no \*\.safetensors weights"):
         LLM(bad, tensor_parallel_size=2)
+
+
+def test_tp2_with_speculative_decoding_matches_one_process_with_it():
+    """The draft model runs in the calling process and the target over the ranks: greedy speculative decoding
+    emits exactly the target's tokens either way, and the ranks verify the same drafts one process does."""
+    spec = {"model": "reference_engine/checkpoints/draft", "num_speculative_tokens": 3}
+    prompts = _prompts(3)
+    want = _tokens(LLM(TARGET, speculative_config=spec), prompts)
+    llm = LLM(TARGET, tensor_parallel_size=2, speculative_config=spec)
+    try:
+        got = _tokens(llm, prompts)
+    finally:
+        llm.engine.shutdown()
+    assert got == want
+    assert got == _tokens(LLM(TARGET), prompts)  # greedy speculative decoding changes no token

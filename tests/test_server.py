@@ -281,8 +281,20 @@ def test_sse_framing():
     f = DefaultSSEFramer()
     assert f.event('{"a": 1}') == b'data: {"a": 1}\n\n' and f.done() == b"data: [DONE]\n\n"
     assert f.keep_alive().startswith(b":") and f.keep_alive().endswith(b"\n\n")
-    with pytest.raises(ValueError):
-        f.event("two\nlines")
+    for broken in ("two\nlines", "two\rlines", "two\r\nlines"):  # SSE ends a line at \r too
+        with pytest.raises(ValueError):
+            f.event(broken)
+
+
+def test_resume_refuses_counts_that_are_not_ints():
+    """The server's resume policy, held to lesson 12's contract: a bool (True) or a float is no count."""
+    from reference_engine.server.interfaces import Generation
+    from reference_engine.server.streaming import ContinueResumePolicy
+    gen = Generation(key=None, fingerprint="f", prompt_token_ids=[5, 6], max_tokens=5, token_ids=[7, 8, 9])
+    assert ContinueResumePolicy().plan(gen, 1).replay == [8, 9]
+    for bad in (True, 1.0, "1", -1, 4):
+        with pytest.raises(ValueError):
+            ContinueResumePolicy().plan(gen, bad)
 
 
 def test_nonstreaming_client_that_gives_up_is_aborted(server):

@@ -93,8 +93,8 @@ class ContinueResumePolicy:
 
     def plan(self, generation: Generation, received: int) -> ResumePlan:
         have = len(generation.token_ids)
-        if not isinstance(received, int) or not 0 <= received <= have:
-            raise ValueError(f"resume from token {received}: this answer has {have} tokens so far, so the "
+        if type(received) is not int or not 0 <= received <= have:  # a bool (True) is no count
+            raise ValueError(f"resume from token {received!r}: this answer has {have} tokens so far, so the "
                              f"count of tokens received must be between 0 and {have}")
         replay = generation.token_ids[received:]
         if generation.finished or generation.in_flight:
@@ -112,7 +112,7 @@ class DefaultSSEFramer:
         self.keep_alive_interval = keep_alive_interval
 
     def event(self, payload: str) -> bytes:
-        if "\n" in payload:  # a newline would end the field early; JSON from json.dumps has none
+        if "\n" in payload or "\r" in payload:  # SSE ends a line at either: the field would end early
             raise ValueError("an SSE data payload must be one line")
         return f"data: {payload}\n\n".encode()
 
