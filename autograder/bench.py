@@ -2,7 +2,9 @@
 
 Measures each ready lesson's `course check` against the solutions (every
 check runs its cases, so this is the slow path) in one process after the
-imports, and the whole command as a fresh process (imports included).
+imports, and the whole command as a fresh process (imports included); then
+`course grade --solutions` over every ready lesson, one lesson at a time and
+two at once.
 """
 from __future__ import annotations
 
@@ -36,6 +38,12 @@ def main(argv=None) -> int:
         fresh = time.perf_counter() - start
         print(f"{lesson.stem:<24} {len(res):>6} {statistics.median(times):>16.2f} s "
               f"{max(times):>5.2f} s {fresh:>19.2f} s")
+    for jobs in (1, 2):
+        start = time.perf_counter()
+        subprocess.run([sys.executable, "-m", "autograder.cli", "grade", "--solutions", "--jobs", str(jobs)],
+                       capture_output=True, check=False)
+        print(f"fresh `course grade --solutions --jobs {jobs}` (every ready lesson): "
+              f"{time.perf_counter() - start:.2f} s")
     return 0
 
 

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import random
 import sys
 import time
@@ -25,7 +26,6 @@ def cmd_list(args) -> int:
 def lab_command(lesson_key: str | None, extra: list[str]) -> list[str]:
     """The `jupyter lab` command line that opens a lesson. Jupyter refuses to start as root (common in
     containers) unless told --allow-root, so it is added exactly when this process runs as root."""
-    import os
     target = lessons.find(lesson_key).notebook if lesson_key else lessons.ROOT / "lessons"
     cmd = [sys.executable, "-m", "jupyter", "lab", str(target)]
     if hasattr(os, "geteuid") and os.geteuid() == 0 and "--allow-root" not in extra:
@@ -34,7 +34,6 @@ def lab_command(lesson_key: str | None, extra: list[str]) -> list[str]:
 
 
 def cmd_lab(args) -> int:
-    import os
     cmd = lab_command(args.lesson, args.jupyter_args)
     print(" ".join(cmd), flush=True)
     os.execv(cmd[0], cmd)  # hand the terminal to Jupyter (Ctrl-C stops it as usual)
@@ -85,11 +84,12 @@ def cmd_check(args) -> int:
 def cmd_grade(args) -> int:
     from . import reference
     seed = reference.RELEASE_SEED if not reference.solutions_available() else _seed(args)
-    everything, rows = {}, []
-    for lesson in lessons.available():
-        results = _grade(lesson.stem, args.solutions, seed)
-        everything[lesson.stem] = results
-        rows.append((lesson, results))
+    from .parallel import grade_lessons
+    ready = lessons.available()
+    jobs = args.jobs if args.jobs is not None else min(2, os.cpu_count() or 1)
+    everything = grade_lessons([lesson.stem for lesson in ready],
+                               lambda stem, only=None: _grade(stem, args.solutions, seed, only=only), jobs)
+    rows = [(lesson, everything[lesson.stem]) for lesson in ready]
     print(f"{'lesson':<28} {'score':>11} {'checks passed':>14}  note")
     for lesson, results in rows:
         earned, possible, skipped = report.totals(results)
@@ -212,6 +212,8 @@ def parser() -> argparse.ArgumentParser:
     g.add_argument("--solutions", action="store_true")
     g.add_argument("--seed", type=int)
     g.add_argument("--json")
+    g.add_argument("--jobs", type=int, help="lessons graded at once (default: 2, or 1 on a one-core machine); "
+                                            "the same scores as one at a time")
     g.set_defaults(func=cmd_grade)
     sub.add_parser("doctor", help="versions, device, and a Triton self-test").set_defaults(func=cmd_doctor)
     s = sub.add_parser("sync", help="(maintainers) regenerate exercises/ from solutions/; "

@@ -619,7 +619,7 @@ def _stream(s) -> str:
     return f"{len(s['tokens'])} tokens, finish_reason {s['finish_reason']}, [DONE] {s['done']}, error {s['error']}"
 
 
-@check(points=4, section="12.6", timeout=240)
+@check(points=4, section="12.6", timeout=240, timed=True)
 def streaming_server(t):
     """The real server with your five parts: a vanished client freed within a few steps, a stalled reader
     dropped without holding up the others (they keep their pace), per-stream memory bounded, retries

@@ -1,0 +1,132 @@
+"""Grade several lessons at once: `course grade --jobs N`.
+
+A lesson's checks run one after another (each one's learner process beside the grader's reference
+work), which keeps a machine's second core mostly idle. `grade_lessons` forks N graders, each taken
+before anything imports the solutions, so each starts its own zygote as a clean fork (autograder/zygote.py)
+and grades whole lessons, one at a time, as they are handed out. A grader sends back each lesson's
+results as JSON (CheckResult.to_dict): the grader's own verdicts, no learner object crosses. Seeds are
+per lesson and per check, so the scores are the ones a one-at-a-time run gives.
+
+A check that measures this machine's wall-clock time (`@check(timed=True)`) is graded by this process
+once the workers are done, alone; its lesson's other checks go to the workers. Where forking is not clean
+(solutions already imported here, or a CUDA machine) every lesson is graded in this process, one after
+another. A worker that dies leaves its task to this process too.
+"""
+from __future__ import annotations
+
+import json
+import os
+import select
+from collections.abc import Callable
+
+from . import zygote
+from .core import Part
+from .runner import CheckResult, load_checks
+
+
+def grade_lessons(stems: list[str], grade: Callable[..., list[CheckResult]], jobs: int) -> dict:
+    """{stem: grade(stem)} for every stem, in the order given; `jobs` graders at a time when that is clean.
+    grade(stem, only=None) grades the lesson's checks named in `only` (default: all of them)."""
+    if jobs <= 1 or len(stems) <= 1 or not zygote.can_fork_clean() or zygote._ZYGOTE is not None:
+        return {stem: grade(stem) for stem in stems}
+    order = {stem: [spec.name for spec in load_checks(stem)] for stem in stems}
+    timed = {stem: [spec.name for spec in load_checks(stem) if spec.timed] for stem in stems}
+    shared = [(stem, [n for n in order[stem] if n not in timed[stem]]) for stem in stems]
+    todo = [task for task in shared if task[1]]
+    alone = [(stem, names) for stem, names in timed.items() if names]  # graded here once the workers are done
+    workers: list[_Worker] = []
+    for _ in range(min(jobs, len(todo))):
+        workers.append(_Worker.start(grade, workers))
+    done: dict[str, list[CheckResult]] = {stem: [] for stem in stems}
+    for w in workers:
+        w.give(todo.pop(0) if todo else None)
+    while any(w.task for w in workers):
+        ready, _, _ = select.select([w.results for w in workers if w.task], [], [])
+        for w in workers:
+            if w.results not in ready:
+                continue
+            got = w.take()
+            if got is None:  # the worker died: this process grades its task at the end
+                alone.append(w.task)
+                w.task = None
+                continue
+            done[w.task[0]] += got
+            w.give(todo.pop(0) if todo else None)
+    for w in workers:
+        w.close()
+    for stem, names in alone:
+        done[stem] += grade(stem, only=names)
+    return {stem: sorted(done[stem], key=lambda r: order[stem].index(r.name)) for stem in stems}
+
+
+class _Worker:
+    """One forked grader: tasks (a lesson and the checks to run) arrive as JSON lines, each task's results
+    leave as one JSON line."""
+
+    def __init__(self, pid: int, tasks, results):
+        self.pid, self.tasks, self.results, self.task = pid, tasks, results, None
+        self._buf = b""
+
+    @classmethod
+    def start(cls, grade, siblings: list[_Worker]) -> _Worker:
+        task_r, task_w = os.pipe()
+        res_r, res_w = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # the worker
+            os.close(task_w)
+            os.close(res_r)
+            for w in siblings:  # else a sibling would never see the end of its task pipe
+                w.tasks.close()
+                os.close(w.results)
+            code = 0
+            try:
+                _serve(grade, os.fdopen(task_r, "rb"), os.fdopen(res_w, "wb"))
+            except BaseException:  # noqa: BLE001 - the parent grades what this worker could not
+                code = 1
+            finally:
+                zygote.shutdown()  # its own zygote, and every learner process left
+                os._exit(code)
+        os.close(task_r)
+        os.close(res_w)
+        return cls(pid, os.fdopen(task_w, "wb"), res_r)
+
+    def give(self, task: tuple[str, list[str]] | None):
+        self.task = task
+        if task is None:
+            return
+        try:
+            self.tasks.write(json.dumps(task).encode() + b"\n")
+            self.tasks.flush()
+        except OSError:  # it died: take() reports it
+            pass
+
+    def take(self) -> list[CheckResult] | None:
+        """This worker's results for its task, or None if it died."""
+        while b"\n" not in self._buf:
+            chunk = os.read(self.results, 1 << 16)
+            if not chunk:
+                return None
+            self._buf += chunk
+        line, self._buf = self._buf.split(b"\n", 1)
+        return [_result(d) for d in json.loads(line)]
+
+    def close(self):
+        for close in (self.tasks.close, lambda: os.close(self.results)):
+            try:
+                close()
+            except OSError:
+                pass
+        os.waitpid(self.pid, 0)
+
+
+def _serve(grade, tasks, results):
+    zygote._ZYGOTE = None  # the parent's, if any, is not this process's to use
+    for line in tasks:
+        stem, names = json.loads(line)
+        out = [r.to_dict() for r in grade(stem, only=names)]
+        results.write(json.dumps(out).encode() + b"\n")
+        results.flush()
+
+
+def _result(d: dict) -> CheckResult:
+    return CheckResult(**{**d, "parts": [Part(**p) for p in d["parts"]]})
