@@ -660,6 +660,27 @@ def replay(ref, jobs, fleet, schedule, slo) -> dict:
     return {**rep, "bound": ref.GPU_HOURS_BOUND * ref.oracle_gpu_hours([ref.Job(*j) for j in jobs], ref.Fleet(*fleet))}
 
 
+# Far above what any of these workloads needs (the surge's peak needs about 10): a schedule past it is
+# refused before the replay here, which would otherwise build (and dispatch over) every replica it asks for.
+MAX_SCHEDULED_REPLICAS = 256
+
+
+def _schedule(t, sim) -> list[tuple[float, int]]:
+    """The (tick time, replicas wanted) of the learner's timeline, checked before this process replays it."""
+    rows = sim.get("timeline") if type(sim) is dict else None
+    if type(rows) is not list or not all(type(r) in (list, tuple) and len(r) == 4 for r in rows):
+        t.fail("simulate_fleet should return a dict whose \"timeline\" is a list of (t, concurrency, ready, "
+               f"desired) rows, got {str(rows)[:80]}")
+    for when, *_, n in rows:
+        if type(when) not in (int, float) or not math.isfinite(when):
+            t.fail(f"a timeline row's time is {when!r}: ticks are finite times in seconds")
+        if type(n) is not int or not 0 <= n <= MAX_SCHEDULED_REPLICAS:
+            t.fail(f"your fleet's timeline asks for {n!r} replicas at t = {when:g} s: the replicas wanted are a count "
+                   f"from 0 to {MAX_SCHEDULED_REPLICAS}, far more than any of these workloads needs (its "
+                   "GPU-hours would be far over the bound); check what your KPA asks for and its max_replicas")
+    return [(when, n) for when, *_, n in rows]
+
+
 def _verdict(rep, slo) -> str:
     return (f"p99 TTFT {rep['p99_ttft']:.2f} s (SLO {slo} s), {rep['gpu_hours']:.2f} GPU-hours "
             f"(bound {rep['bound']:.2f}), {rep['late']} late, {rep['dropped']} dropped")
@@ -679,7 +700,7 @@ def tuned_kpa(t):
             cfg = t.call("tuned_kpa", fleet)
             t.expect_true(type(cfg).__name__ == "KPAConfig", f"tuned_kpa should return a KPAConfig, got {cfg!r}")
             sim = t.call("simulate_fleet", jobs, fleet, cfg)
-            schedule = [(row[0], row[3]) for row in sim["timeline"]]
+            schedule = _schedule(t, sim)
             rep = t.reference(replay, jobs, tuple(fleet), schedule, slo)
             if not rep["slo_met"]:
                 capped = max((n for _, n in schedule), default=0) >= cfg.max_replicas

@@ -287,3 +287,12 @@ def tuned_kpa(fleet):  # noqa: F811
 @mutant(check="tuned_kpa", message="raise max_replicas")
 def tuned_kpa(fleet):  # noqa: F811
     return sol.tuned_kpa(fleet)._replace(max_replicas=3)  # noqa: F821 - the tuned policy, capped at 3
+
+
+# -- hostile: a timeline the grader would otherwise replay with ten million replicas ----------------
+
+
+@mutant(check="tuned_kpa", message="asks for 10000000 replicas")
+def simulate_fleet(jobs, fleet, scaler):  # noqa: F811
+    out = sol.simulate_fleet(jobs, fleet, scaler)  # noqa: F821
+    return {**out, "timeline": [(t, c, r, 10**7) for t, c, r, _ in out["timeline"]]}
