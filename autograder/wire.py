@@ -27,7 +27,10 @@ from typing import Any, Callable
 
 import torch
 
-MAX_MESSAGE = 1 << 30  # a learner returning 10 GB of data gets an error, not a swapping grader
+# A message's data, either way. Every check's largest message is about 2 MiB (measured over a whole
+# `course grade --solutions`): 64 MiB leaves room to spare, and bounds what a reply costs the grader to read
+# (a 64 MiB header of small tuples decodes in seconds; one of 1 GiB took minutes and gigabytes).
+MAX_MESSAGE = 64 << 20
 _MAX_DEPTH = 64
 
 

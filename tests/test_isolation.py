@@ -35,6 +35,9 @@ GOOD_COUNT = "def count(n):\n    return n\n"
     ("def double(x):\n    return x * x\n", "failed", "squares instead of doubling"),
     ("def double(x):\n    return x.mul_(2)\n", "failed", "modified its argument #1 in place"),
     ("def double(x):\n    return bytearray(64 * 2**30)\n", "error", "MemoryError"),
+    # Past the wire's 64 MiB: tensor bytes are refused over there, a huge header here before it is read.
+    ("import torch\ndef double(x):\n    return torch.zeros(30_000_000)\n", "error", "more than 64 MiB"),
+    ("def double(x):\n    return ['x' * 1000] * 70_000\n", "error", "larger than the grader accepts"),
     ("def double(x):\n    return [2 * v for v in x.tolist()]\n", "failed", "expected a torch.Tensor, got list"),
     ("def double(x):\n    print('hello ' * 10000)\n    return 2 * x\n", "passed", ""),
 ])

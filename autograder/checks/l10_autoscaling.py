@@ -647,6 +647,26 @@ TRAFFIC_CASES = [("visible: a ramp from 5 to 14 rps and back (8 slots, 60 s boot
                   ([(0, 6.0), (120, 6.0), (240, 30.0), (420, 30.0), (480, 6.0)], 2, 8, 60.0, 2))]
 
 
+HIDDEN_CHOICES = 4  # candidate traffics drawn per hidden case (always all of them: the draws do not depend on the mode)
+
+
+def traffic_choices(rng) -> list[tuple]:
+    """Candidates for one hidden case. A few draws are steep enough (a 3x ramp behind 90 s boots) that even the
+    lesson's own settings miss the SLO by a hair; a learner who followed the lesson must not fail on that luck."""
+    return [traffic(rng) for _ in range(HIDDEN_CHOICES)]
+
+
+def fair_traffic(ref, spec) -> bool:
+    """Whether the lesson's tuned KPA (section 4's sweep, ref.tuned_kpa) meets this traffic with a 10% margin on
+    both the SLO and the GPU-hours bound (for t.reference)."""
+    prof, seed, slots, boot, initial = spec
+    fleet = ref.Fleet(slots=slots, boot_s=boot, initial=initial)
+    jobs = ref.trace_jobs(prof, DURATION_S, seed=seed, slots=slots)
+    rep = ref.fleet_report(ref.simulate_fleet(jobs, fleet, ref.tuned_kpa(fleet)), ref.TTFT_SLO_S)
+    bound = ref.GPU_HOURS_BOUND * ref.oracle_gpu_hours(jobs, fleet)
+    return rep["p99_ttft"] <= 0.9 * ref.TTFT_SLO_S and rep["gpu_hours"] <= 0.9 * bound
+
+
 def workload(ref, spec) -> list:
     """The jobs and fleet of a traffic spec (for t.reference)."""
     prof, seed, slots, boot, initial = spec
@@ -663,14 +683,25 @@ def replay(ref, jobs, fleet, schedule, slo) -> dict:
 # Far above what any of these workloads needs (the surge's peak needs about 10): a schedule past it is
 # refused before the replay here, which would otherwise build (and dispatch over) every replica it asks for.
 MAX_SCHEDULED_REPLICAS = 256
+# A run of these workloads lasts minutes (a few hundred 2 s ticks); the replay looks up each of its ticks in the
+# whole schedule, so a timeline of millions of rows would keep this process busy for minutes.
+MAX_TIMELINE_ROWS = 10_000
+# Replicas the replay launches (each rise of the replicas wanted, from fleet.initial on): every event of the
+# replay scans every replica launched so far, so a timeline that swings between 0 and 256 each tick (about
+# 50 000 launches) kept this process busy for 90 s. The KPAs tuned for these workloads launch at most a few
+# hundred.
+MAX_LAUNCHES = 2048
 
 
-def _schedule(t, sim) -> list[tuple[float, int]]:
+def _schedule(t, sim, initial: int) -> list[tuple[float, int]]:
     """The (tick time, replicas wanted) of the learner's timeline, checked before this process replays it."""
     rows = sim.get("timeline") if type(sim) is dict else None
     if type(rows) is not list or not all(type(r) in (list, tuple) and len(r) == 4 for r in rows):
         t.fail("simulate_fleet should return a dict whose \"timeline\" is a list of (t, concurrency, ready, "
                f"desired) rows, got {str(rows)[:80]}")
+    if len(rows) > MAX_TIMELINE_ROWS:
+        t.fail(f"simulate_fleet returned a timeline of {len(rows)} rows: one row per tick, and these runs last "
+               f"a few hundred ticks (at most {MAX_TIMELINE_ROWS} is allowed); append one row per TICK event")
     for when, *_, n in rows:
         if type(when) not in (int, float) or not math.isfinite(when):
             t.fail(f"a timeline row's time is {when!r}: ticks are finite times in seconds")
@@ -678,6 +709,13 @@ def _schedule(t, sim) -> list[tuple[float, int]]:
             t.fail(f"your fleet's timeline asks for {n!r} replicas at t = {when:g} s: the replicas wanted are a count "
                    f"from 0 to {MAX_SCHEDULED_REPLICAS}, far more than any of these workloads needs (its "
                    "GPU-hours would be far over the bound); check what your KPA asks for and its max_replicas")
+    if any(a[0] > b[0] for a, b in zip(rows, rows[1:])):
+        t.fail("your fleet's timeline is not in time order: one row per tick, appended as the ticks happen")
+    launches = sum(max(0, b[3] - a[3]) for a, b in zip([(0, 0, 0, initial)] + rows, rows))
+    if launches > MAX_LAUNCHES:
+        t.fail(f"your fleet's timeline launches {launches} replicas in all (each rise of the replicas wanted "
+               f"launches that many): far more than these workloads need (at most {MAX_LAUNCHES} is allowed); "
+               "check that your KPA does not swing up and down from tick to tick (stable window, scale-down delay)")
     return [(when, n) for when, *_, n in rows]
 
 
@@ -691,8 +729,10 @@ def tuned_kpa(t):
     """Your KPA settings on a ramp, a surge and unseen ramps, bursts and dips: p99 TTFT within the SLO at no more
     GPU-hours than the bound."""
     slo = t.ref.TTFT_SLO_S
-    specs = t.cases(visible=TRAFFIC_CASES, hidden=traffic, n=2)
+    specs = t.cases(visible=TRAFFIC_CASES, hidden=traffic_choices, n=2)
     for label, spec in specs:
+        if not label.startswith("visible"):  # candidates: the first one the lesson's settings meet with margin
+            spec = next((s for s in spec if t.reference(fair_traffic, s)), spec[-1])
         prof, _, slots, boot, initial = spec
         fleet = Fleet(slots=slots, boot_s=boot, initial=initial)
         with t.case(f"{label}: rate profile {prof}, {fleet}"):
@@ -700,7 +740,7 @@ def tuned_kpa(t):
             cfg = t.call("tuned_kpa", fleet)
             t.expect_true(type(cfg).__name__ == "KPAConfig", f"tuned_kpa should return a KPAConfig, got {cfg!r}")
             sim = t.call("simulate_fleet", jobs, fleet, cfg)
-            schedule = _schedule(t, sim)
+            schedule = _schedule(t, sim, initial)
             rep = t.reference(replay, jobs, tuple(fleet), schedule, slo)
             if not rep["slo_met"]:
                 capped = max((n for _, n in schedule), default=0) >= cfg.max_replicas

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import torch
 
+from autograder import compare as cmp
 from autograder.core import check
 
 FP8 = torch.float8_e4m3fn
@@ -253,6 +254,14 @@ def read_in_dtype(cache, scales, slots, dtype: torch.dtype) -> torch.Tensor:
     return vals * scales[slots][..., None].to(dtype)
 
 
+def _same_layout(t, got, expected: torch.Tensor, what: str) -> None:
+    """Fail unless `got` is a tensor of expected's shape and dtype: checked before this process converts it
+    (a cache the learner's code swapped for a 400 MB one would take 1.6 GB here as float32)."""
+    if not isinstance(got, torch.Tensor) or got.shape != expected.shape or got.dtype != expected.dtype:
+        t.fail(f"{what}: {cmp.describe(got)}, expected the cache passed in, "
+               f"Tensor(shape={tuple(expected.shape)}, dtype={expected.dtype}), written in place")
+
+
 def written_kv(ref, k, slots, num_slots: int) -> tuple:
     """(cache, scales) after ref.fp8_kv_write into a zeroed cache of num_slots: a reference computation that edits
     its arguments, so it goes through t.reference (a student's copy replays its result)."""
@@ -281,6 +290,7 @@ def fp8_kv_cache(t):
             exp_cache, exp_scales = t.reference(written_kv, k, slots, S)
             _, after = t.call_fn(t.fn("fp8_kv_write"), k, slots, cache, scales, inplace=True)
             got_cache, got_scales = after[2], after[3]
+            _same_layout(t, got_cache, exp_cache, "the cache after fp8_kv_write")
             t.expect(got_scales, exp_scales, "the scales after the write", mistakes={
                 "uses one scale per token across all KV heads (each head's row gets its own)":
                     kv_variant(k, slots, S, per_token_only=True)[1],

@@ -325,6 +325,20 @@ class _View:
     problem: str = ""  # the first way the tree breaks TreeNode's invariants, if any
 
 
+# _read_view keeps every node's path from the root, and every page's: their sizes add up to the sum, over nodes,
+# of the tokens from the root to the node. These cases cache a few sequences of at most ~10 pages (a tree of some
+# 10^4 path tokens); a chain of 19 000 one-page nodes (1.8 * 10^8 of them) took this process to 6 GB in a minute.
+MAX_PATH_TOKENS = 1_000_000
+
+
+def _path_tokens(nodes: list) -> int:
+    """The sum over nodes of the tokens on the path from the root to the node (tree_view lists parents first)."""
+    depth = []
+    for n in nodes:
+        depth.append((depth[n["parent"]] if n["parent"] >= 0 else 0) + len(n["tokens"]))
+    return sum(depth)
+
+
 def _read_view(data: dict, P: int) -> _View:
     nodes, pages, paths, problem = data["nodes"], {}, {0: ()}, ""
     if nodes[0]["tokens"] or nodes[0]["blocks"]:
@@ -532,6 +546,12 @@ class _Drive:
             self.fail(f"reading your tree after {self.log[-1]} raised:\n{e.tb_text}\n  {FIELDS_NOTE}")
         if "error" in data:
             self.fail(f"after {self.log[-1]}: {data['error']}. {FIELDS_NOTE}")
+        held = _path_tokens(data["nodes"])
+        if held > MAX_PATH_TOKENS:
+            self.fail(f"after {self.log[-1]}, your tree's {len(data['nodes'])} nodes spell paths of {held:,} tokens "
+                      f"in all (the tokens from the root to each node, summed): these cases cache a few sequences "
+                      f"of at most a few dozen pages, far under {MAX_PATH_TOKENS:,}. Looks like your code keeps "
+                      "adding nodes it should not (a chain that never ends, pages cached again)")
         return _read_view(data, self.P)
 
     def check_pages(self, view: _View, kind: str):

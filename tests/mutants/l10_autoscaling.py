@@ -296,3 +296,21 @@ def tuned_kpa(fleet):  # noqa: F811
 def simulate_fleet(jobs, fleet, scaler):  # noqa: F811
     out = sol.simulate_fleet(jobs, fleet, scaler)  # noqa: F821
     return {**out, "timeline": [(t, c, r, 10**7) for t, c, r, _ in out["timeline"]]}
+
+
+# -- hostile: a timeline of 100 000 rows, each looked up at every tick of the replay (a million: minutes) --
+
+
+@mutant(check="tuned_kpa", message="at most 10000 is allowed")
+def simulate_fleet(jobs, fleet, scaler):  # noqa: F811
+    out = sol.simulate_fleet(jobs, fleet, scaler)  # noqa: F821
+    return {**out, "timeline": out["timeline"] + [(1e300, 0, 0, 1)] * 10**5}
+
+
+# -- hostile: a timeline swinging from 0 to 256 replicas every tick (tens of thousands of launches) ----
+
+
+@mutant(check="tuned_kpa", message="far more than these workloads need")
+def simulate_fleet(jobs, fleet, scaler):  # noqa: F811
+    out = sol.simulate_fleet(jobs, fleet, scaler)  # noqa: F821
+    return {**out, "timeline": [(t, c, r, 256 * (k % 2)) for k, (t, c, r, _) in enumerate(out["timeline"])]}

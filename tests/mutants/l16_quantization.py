@@ -220,3 +220,12 @@ def choose_method(bottleneck, workload):  # noqa: F811
     if workload.get("fp8_tensor_cores") and bottleneck in ("memory", "compute"):
         return "w8a8-fp8"
     return sol.choose_method(bottleneck, workload)  # noqa: F821
+
+
+# -- hostile: the cache argument swapped for a larger one (checked before the grader converts it) ----------
+
+
+@mutant(check="fp8_kv_cache", message="expected the cache passed in")
+def fp8_kv_write(k, slot_mapping, cache, scales):  # noqa: F811
+    sol.fp8_kv_write(k, slot_mapping, cache, scales)  # noqa: F821
+    cache.set_(torch.zeros(1000, *cache.shape[1:], dtype=torch.uint8).view(cache.dtype))

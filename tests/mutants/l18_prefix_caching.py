@@ -865,3 +865,24 @@ def RadixTree(page_size):  # noqa: F811
 @mutant(check="tree_in_engine", message="the engine's prefix-cache evicted_blocks")
 def RadixTree(page_size):  # noqa: F811
     return _m_EvictPlusOne(page_size)
+
+
+# -- hostile: a chain of 19 000 one-page nodes hung under a leaf (its paths took the grader to 6 GB) --------
+
+
+class _m_EndlessChain(sol.RadixTree):  # noqa: F821
+    def insert(self, tokens, blocks):
+        out = super().insert(tokens, blocks)
+        node = self.root
+        while node.children:
+            node = next(iter(node.children.values()))
+        for i in range(19_000):
+            child = TreeNode([7] * self.page_size, [10**6 + i], parent=node)  # noqa: F821
+            node.children[tuple(child.tokens[:self.page_size])] = child
+            node = child
+        return out
+
+
+@mutant(check="radix_match_insert", message="spell paths of")
+def RadixTree(page_size):  # noqa: F811
+    return _m_EndlessChain(page_size)
