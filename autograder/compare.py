@@ -30,6 +30,15 @@ def tolerance_for(dtype: torch.dtype) -> tuple[float, float]:
     return (0.0, 0.0)  # integer and bool tensors compare exactly
 
 
+def key_types(d: dict) -> str | None:
+    """None when every key of `d` is a str; else the types of its keys and one that is not a str, for a
+    message: "int and str (e.g. 50)". Check before sorting or string-matching a learner's keys."""
+    if all(isinstance(k, str) for k in d):
+        return None
+    odd = next(k for k in d if not isinstance(k, str))
+    return f"{' and '.join(sorted({type(k).__name__ for k in d}))} (e.g. {repr(odd)[:40]})"
+
+
 def describe(x) -> str:
     """A short description of a value's type, for 'expected X, got Y' messages."""
     if isinstance(x, torch.Tensor):

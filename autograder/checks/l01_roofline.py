@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 
+from autograder import compare as cmp
 from autograder.checks._configs import non_default
 from autograder.core import check
 
@@ -458,6 +459,8 @@ def step_kernels(t):
                          **non_default(chunk=(chunk, 0), chunk_context=(cc, 0)))
             if not isinstance(got, dict):
                 t.fail(f"step_kernels returned {type(got).__name__}; expected a dict {{kernel name: {{...}}}}")
+            if (types := cmp.key_types(got)) is not None:
+                t.fail(f"step_kernels should return a dict keyed by kernel name (str), got keys of types {types}")
             t.expect(sorted(got), sorted(expected), "the kernel names", hint=(
                 "One entry per GEMM (qkv_proj, o_proj, gate_up_proj, down_proj, lm_head), attn_decode, and "
                 "attn_prefill only when chunk > 0."))

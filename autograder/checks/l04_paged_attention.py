@@ -165,6 +165,10 @@ class _Drive:
         if not (isinstance(after, list) and len(after) == len(before)):
             self.fail(f"append_slot changed the table {before} to {after!r}: it may only replace the last entry")
         new, old = got
+        for what, b in (("block", new), ("old block", old)):
+            if b is not None and (type(b) is not int or not 0 <= b < self.n):
+                self.fail(f"append_slot returned {got!r}: the {what} in it must be a block id (an int in "
+                          f"0..{self.n - 1}), got {type(b).__name__} {str(b)[:40]}")
         if shared and old is None:
             self.fail(f"append_slot on a table whose last block {before[-1]} is shared by 2+ tables returned "
                       f"{got!r}. Looks like your code never copies in append_slot: writing there would "

@@ -17,6 +17,7 @@ from __future__ import annotations
 import math
 import random
 
+from autograder import compare as cmp
 from autograder.checks._configs import non_default
 from autograder.core import check
 from autograder.wire import Record
@@ -319,6 +320,9 @@ def _expect_row(t, got_row, exp_row, metric, wrong_rows, percentiles, default):
     if not isinstance(got_row, dict):
         t.fail(f"[{metric!r}]: expected a dict like {{'count': ..., 'mean': ..., 'p50': ...}}, "
                f"got {type(got_row).__name__} ({str(got_row)[:60]})")
+    if (types := cmp.key_types(got_row)) is not None:
+        t.fail(f"[{metric!r}]: expected a dict keyed by str ('count', 'mean', 'p50', ...), got keys of types {types}; "
+               "a percentile's key is f'p{q:g}': 'p50', 'p99.9'")
     for key in exp_row:
         if key not in got_row:
             if {k for k in got_row if k.startswith("p")} == {f"p{q:g}" for q in default}:

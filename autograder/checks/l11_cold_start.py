@@ -20,6 +20,7 @@ from typing import NamedTuple
 
 import torch
 
+from autograder import compare as cmp
 from autograder.core import LearnerRaised, check
 
 
@@ -448,6 +449,9 @@ def safetensors_header(t):
             got = _header_call(t, path, path.stat().st_size == start)
             got = list(got) if isinstance(got, tuple) else got
             if isinstance(got, list) and len(got) == 2 and isinstance(got[0], dict):
+                if (types := cmp.key_types(got[0])) is not None:
+                    t.fail("safetensors_header should return (header, data_start) with the header a dict keyed by "
+                           f"tensor name (str), got keys of types {types}: keep the JSON's keys as they are")
                 t.expect(sorted(got[0]), sorted(expected[0]), "the header's keys",
                          mistakes={"keeps the __metadata__ entry": sorted(raw),
                                    UNDERSCORE_MISTAKE: sorted(k for k in raw if not k.startswith("_"))})
@@ -692,6 +696,16 @@ def _shard_reads_case(t) -> None:
                            "get_slice(name)[:, lo:hi] instead": whole_rows})
 
 
+def _cat_problem(pieces: list, whole: torch.Tensor, dim: int) -> str | None:
+    """None when the ranks' pieces concatenate along `dim` (every other dimension the whole tensor's); else why not."""
+    want = tuple(whole.shape)
+    shapes = [tuple(p.shape) for p in pieces]
+    if all(len(s) == len(want) > dim and s[:dim] + s[dim + 1:] == want[:dim] + want[dim + 1:] for s in shapes):
+        return None
+    return (f"rank 0 returned shape {shapes[0]} and rank 1 shape {shapes[1]}, but the checkpoint's tensor has shape "
+            f"{want} and the ranks split only its dim {dim}: each rank's part keeps every other dimension whole")
+
+
 @check(points=4, section="3.3", timeout=40)
 def load_shard(t):
     """Each rank's tensors, compared with the reference; the TP degrees it must refuse; the bytes it reads
@@ -702,6 +716,8 @@ def load_shard(t):
             expected = t.reference(ref_shard, spec, tp, rank)
             got = t.call("load_shard", d, tp, rank)
             if isinstance(got, dict):
+                if (types := cmp.key_types(got)) is not None:
+                    t.fail(f"load_shard should return a dict keyed by tensor name (str), got keys of types {types}")
                 t.expect(sorted(got), sorted(expected), "tensor names",
                          mistakes={GLOB_MISTAKE: sorted(shard_variant(Path(d), tp, rank, glob_files=True))})
             t.expect(got, expected, f"tensors of rank {rank} of tp={tp}", rtol=0, atol=0,
@@ -716,10 +732,11 @@ def load_shard(t):
             pieces = [p.get(name) if isinstance(p, dict) else None for p in parts]
             if any(not isinstance(p, torch.Tensor) for p in pieces):
                 t.fail(f"rank 0 or 1 has no tensor {name!r}: every rank holds (its part of) every tensor")
-            if kind in ("column", "vocab"):
-                back = torch.cat(pieces, 0)
-            elif kind == "row" and x.dim() == 2:
-                back = torch.cat(pieces, 1)
+            dim = 0 if kind in ("column", "vocab") else 1 if kind == "row" and x.dim() == 2 else None
+            if dim is not None:
+                if (why := _cat_problem(pieces, x, dim)) is not None:
+                    t.fail(f"{name} ({kind}-parallel) cannot be put back together: {why}")
+                back = torch.cat(pieces, dim)
             else:
                 t.expect_true(torch.equal(pieces[0], pieces[1]), f"{name} is replicated, but ranks 0 and 1 differ")
                 back = pieces[0]

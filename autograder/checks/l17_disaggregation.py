@@ -16,6 +16,7 @@ from functools import partial
 
 import torch
 
+from autograder import compare as cmp
 from autograder.core import LearnerRaised, check
 
 MODELS = ("llama-3-8b", "llama-3-70b")
@@ -332,6 +333,10 @@ def _diagnose(t) -> str:
             return (f" Looks like your pack_kv returns {got8.dtype} for a uint8 cache, not the caches' dtype (an fp8 "
                     "cache travels as its bytes; the decode side writes them into a cache of the same dtype).")
         got = t.call("pack_kv", k, v, table, n)
+        if not isinstance(got, torch.Tensor):
+            return (f" Looks like your pack_kv returns {cmp.describe(got)}, not one tensor: the buffer is a single "
+                    "tensor [layers, 2, num_tokens, kv_heads, head_dim] (K at [:, 0], V at [:, 1]), which unpack_kv "
+                    "reads back.")
         for name, kw in ENGINE_PACK_MISTAKES.items():
             if torch.equal(got, pack_variant(k, v, table, n, **kw)):
                 return f" Looks like your pack_kv {name}."

@@ -324,3 +324,13 @@ def moe_decode_cost(model, batch, context, weight_dtype, kv_dtype):  # noqa: F81
     read = min(model["experts"], batch * model["top_k"])
     extra = model["layers"] * (read - out["experts_read"]) * model["expert_params"] * DTYPE_BITS[weight_dtype] / 8
     return {"experts_read": read, "flops": out["flops"], "bytes": out["bytes"] + extra}
+
+
+# ---------------------------------------------------------------- malformed return values
+
+@mutant(check="step_kernels", message="keyed by kernel name (str), got keys of types int and str")
+def step_kernels(model, chip, batch, context, weight_dtype, kv_dtype, chunk=0, chunk_context=0):  # noqa: F811
+    # lm_head keyed by its position instead of its name
+    out = sol.step_kernels(model, chip, batch, context, weight_dtype, kv_dtype, chunk, chunk_context)
+    out[4] = out.pop("lm_head")
+    return out

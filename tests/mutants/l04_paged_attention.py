@@ -422,3 +422,19 @@ def preemption_cost(model, context_tokens, kv_bytes=2, pcie_bytes_per_s=_m_PCIE,
 @mutant(check="preemption_cost", message="ignores the flops_per_s argument")
 def preemption_cost(model, context_tokens, kv_bytes=2, pcie_bytes_per_s=_m_PCIE, flops_per_s=_m_FLOPS):  # noqa: F811
     return _m_preemption(model, context_tokens, kv_bytes, pcie_bytes_per_s, _m_FLOPS)
+
+
+# ---------------------------------------------------------------- malformed return values
+
+class _m_CopyAsList(_m_Base):
+    def append_slot(self, block_table):  # the copy's id wrapped in a list: ([new], old), table[-1] = [new]
+        new, old = super().append_slot(block_table)
+        if old is None:
+            return new, old
+        block_table[-1] = [new]
+        return [new], old
+
+
+@mutant(check="block_allocator", message="the block in it must be a block id (an int in 0..")
+def PagedBlockAllocator(num_blocks):  # noqa: F811
+    return _m_CopyAsList(num_blocks)

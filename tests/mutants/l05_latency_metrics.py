@@ -300,3 +300,15 @@ def client_latencies(plan, service_s, closed_loop):  # noqa: F811 - zip drops th
 @mutant(check="client_latencies", message="instead of raising ValueError")
 def client_latencies(plan, service_s, closed_loop):  # noqa: F811
     return _m_client(plan, service_s, closed_loop, check_order=False)
+
+
+# ---------------------------------------------------------------- malformed return values
+
+@mutant(check="latency_summary", message="expected a dict keyed by str ('count', 'mean', 'p50', ...), got keys of types int and str")
+def latency_summary(requests, percentiles=sol.PERCENTILES):  # noqa: F811
+    out = sol.latency_summary(requests, percentiles)
+    for row in out.values():
+        if row is not None:
+            for q in percentiles:  # each percentile keyed by the number itself: row[50], not row["p50"]
+                row[q] = row.pop(f"p{q:g}")
+    return out

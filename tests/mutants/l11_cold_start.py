@@ -337,3 +337,32 @@ def load_shard(model_dir, tp, rank):  # noqa: F811
 def load_shard(model_dir, tp, rank):  # noqa: F811
     return _m_load(model_dir, tp, rank, split=lambda f, n, k, s: _m_exact(f, n, k, s, tp, rank),
                    files=lambda d: sorted(Path(d).glob("*.safetensors")))  # the index ignored
+
+
+# ---------------------------------------------------------------- malformed return values
+
+@mutant(check="safetensors_header", message="header a dict keyed by tensor name (str), got keys of types int and str")
+def safetensors_header(path):  # noqa: F811
+    header, start = sol.safetensors_header(path)  # noqa: F821
+    first = next(iter(header))
+    header[0] = header.pop(first)  # the first entry keyed by its position instead of its name
+    return header, start
+
+
+@mutant(check="load_shard", message="load_shard should return a dict keyed by tensor name (str), got keys of types int")
+def load_shard(model_dir, tp, rank):  # noqa: F811
+    out = sol.load_shard(model_dir, tp, rank)  # noqa: F821
+    return {i if name.endswith("bias") else name: x for i, (name, x) in enumerate(out.items())}
+
+
+_M_LOADED: set = set()  # the folders load_shard has read in this process
+
+
+@mutant(check="load_shard", message="cannot be put back together")
+def load_shard(model_dir, tp, rank):  # noqa: F811
+    # a second rank of a folder already loaded takes lm_head from a flattened cache: right shape for rank 0 only
+    out = sol.load_shard(model_dir, tp, rank)  # noqa: F821
+    if model_dir in _M_LOADED and "lm_head.weight" in out:
+        out["lm_head.weight"] = out["lm_head.weight"].flatten()
+    _M_LOADED.add(model_dir)
+    return out

@@ -294,3 +294,11 @@ def break_even_gbps(model, chip, prompt_len, chunk, batch, context, latency_s=0.
     if stall < latency_s:  # strict: equality falls through to a division by zero
         return float("inf")
     return nbytes * 8 / (stall - latency_s) / 1e9
+
+
+# ---------------------------------------------------------------- malformed return values
+
+@mutant(check="pack_unpack_in_engine", message="pack_kv returns tuple of length 2, not one tensor")
+def pack_kv(k_cache, v_cache, block_table, num_tokens):  # noqa: F811
+    buf = sol.pack_kv(k_cache, v_cache, block_table, num_tokens)
+    return buf[:, 0], buf[:, 1]  # K and V as a pair, not one [layers, 2, ...] buffer
