@@ -16,6 +16,7 @@ it runs next to learner code and returns only what a client or an operator could
 from __future__ import annotations
 
 import asyncio
+import collections
 import json
 import socket
 import threading
@@ -175,19 +176,36 @@ def drive_framer(cls, interval: float, payloads: list) -> dict:
 
 
 class _Recording:
-    """Wraps a stream buffer to record the most tokens it ever held (per-stream memory)."""
+    """Wraps a stream buffer to record the most tokens it ever held (per-stream memory) and, each time it gave a
+    reader up, whether the contract allowed it: more than high_water tokens waiting, or one older than max_lag_s
+    (drops: a list of True for those, False for a reader given up early)."""
 
-    def __init__(self, inner, peaks: list):
-        self.inner, self.peaks, self.i = inner, peaks, len(peaks)
+    def __init__(self, inner, peaks: list, drops: list, high_water: int, max_lag_s: float):
+        self.inner, self.peaks, self.i, self.drops = inner, peaks, len(peaks), drops
+        self.high_water, self.max_lag_s = high_water, max_lag_s
+        self.waiting = collections.deque()  # [push time, tokens] the reader has not taken yet
         peaks.append(0)
 
     def push(self, token_ids, now):
         ok = self.inner.push(token_ids, now)
         self.peaks[self.i] = max(self.peaks[self.i], self.inner.pending)
+        if token_ids:
+            self.waiting.append([now, len(token_ids)])
+        if not ok:
+            held = sum(n for _, n in self.waiting)
+            self.drops.append(held > self.high_water or bool(self.waiting and now - self.waiting[0][0] > self.max_lag_s))
         return ok
 
     def pop(self, now):
-        return self.inner.pop(now)
+        out = self.inner.pop(now)
+        taken = len(out) if isinstance(out, list) else 0
+        while taken and self.waiting:
+            n = min(taken, self.waiting[0][1])
+            self.waiting[0][1] -= n
+            taken -= n
+            if not self.waiting[0][1]:
+                self.waiting.popleft()
+        return out
 
     @property
     def pending(self):
@@ -281,7 +299,9 @@ def run_server(buffer_cls, watcher_cls, cache_cls, plan, framer_cls, high_water:
     torch.set_num_threads(1)
     engine, _ = build_engine(str(DRAFT), warm_up=False, max_num_seqs=8)
     peaks: list[int] = []
-    comps = StreamComponents(make_buffer=lambda: _Recording(buffer_cls(high_water, 60.0), peaks),
+    drops: list[bool] = []  # per reader given up: whether the contract allowed it (see _Recording)
+    comps = StreamComponents(make_buffer=lambda: _Recording(buffer_cls(high_water, 60.0), peaks, drops, high_water,
+                                                            60.0),
                              disconnect=watcher_cls(), cache=cache_cls(1), resume=_PlanAdapter(plan),
                              framer=framer_cls(0.5), write_timeout_s=3.0)
     app = create_app(engine, MODEL, components=comps)
@@ -414,6 +434,7 @@ def run_server(buffer_cls, watcher_cls, cache_cls, plan, framer_cls, high_water:
         out["resume"] = {"head": part["tokens"], "tail": tail, "engine_requests": requests, "engine_tokens": tokens,
                          "generations": gens}
         out["peak_pending"] = max(peaks, default=0)
+        out["early_drops"] = drops.count(False)
         out["high_water"] = high_water
     finally:
         server.stop()

@@ -222,3 +222,25 @@ def test_the_retry_case_is_not_graded_only_when_the_machine_outran_the_scenario(
     chk._not_graded(_T, "a case", "the machine was too slow")
     (part,) = _T.parts
     assert not part.graded and not part.passed and part.message.startswith("not graded")
+
+
+def test_the_server_harness_tells_a_contract_drop_from_an_early_one():
+    """A retry attempt dropped as a slow reader is 'not graded: the machine was too slow' only when every reader
+    the buffer gave up was one the contract allowed (more than high_water waiting, or older than max_lag_s)."""
+    from autograder.server_harness import _Recording
+    from solutions.l12_streaming import CoalescingBuffer
+
+    class Eager(CoalescingBuffer):
+        def push(self, token_ids, now):
+            super().push(token_ids, now)
+            return self.pending < self.high_water  # gives up with exactly high_water waiting
+
+    for cls, allowed in ((CoalescingBuffer, True), (Eager, False)):
+        peaks, drops = [], []
+        b = _Recording(cls(3, 60.0), peaks, drops, 3, 60.0)
+        assert b.push([1, 2], 0.0) and b.pop(0.1) == [1, 2]  # taken: no longer waiting
+        b.push([3], 0.2)
+        b.push([4, 5], 0.3)
+        if allowed:
+            assert drops == [] and not b.push([6], 0.4)  # 4 waiting > high_water 3
+        assert drops == [allowed], (cls.__name__, drops)

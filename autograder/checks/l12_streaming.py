@@ -585,6 +585,14 @@ def _too_slow(at_other) -> bool:
     return at_other is not None and not at_other[0] and not at_other[1] and at_other[2] == "length"
 
 
+def _behind_on_a_busy_machine(s, run) -> bool:
+    """A retry attempt was dropped as a slow reader, and every reader your buffer gave up in the run was one the
+    contract let it give up (more than high_water tokens waiting, or one older than max_lag_s): the client kept
+    reading, so on a loaded machine the loop that feeds it fell behind, through no fault of the parts."""
+    dropped = any(p is not None and p.get("error") == "slow_reader" for p in s["streams"])
+    return dropped and run.get("early_drops") == 0
+
+
 def _duplicate_cause(s) -> str:
     """Why one key started several answers: the message names only what the run shows."""
     head = (f"one key started {s['generations']} answers ({s['engine_tokens']} tokens generated for one "
@@ -675,6 +683,9 @@ def streaming_server(t):
     if _too_slow(s["at_other"]):
         _not_graded(t, label, "the machine was too slow: the whole answer was generated before the next request "
                               "arrived, so the scenario (a live entry in a full cache) never happened")
+    elif _behind_on_a_busy_machine(s, run):
+        _not_graded(t, label, "the machine was too slow: a retry attempt fell more than high_water tokens behind "
+                              "(the server's event loop did not get to run), and your buffer gave it up as it should")
     else:
         with t.case(label):
             for i, (p, e) in enumerate(zip(s["streams"], r["streams"])):
