@@ -29,8 +29,9 @@ def grade_lessons(stems: list[str], grade: Callable[..., list[CheckResult]], job
     grade(stem, only=None) grades the lesson's checks named in `only` (default: all of them)."""
     if jobs <= 1 or len(stems) <= 1 or not zygote.can_fork_clean() or zygote._ZYGOTE is not None:
         return {stem: grade(stem) for stem in stems}
-    order = {stem: [spec.name for spec in load_checks(stem)] for stem in stems}
-    timed = {stem: [spec.name for spec in load_checks(stem) if spec.timed] for stem in stems}
+    specs = {stem: load_checks(stem) for stem in stems}
+    order = {stem: [spec.name for spec in specs[stem]] for stem in stems}
+    timed = {stem: [spec.name for spec in specs[stem] if spec.timed] for stem in stems}
     shared = [(stem, [n for n in order[stem] if n not in timed[stem]]) for stem in stems]
     todo = [task for task in shared if task[1]]
     alone = [(stem, names) for stem, names in timed.items() if names]  # graded here once the workers are done

@@ -9,7 +9,11 @@ from __future__ import annotations
 
 
 def cuda_available() -> bool:
+    """A CUDA device is present. Asked through NVML (reference_engine.device sets that up), so asking starts no
+    CUDA driver in this process and a child forked from it can still use CUDA."""
     import torch
+
+    import reference_engine.device  # noqa: F401
     return torch.cuda.is_available()
 
 

@@ -27,7 +27,7 @@ import struct
 import tempfile
 import time
 
-from . import wire, zygote
+from . import runtime, wire, zygote
 from .learner_side import recv_exact  # noqa: F401 - framing shared with the learner side
 
 DEFAULT_MEMORY_GB = 6.0
@@ -81,16 +81,6 @@ def _device_map(device: str) -> str:
     return "cuda" if device == "cuda" and torch.cuda.is_available() else "cpu"
 
 
-def _cuda_machine() -> bool:
-    """A CUDA device is present (asked through NVML: the asking starts no driver here)."""
-    import sys
-    torch = sys.modules.get("torch")
-    if torch is None:
-        return False
-    import reference_engine.device  # noqa: F401 - sets the NVML way of asking
-    return torch.cuda.is_available()
-
-
 class LearnerProcess:
     """One learner process, serving one check."""
 
@@ -107,7 +97,7 @@ class LearnerProcess:
         os.close(fd)
         mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         # With CUDA the cap is on private writable memory, not the address space (see learner_side._limit_memory).
-        spec = {"capture": capture, "memory_gb": memory_gb, "memory_cap": "data" if _cuda_machine() else "address"}
+        spec = {"capture": capture, "memory_gb": memory_gb, "memory_cap": "data" if runtime.cuda_available() else "address"}
         try:
             pid = zyg.spawn(theirs.fileno(), spec)
         finally:

@@ -300,8 +300,8 @@ def run_server(buffer_cls, watcher_cls, cache_cls, plan, framer_cls, high_water:
     engine, _ = build_engine(str(DRAFT), warm_up=False, max_num_seqs=8)
     peaks: list[int] = []
     drops: list[bool] = []  # per reader given up: whether the contract allowed it (see _Recording)
-    comps = StreamComponents(make_buffer=lambda: _Recording(buffer_cls(high_water, 60.0), peaks, drops, high_water,
-                                                            60.0),
+    lag = 60.0  # max_lag_s of every stream buffer
+    comps = StreamComponents(make_buffer=lambda: _Recording(buffer_cls(high_water, lag), peaks, drops, high_water, lag),
                              disconnect=watcher_cls(), cache=cache_cls(1), resume=_PlanAdapter(plan),
                              framer=framer_cls(0.5), write_timeout_s=3.0)
     app = create_app(engine, MODEL, components=comps)

@@ -240,10 +240,10 @@ def can_fork_clean() -> bool:
     default is_available() does), and a child forked from it then cannot use CUDA at all."""
     if not hasattr(os, "fork") or os.environ.get("COURSE_ISOLATION") in ("spawn", "forkserver"):
         return False
-    torch = sys.modules.get("torch")
+    torch = sys.modules.get("torch")  # not imported yet: nothing can have started the driver
     if torch is not None:
-        import reference_engine.device  # noqa: F401 - is_available() through NVML: asking starts no driver
-        if torch.cuda.is_initialized() or torch.cuda.is_available():
+        from . import runtime
+        if torch.cuda.is_initialized() or runtime.cuda_available():
             return False
     return not holds_solutions()
 

@@ -161,10 +161,16 @@ def rank_dims(shape: ModelShape, tp: int = 1) -> dict:
     Raises ValueError when one of them does not divide by tp."""
     if not isinstance(tp, int) or tp < 1:
         raise ValueError(f"tp must be a positive integer, got {tp!r}")
+    return dict(_memo(_rank_dims, shape, tp))  # a modeled clock asks for every kernel of every step
+
+
+def _memo(cached, *args):
+    """cached(*args) through its lru_cache, or computed afresh for arguments that cannot be hashed (a learner's
+    shape-like object)."""
     try:
-        return dict(_rank_dims(shape, tp))  # a modeled clock asks for every kernel of every step
-    except TypeError:  # an unhashable shape-like object
-        return _rank_dims.__wrapped__(shape, tp)
+        return cached(*args)
+    except TypeError:
+        return cached.__wrapped__(*args)
 
 
 @functools.lru_cache(maxsize=1024)
@@ -329,10 +335,8 @@ def attention_cost(shape: ModelShape, tokens: int, context: int, tp: int = 1) ->
 
 def _gemm_kernels(shape, chip, comp, tp) -> list[KernelTime]:
     """One KernelTime per weight GEMM of gemm_shapes: each call's roofline at the chip's GEMM fractions, x calls."""
-    try:  # they depend on the step's token and logit-row counts only, and a replay repeats those all the time
-        return list(_gemm_kernels_of(shape, chip, comp.num_tokens, comp.num_logit_rows, tp))
-    except TypeError:  # an unhashable shape or chip
-        return list(_gemm_kernels_of.__wrapped__(shape, chip, comp.num_tokens, comp.num_logit_rows, tp))
+    # They depend on the step's token and logit-row counts only, and a replay repeats those all the time.
+    return list(_memo(_gemm_kernels_of, shape, chip, comp.num_tokens, comp.num_logit_rows, tp))
 
 
 @functools.lru_cache(maxsize=4096)
