@@ -22,10 +22,9 @@ wrong versions computed here with reference_engine.gpu_model.
 """
 from __future__ import annotations
 
-import functools
 import math
 from collections import Counter
-from functools import partial
+from functools import lru_cache, partial
 from pathlib import Path
 
 import torch
@@ -128,7 +127,7 @@ def random_greedy_case(rng):
     return _logits(best, V, rng.randrange(2**31)), torch.tensor(drafts)
 
 
-@functools.lru_cache(maxsize=None)
+@lru_cache(maxsize=None)
 def shipped_model(name: str):
     """The shipped target or draft model, loaded once per process (the harnesses only run its forward)."""
     from reference_engine import train
