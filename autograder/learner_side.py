@@ -12,6 +12,7 @@ grader judges only the data it receives.
 """
 from __future__ import annotations
 
+import contextlib
 import faulthandler
 import importlib
 import importlib.abc
@@ -241,6 +242,30 @@ def _max_fd() -> int:
         return 4096
 
 
+# Open files a child must keep although the learner did not open them: the NVIDIA driver's device files.
+# torch asks NVML whether a GPU is present and never shuts NVML down, so a process that asked (the zygote) holds
+# /dev/nvidia* open, and its forked child inherits NVML's state: closing those files there makes every later
+# NVML query fail ("Can't initialize NVML"), torch.cuda.is_available() answer False and Triton find no driver.
+DRIVER_FILES = ("/dev/nvidia",)
+
+
+def _close_fds_except(sock_fd: int, keep_prefixes: tuple[str, ...] = DRIVER_FILES):
+    """Close every descriptor from 3 up except `sock_fd` and those open on a path under `keep_prefixes`."""
+    keep = {sock_fd}
+    try:
+        for name in os.listdir("/proc/self/fd"):
+            with contextlib.suppress(OSError, ValueError):
+                if os.readlink(f"/proc/self/fd/{name}").startswith(keep_prefixes):
+                    keep.add(int(name))
+    except OSError:
+        pass
+    lo = 3
+    for fd in sorted(k for k in keep if k >= 3):
+        os.closerange(lo, fd)
+        lo = fd + 1
+    os.closerange(lo, _max_fd())
+
+
 def child_main(sock: socket.socket, spec: dict):
     """Entry of a learner process (forked from the zygote, in a session of its own)."""
     try:
@@ -250,9 +275,7 @@ def child_main(sock: socket.socket, spec: dict):
     faulthandler.disable()  # a segfault is reported by the grader, not dumped to a terminal
     # Nothing the grader (or a test runner, or a notebook kernel) has open is the learner's to write to:
     # keep the request socket only.
-    keep = sock.fileno()
-    os.closerange(3, keep)
-    os.closerange(keep + 1, _max_fd())
+    _close_fds_except(sock.fileno())
     out = os.open(spec["capture"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     os.dup2(out, 1)
     os.dup2(out, 2)

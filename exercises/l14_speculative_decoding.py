@@ -90,7 +90,7 @@ def verify(target_probs: torch.Tensor, draft_probs: torch.Tensor, draft_tokens: 
       randomness.
 
     For i = 0, 1, ..., k - 1, with x = draft_tokens[i]:
-      draw u = torch.rand((), generator=generator, dtype=target_probs.dtype);
+      draw u = torch.rand((), generator=generator, dtype=target_probs.dtype, device=target_probs.device);
       if u < p_i(x) / q_i(x) (that is, with probability min(1, p_i(x) / q_i(x))), emit x and go on;
       else emit one token drawn from residual_distribution(p_i, q_i) with
         torch.multinomial(row, 1, generator=generator), and stop.

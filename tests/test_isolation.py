@@ -147,3 +147,37 @@ def test_the_memory_cap_turns_a_huge_allocation_into_a_memory_error(cuda):
     got = os.read(r, 256)
     os.waitpid(pid, 0)
     assert got == b"MemoryError"
+
+
+def test_a_learner_process_closes_the_graders_files_but_keeps_the_gpu_drivers():
+    """A learner process closes every descriptor it inherited except its socket and the NVIDIA driver's device
+    files: the NVML state torch left in the zygote still points at those, and closing them made every CUDA query
+    in the child fail (found on an H200). Here a file under a temporary directory stands in for /dev/nvidia*."""
+    import os
+
+    from autograder.learner_side import _close_fds_except
+    with tempfile.TemporaryDirectory() as d:
+        r, w = os.pipe()
+        pid = os.fork()
+        if pid == 0:
+            try:
+                driver = os.open(os.path.join(d, "nvidia0"), os.O_RDWR | os.O_CREAT)
+                other_r, other_w = os.pipe()
+                _close_fds_except(w, keep_prefixes=(d,))
+
+                def is_open(fd):
+                    try:
+                        os.fstat(fd)
+                        return True
+                    except OSError:
+                        return False
+                verdict = f"{is_open(driver)} {is_open(other_r)} {is_open(other_w)} {is_open(r)}".encode()
+            except BaseException as e:  # noqa: BLE001
+                verdict = repr(e).encode()[:200]
+            os.write(w, verdict)
+            os._exit(0)
+        os.close(w)
+        got = os.read(r, 256)
+        os.waitpid(pid, 0)
+        os.close(r)
+    assert got == b"True False False False", got

@@ -244,3 +244,12 @@ def test_the_server_harness_tells_a_contract_drop_from_an_early_one():
         if allowed:
             assert drops == [] and not b.push([6], 0.4)  # 4 waiting > high_water 3
         assert drops == [allowed], (cls.__name__, drops)
+
+
+def test_the_retry_case_holds_attempts_to_any_reference_attempt_that_read_the_whole_answer():
+    """On a loaded machine the reference server can drop one of its own attempts as a slow reader (as the contract
+    lets it): the expected answer is then another attempt's, and with none whole the case is not graded."""
+    whole = {"tokens": list(range(160)), "finish_reason": "length", "done": True, "error": None}
+    dropped = {"tokens": list(range(83)), "finish_reason": None, "done": False, "error": "slow_reader"}
+    assert chk._whole_answer({"streams": [dropped, whole, whole]}) is whole
+    assert chk._whole_answer({"streams": [dropped, None, dropped]}) is None

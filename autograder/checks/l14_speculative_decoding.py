@@ -537,7 +537,7 @@ def verify_rule(target_probs, draft_probs, draft_tokens, generator, kind: str = 
     emits exactly the tokens the engine would emit with that rule."""
     p, q, k, out = target_probs, draft_probs, len(draft_tokens), []
     for i, x in enumerate(draft_tokens.tolist()):
-        u = torch.rand((), generator=generator, dtype=p.dtype)
+        u = torch.rand((), generator=generator, dtype=p.dtype, device=p.device)
         ratio = q[i, x] / p[i, x] if kind == "inverse" else p[i, x] / q[i, x]
         if u < ratio:
             out.append(x)

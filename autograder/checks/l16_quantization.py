@@ -352,7 +352,9 @@ def w4a16_kernel(t):
                 t.fail(f"the timing of your kernel came back as {mine!r} s per call: it must be a positive time")
             t.expect_true(mine <= 2 * ref, f"your W4A16 matmul takes {mine * 1e6:.1f} us, the bf16 matmul {ref * 1e6:.1f} us: "
                           "a decode GEMM is memory-bound, so reading a quarter of the weight bytes should not be slower "
-                          "than twice bf16; load each packed byte once per tile and keep the dequantization in registers")
+                          "than twice bf16. Load each group's packed bytes once, as a [BLOCK_N, GROUP_SIZE // 2] tile along the row "
+                          "(gathering byte k // 2 into a [GROUP_SIZE, BLOCK_N] tile reads every byte twice, strided across "
+                          "lanes), and keep the dequantization in registers")
 
 
 def time_w4a16(fn, quantize, seed: int, reps: int = 20) -> dict:

@@ -188,7 +188,7 @@ def verify(target_probs, draft_probs, draft_tokens, generator):  # noqa: F811
 def verify(target_probs, draft_probs, draft_tokens, generator):  # noqa: F811
     out = []
     for i, x in enumerate(draft_tokens.tolist()):
-        if torch.rand((), generator=generator, dtype=target_probs.dtype) < target_probs[i, x] / draft_probs[i, x]:
+        if torch.rand((), generator=generator, dtype=target_probs.dtype, device=target_probs.device) < target_probs[i, x] / draft_probs[i, x]:
             out.append(x)
             continue
         row = target_probs[i].sub_(draft_probs[i]).clamp_(min=0)  # in place: the caller's p is gone
