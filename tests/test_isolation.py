@@ -1,4 +1,5 @@
 """Learner code is untrusted: whatever it does, the grader reports a status and a score."""
+import os
 import tempfile
 import textwrap
 
@@ -124,28 +125,17 @@ def test_a_machine_with_a_cuda_device_never_forks_the_grader_into_the_zygote(mon
 def test_the_memory_cap_turns_a_huge_allocation_into_a_memory_error(cuda):
     """Both caps (the one for CUDA machines leaves CUDA's reserved, never-written address ranges alone) stop a
     64 GiB allocation in the learner's process, and still allow a modest one."""
-    import os
-
     from autograder.learner_side import _limit_memory
-    r, w = os.pipe()
-    pid = os.fork()
-    if pid == 0:
-        os.close(r)
+
+    def trial():
+        _limit_memory(1.0, cuda=cuda)
+        small = bytearray(100 * 2**20)
         try:
-            _limit_memory(1.0, cuda=cuda)
-            small = bytearray(100 * 2**20)
-            try:
-                bytearray(64 * 2**30)
-                verdict = b"allocated"
-            except MemoryError:
-                verdict = b"MemoryError" if len(small) else b"?"
-        except BaseException as e:  # noqa: BLE001
-            verdict = repr(e).encode()[:200]
-        os.write(w, verdict)
-        os._exit(0)
-    os.close(w)
-    got = os.read(r, 256)
-    os.waitpid(pid, 0)
+            bytearray(64 * 2**30)
+            return b"allocated"
+        except MemoryError:
+            return b"MemoryError" if len(small) else b"?"
+    got = _in_child(trial)
     assert got == b"MemoryError"
 
 
@@ -153,31 +143,39 @@ def test_a_learner_process_closes_the_graders_files_but_keeps_the_gpu_drivers():
     """A learner process closes every descriptor it inherited except its socket and the NVIDIA driver's device
     files: the NVML state torch left in the zygote still points at those, and closing them made every CUDA query
     in the child fail (found on an H200). Here a file under a temporary directory stands in for /dev/nvidia*."""
-    import os
-
     from autograder.learner_side import _close_fds_except
-    with tempfile.TemporaryDirectory() as d:
-        r, w = os.pipe()
-        pid = os.fork()
-        if pid == 0:
-            try:
-                driver = os.open(os.path.join(d, "nvidia0"), os.O_RDWR | os.O_CREAT)
-                other_r, other_w = os.pipe()
-                _close_fds_except(w, keep_prefixes=(d,))
 
-                def is_open(fd):
-                    try:
-                        os.fstat(fd)
-                        return True
-                    except OSError:
-                        return False
-                verdict = f"{is_open(driver)} {is_open(other_r)} {is_open(other_w)} {is_open(r)}".encode()
-            except BaseException as e:  # noqa: BLE001
-                verdict = repr(e).encode()[:200]
-            os.write(w, verdict)
-            os._exit(0)
-        os.close(w)
-        got = os.read(r, 256)
-        os.waitpid(pid, 0)
+    def is_open(fd):
+        try:
+            os.fstat(fd)
+            return True
+        except OSError:
+            return False
+
+    with tempfile.TemporaryDirectory() as d:
+        def trial(w):
+            driver = os.open(os.path.join(d, "nvidia0"), os.O_RDWR | os.O_CREAT)
+            other_r, other_w = os.pipe()
+            _close_fds_except(w, keep_prefixes=(d,))
+            return f"{is_open(driver)} {is_open(other_r)} {is_open(other_w)}".encode()
+        got = _in_child(trial, pass_fd=True)
+    assert got == b"True False False", got
+
+
+def _in_child(fn, pass_fd: bool = False) -> bytes:
+    """fn() (or fn(write_fd)) run in a forked child; the bytes it returns, or the repr of what it raised."""
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
         os.close(r)
-    assert got == b"True False False False", got
+        try:
+            verdict = fn(w) if pass_fd else fn()
+        except BaseException as e:  # noqa: BLE001
+            verdict = repr(e).encode()[:200]
+        os.write(w, verdict)
+        os._exit(0)
+    os.close(w)
+    got = os.read(r, 256)
+    os.waitpid(pid, 0)
+    os.close(r)
+    return got
