@@ -112,6 +112,29 @@ def _scalars(x):
     return out
 
 
+def _rows(x: list):
+    """The JSON form of an exact list of two or more items of one exact type, a tuple or one NamedTuple class, each
+    holding only exact scalars (a list of jobs, of (time, count) samples), else None: one header for the list
+    instead of one per item. A NamedTuple's values are read through tuple's own iterator, never its class's."""
+    if len(x) < 2:
+        return None
+    cls = type(x[0])
+    named = cls is not tuple
+    if named and not (issubclass(cls, tuple) and hasattr(cls, "_fields")):
+        return None
+    rows = []
+    for item in x:
+        if type(item) is not cls:
+            return None
+        row = _scalars(tuple.__iter__(item))
+        if row is None:
+            return None
+        rows.append(row)
+    if not named:
+        return {"$t": "tuples", "v": rows}
+    return {"$t": "namedtuples", "cls": cls.__name__, "fields": [str(f) for f in cls._fields], "v": rows}
+
+
 class _Encoder:
     def __init__(self, on_object: Callable[[Any], Any] | None):
         self.blobs: list[bytes] = []
@@ -139,6 +162,9 @@ class _Encoder:
             plain = _scalars(x)
             if plain is not None:
                 return plain if tx is list else {"$t": "tuple", "v": plain}
+            rows = _rows(x) if tx is list else None
+            if rows is not None:
+                return rows
         if isinstance(x, bool):
             return bool(x)
         if isinstance(x, int):
@@ -226,6 +252,12 @@ class _Decoder:
             raise WireError("malformed message")
         return v if all(type(i) in _JSON_SCALARS for i in v) else [self.dec(i) for i in v]
 
+    @staticmethod
+    def rows(v) -> list:
+        if type(v) is not list:
+            raise WireError("malformed message")
+        return v
+
     def dec(self, x):
         tx = type(x)
         if tx in _JSON_SCALARS:
@@ -246,6 +278,13 @@ class _Decoder:
             return _namedtuple(str(x["cls"]), tuple(str(f) for f in x.get("fields", ())), values)
         if tag == "tuple":
             return tuple(self.items(x["v"]))
+        if tag == "tuples":
+            return [tuple(self.items(row)) for row in self.rows(x["v"])]
+        if tag == "namedtuples":
+            cls, fields = str(x["cls"]), tuple(str(f) for f in x.get("fields", ()))
+            if self.rebuild:
+                return [self.rebuild("namedtuple", cls, tuple(self.items(row))) for row in self.rows(x["v"])]
+            return [_namedtuple(cls, fields, tuple(self.items(row))) for row in self.rows(x["v"])]
         if tag == "set":
             return {self.dec(v) for v in x["v"]}
         if tag == "dict":

@@ -311,3 +311,4 @@ def _warm_imports():
 
 if __name__ == "__main__":
     serve(socket.socket(fileno=int(sys.argv[1])))
+    os._exit(0)  # its learner processes are gone; skip the interpreter's teardown (unloading torch: ~0.3 s)

@@ -107,7 +107,6 @@ def test_spawned_zygote_used_with_cuda_grades_the_same(tmp_path, monkeypatch):
 def test_a_machine_with_a_cuda_device_never_forks_the_grader_into_the_zygote(monkeypatch):
     """torch's default is_available() starts the CUDA driver, after which no forked child can use CUDA; so on a
     machine with a device the zygote is always a fresh interpreter, and asking goes through NVML."""
-    import os
 
     import torch
 

@@ -89,3 +89,26 @@ def test_a_malformed_tuple_is_a_wire_error():
     header = json.dumps({"$t": "tuple", "v": {"a": 1}}).encode()
     with pytest.raises(wire.WireError):
         wire.decode(struct.pack("<Q", len(header)) + header)
+
+
+def test_lists_of_rows_cross_in_one_header_and_come_back_with_exact_types():
+    """A list of tuples or of one NamedTuple class (jobs, timeline rows) is encoded as one table; what comes back
+    is the same list of tuples / NamedTuples of exact builtins, a lying int subclass included."""
+    from typing import NamedTuple
+
+    class Job(NamedTuple):
+        arrival: float
+        prefill_s: float
+        n: int
+
+    rows = [(0.0, 1, 2), (1.5, float("inf"), None), (2.0, LyingInt(3), "x")]
+    back = wire.decode(wire.encode(rows))
+    assert same(back, [(0.0, 1, 2), (1.5, float("inf"), None), (2.0, 3, "x")])
+    jobs = [Job(0.5 * i, 0.1, i) for i in range(5)]
+    back = wire.decode(wire.encode(jobs))
+    assert [tuple(j) for j in back] == [tuple(j) for j in jobs] and type(back[0]).__name__ == "Job"
+    assert back[2].prefill_s == 0.1 and type(back[2].n) is int
+    header = wire.encode(jobs)[8:]
+    assert header.count(b"namedtuple") == 1, "one header for the whole list"
+    mixed = [Job(0.0, 0.1, 1), (0.0, 0.1, 1), [1, 2]]
+    assert same(wire.decode(wire.encode(mixed))[1:], mixed[1:])
