@@ -87,6 +87,11 @@ class _m_IncrefFree(_m_Base):
         self._ref[block_id] += 1
 
 
+class _m_NumFreeTypo(_m_Base):
+    def num_free(self):  # a name the class never set: AttributeError on the first query after an operation
+        return len(self.free_list)
+
+
 class _m_EmptyIndexError(_m_Base):
     def allocate(self):  # pops an empty deque: IndexError, not the interface's RuntimeError
         block = self._free.popleft()
@@ -438,3 +443,8 @@ class _m_CopyAsList(_m_Base):
 @mutant(check="block_allocator", message="the block in it must be a block id (an int in 0..")
 def PagedBlockAllocator(num_blocks):  # noqa: F811
     return _m_CopyAsList(num_blocks)
+
+
+@mutant(check="block_allocator", message="PagedBlockAllocator.num_free() raised")
+def PagedBlockAllocator(num_blocks):  # noqa: F811
+    return _m_NumFreeTypo(num_blocks)
