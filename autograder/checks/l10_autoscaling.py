@@ -10,6 +10,7 @@ simulation, and the verdict (SLO, GPU-hours) is computed from that replay, never
 """
 from __future__ import annotations
 
+import functools
 import heapq
 import math
 from collections import deque
@@ -661,7 +662,7 @@ def fair_traffic(ref, spec) -> bool:
     both the SLO and the GPU-hours bound (for t.reference)."""
     prof, seed, slots, boot, initial = spec
     fleet = ref.Fleet(slots=slots, boot_s=boot, initial=initial)
-    jobs = ref.trace_jobs(prof, DURATION_S, seed=seed, slots=slots)
+    jobs = [ref.Job(*j) for j in _trace_jobs(ref, tuple(map(tuple, prof)), seed, slots)]
     rep = ref.fleet_report(ref.simulate_fleet(jobs, fleet, ref.tuned_kpa(fleet)), ref.TTFT_SLO_S)
     bound = ref.GPU_HOURS_BOUND * ref.oracle_gpu_hours(jobs, fleet)
     return rep["p99_ttft"] <= 0.9 * ref.TTFT_SLO_S and rep["gpu_hours"] <= 0.9 * bound
@@ -670,7 +671,13 @@ def fair_traffic(ref, spec) -> bool:
 def workload(ref, spec) -> list:
     """The jobs and fleet of a traffic spec (for t.reference)."""
     prof, seed, slots, boot, initial = spec
-    return [tuple(j) for j in ref.trace_jobs(prof, DURATION_S, seed=seed, slots=slots)]
+    return list(_trace_jobs(ref, tuple(map(tuple, prof)), seed, slots))
+
+
+@functools.lru_cache(maxsize=16)
+def _trace_jobs(ref, prof, seed: int, slots: int) -> tuple:
+    """ref.trace_jobs as tuples, once per traffic: fair_traffic and workload read the same jobs."""
+    return tuple(tuple(j) for j in ref.trace_jobs(prof, DURATION_S, seed=seed, slots=slots))
 
 
 def replay(ref, jobs, fleet, schedule, slo) -> dict:
