@@ -315,3 +315,16 @@ def test_call_on_replay_matches_direct_calls_and_flags_edits():
 
     assert checks.call_on_replay(edits_steps, cols, [[["$requests"], ["$steps"]]] * 2) == [["none", 1]] * 2
     assert checks.call_on_replay(edits_request, cols, [[["$request", 0], ["$steps_of", 0]]]) == [[{}, 0]]
+
+
+@pytest.mark.slow
+def test_the_stored_replays_are_the_engines():
+    """Every replay a check can draw is stored with the course and read instead of replayed: each must equal
+    the engine's replay computed now, float for float. After a change to the engine, the router, the fault
+    injection or the modeled clock, write them again: python -m autograder.checks.l08_tail_latency"""
+    for cause, seed in checks.replay_keys():
+        stored = checks._stored_replay(cause, seed)
+        assert stored is not None, f"no stored replay {cause}/{seed} in {checks.REPLAYS_DIR}"
+        assert stored == checks.compute_replay(cause, seed), (
+            f"the stored replay {cause}/{seed} is not the engine's any more: run "
+            "python -m autograder.checks.l08_tail_latency")

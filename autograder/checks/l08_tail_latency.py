@@ -4,7 +4,8 @@ tail's shares, the straggler replica, and the first suspect for a broken tail.
 Data come from real replays of the Azure LLM inference trace 2023 through the reference engine on the
 modeled H100 clock, two replicas behind a round-robin router, each replay with one injected fault
 (reference_engine/faults.py; the model's forward is skipped, which leaves every modeled timestamp
-unchanged). The grader runs the replays (engine code, not the learner's) and keeps them; the learner's
+unchanged). The replays are engine code, not the learner's: stored with the course (autograder/checks/data/
+l08_replays, recomputed from the engine and compared by a test) and read by the grader; the learner's
 functions get the records as plain dicts, rebuilt in the learner's process from numpy columns, every call
 on one replay in one round trip (call_on_replay). The verdicts are made here. The diagnosis check names the injected fault as the answer, on visible replays
 (workload seed 2) and hidden ones (other workload seeds, tested in tests/test_l08_tail_latency.py to be
@@ -18,7 +19,10 @@ from __future__ import annotations
 
 import bisect
 import functools
+import gzip
+import json
 import math
+from pathlib import Path
 
 import numpy as np
 
@@ -50,8 +54,46 @@ def workload(seed: int) -> tuple:
 
 @functools.lru_cache(maxsize=64)  # every replay a check can draw (7 seeds x 6 causes) stays in memory
 def replay(cause: str, seed: int) -> dict:
-    """One replay with one fault (lesson 08's replay_fault(cause, N_REQUESTS, RPS, seed, **GRADING_SPEC),
-    built here from the engine): plain records."""
+    """One replay with one fault (lesson 08's replay_fault(cause, N_REQUESTS, RPS, seed, **GRADING_SPEC)):
+    plain records. Every replay a check can draw is stored with the course (REPLAYS_DIR, written by
+    `python -m autograder.checks.l08_tail_latency`; tests/test_l08_tail_latency.py recomputes each one from
+    the engine and compares), so a check reads it instead of replaying (42 replays: about 5 s of engine
+    steps). Any other replay is computed."""
+    stored = _stored_replay(cause, seed)
+    return stored if stored is not None else compute_replay(cause, seed)
+
+
+def replay_keys() -> list[tuple[str, int]]:
+    """(cause, seed) of every replay a check can draw: each cause and none, on the visible and hidden seeds."""
+    return [(cause, seed) for seed in (VISIBLE_SEED, *HIDDEN_SEEDS) for cause in ("none", *CAUSES)]
+
+
+REPLAYS_DIR = Path(__file__).with_name("data") / "l08_replays"
+
+
+def _replay_file(cause: str, seed: int, root: Path = REPLAYS_DIR) -> Path:
+    return root / f"{cause}-{seed}.json.gz"
+
+
+def _stored_replay(cause: str, seed: int) -> dict | None:
+    try:
+        with gzip.open(_replay_file(cause, seed), "rt") as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return None
+
+
+def write_replays(root: Path = REPLAYS_DIR) -> None:
+    """Compute every replay of replay_keys() from the engine and store each in its own file (JSON keeps every
+    float exactly; a check reads only the replays it draws)."""
+    root.mkdir(parents=True, exist_ok=True)
+    for cause, seed in replay_keys():
+        with gzip.open(_replay_file(cause, seed, root), "wt", compresslevel=9) as f:
+            json.dump(compute_replay(cause, seed), f, separators=(",", ":"))
+
+
+def compute_replay(cause: str, seed: int) -> dict:
+    """replay(), built from the engine."""
     from reference_engine.faults import FaultSpec, run_fault
 
     reqs, prompts = workload(seed)
@@ -771,3 +813,8 @@ def first_suspect(t):
             expected = t.ref.first_suspect(requests, steps, *args)
             got = call_hinted(t, "first_suspect", requests, steps, *args)
             t.expect(got, expected, "the first suspect", mistakes=suspect_mistakes(requests, steps, *args))
+
+
+if __name__ == "__main__":
+    write_replays()
+    print(f"wrote {len(replay_keys())} replays to {REPLAYS_DIR}")
