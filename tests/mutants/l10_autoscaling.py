@@ -314,3 +314,13 @@ def simulate_fleet(jobs, fleet, scaler):  # noqa: F811
 def simulate_fleet(jobs, fleet, scaler):  # noqa: F811
     out = sol.simulate_fleet(jobs, fleet, scaler)  # noqa: F821
     return {**out, "timeline": [(t, c, r, 256 * (k % 2)) for k, (t, c, r, _) in enumerate(out["timeline"])]}
+
+
+# -- the jobs list edited in place (the caller's list, sorted by service time) --------------------------------
+
+
+@mutant(check="tuned_kpa", message="modified its argument #1 (the jobs) in place")
+def simulate_fleet(jobs, fleet, scaler):  # noqa: F811
+    out = sol.simulate_fleet(jobs, fleet, scaler)  # noqa: F821
+    jobs.sort(key=lambda j: j.service_s)
+    return out
