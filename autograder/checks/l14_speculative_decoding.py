@@ -32,7 +32,9 @@ import torch
 from autograder.core import check
 
 F64 = torch.float64
-N_CALLS = 2500         # verify calls per case: the weakest named mistake is still > 60 sigma away at this N
+N_CALLS = 1500  # verify calls per case: on a visible case every named mistake is a chi-square noncentrality of 500
+# or more from the rule and from every other mistake (the bonus drawn from row k - 1, the nearest; the test asks
+# for 400: tests/test_l14_speculative_decoding.py)
 FALSE_ALARM = 1e-6     # the p-value below which a case fails: how often a right verifier fails a case
 MIN_EXPECTED = 5.0     # chi-square bins with a smaller expected count are pooled into one
 CKPT = Path(__file__).resolve().parents[2] / "reference_engine" / "checkpoints"
