@@ -153,10 +153,27 @@ def drive_kpa(decide, conc, ready, cfg, tick=2.0):
     return out
 
 
-def _pair(t, value):
-    if not (isinstance(value, tuple) and len(value) == 2):
-        t.fail(f"kpa_decide should return (desired, KPAState), got {value!r}")
-    return value
+def drive_learner_kpa(decide, conc, ready, cfg) -> dict:
+    """(A harness: runs in the learner's process.) drive_kpa with the learner's kpa_decide, every tick in one
+    round trip: {"decisions": [desired per tick], "problem": None}, or decisions None and the problem (a reply
+    that is not a (desired, state) pair, or a call that edited its samples list) at the tick it happened."""
+    def checked(samples, now, r, c, state):
+        before = list(samples)
+        value = decide(samples, now, r, c, state)
+        if samples != before:
+            raise _Problem(f"kpa_decide() modified its argument #1 (the samples) in place at t = {now}; callers "
+                           "still need the original: work on a copy")
+        if not (isinstance(value, tuple) and len(value) == 2):
+            raise _Problem(f"kpa_decide should return (desired, KPAState), got {str(value)[:80]}")
+        return value
+    try:
+        return {"decisions": drive_kpa(checked, conc, ready, cfg), "problem": None}
+    except _Problem as e:
+        return {"decisions": None, "problem": str(e)}
+
+
+class _Problem(Exception):
+    """A reply the check cannot use, found in the learner's process by drive_learner_kpa."""
 
 
 def _kpa_cfg(**kw):
@@ -211,11 +228,15 @@ def kpa_reference(ref, conc, ready, cfg) -> list:
 def kpa_decide(t):
     """The KPA's decisions over scenarios of ticks (stable and panic windows, panic mode, rate limits,
     scale-down delay, bounds)."""
-    fn = t.fn("kpa_decide")
     for label, (conc, ready, cfg) in t.cases(visible=KPA_CASES, hidden=random_kpa_case, n=3):
         with t.case(f"{label}: concurrency {conc}, ready {ready}"):
             expected = t.reference(kpa_reference, conc, ready, cfg)
-            got = drive_kpa(lambda *a: _pair(t, t.call_fn(fn, *a, what="kpa_decide")), conc, ready, cfg)
+            run = t.run(drive_learner_kpa, t.learner("kpa_decide"), conc, ready, cfg, what="kpa_decide")
+            if type(run) is not dict or (run.get("problem") is None and type(run.get("decisions")) is not list):
+                t.fail("the decisions of kpa_decide came back malformed")
+            if run["problem"] is not None:
+                t.fail(str(run["problem"]))
+            got = run["decisions"]
             t.expect(got, expected, "the replicas wanted at each tick", mistakes={
                 name: drive_kpa(lambda *a, kw=kw: kpa_variant(*a, **kw), conc, ready, cfg)
                 for name, kw in KPA_MISTAKES.items()})

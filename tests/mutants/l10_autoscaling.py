@@ -37,6 +37,18 @@ def kpa_decide(samples, now, ready, cfg, state):
     return _m_kpa(samples, now, ready, cfg, state, hold_panic=False)  # follows the panic window down
 
 
+@mutant(check="kpa_decide", message="modified its argument #1 (the samples) in place")
+def kpa_decide(samples, now, ready, cfg, state):  # noqa: F811
+    while samples and samples[0][0] <= now - cfg.stable_window:  # trims the window off the caller's list
+        samples.pop(0)
+    return _m_kpa(samples, now, ready, cfg, state)
+
+
+@mutant(check="kpa_decide", message="should return (desired, KPAState)")
+def kpa_decide(samples, now, ready, cfg, state):  # noqa: F811
+    return _m_kpa(samples, now, ready, cfg, state)[0]  # forgets the state
+
+
 @mutant(check="kpa_decide", message="divides by the target alone")
 def kpa_decide(samples, now, ready, cfg, state):  # noqa: F811
     return _m_kpa(samples, now, ready, cfg, state, use_utilization=False)  # a replica filled to 100%
