@@ -146,7 +146,7 @@ def lessons_part(stems: list[str], seed: int) -> tuple[str, str, dict]:
     for stem in stems:
         results = grade_lesson(stem, Target.for_lesson(stem, solutions=True), seed)
         rows[stem] = {r.name: {"status": r.status, "earned": r.earned, "points": r.points,
-                               # a failing check's whole message: its traceback is what a GPU session needs
+                               # a failing check's whole message: its traceback is what a fix on the GPU machine needs
                                "message": r.message if r.status != "passed" else r.message[:300]}
                    for r in results}
         failed += [f"{stem}.{r.name}: {r.status}" for r in results if r.status not in ("passed", "not graded here")]
