@@ -274,7 +274,7 @@ def child_main(sock: socket.socket, spec: dict):
         pass
     faulthandler.disable()  # a segfault is reported by the grader, not dumped to a terminal
     # Nothing the grader (or a test runner, or a notebook kernel) has open is the learner's to write to:
-    # keep the request socket only.
+    # keep the request socket only (and the GPU driver's device files: DRIVER_FILES).
     _close_fds_except(sock.fileno())
     out = os.open(spec["capture"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     os.dup2(out, 1)
