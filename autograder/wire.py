@@ -252,6 +252,13 @@ class _Decoder:
             raise WireError("malformed message")
         return v if all(type(i) in _JSON_SCALARS for i in v) else [self.dec(i) for i in v]
 
+    def named(self, header: dict, values) -> Any:
+        """One NamedTuple of the class `header` names ("cls", "fields"), from a JSON array of its values."""
+        values = tuple(self.items(values))
+        if self.rebuild:
+            return self.rebuild("namedtuple", str(header["cls"]), values)
+        return _namedtuple(str(header["cls"]), tuple(str(f) for f in header.get("fields", ())), values)
+
     @staticmethod
     def rows(v) -> list:
         if type(v) is not list:
@@ -272,19 +279,13 @@ class _Decoder:
         if tag == "complex":
             return complex(self.dec(x["re"]), self.dec(x["im"]))
         if tag == "namedtuple":
-            values = tuple(self.items(x["v"]))
-            if self.rebuild:
-                return self.rebuild("namedtuple", str(x["cls"]), values)
-            return _namedtuple(str(x["cls"]), tuple(str(f) for f in x.get("fields", ())), values)
+            return self.named(x, x["v"])
         if tag == "tuple":
             return tuple(self.items(x["v"]))
         if tag == "tuples":
             return [tuple(self.items(row)) for row in self.rows(x["v"])]
         if tag == "namedtuples":
-            cls, fields = str(x["cls"]), tuple(str(f) for f in x.get("fields", ()))
-            if self.rebuild:
-                return [self.rebuild("namedtuple", cls, tuple(self.items(row))) for row in self.rows(x["v"])]
-            return [_namedtuple(cls, fields, tuple(self.items(row))) for row in self.rows(x["v"])]
+            return [self.named(x, row) for row in self.rows(x["v"])]
         if tag == "set":
             return {self.dec(v) for v in x["v"]}
         if tag == "dict":

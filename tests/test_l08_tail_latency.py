@@ -77,7 +77,7 @@ def test_token_times_are_step_ends_and_steps_do_not_overlap():
 
 # -- the diagnosis the checks rely on ------------------------------------------------------------------
 
-CASES = [(cause, seed) for seed in (checks.VISIBLE_SEED, *checks.HIDDEN_SEEDS) for cause in ("none", *checks.CAUSES)]
+CASES = checks.replay_keys()  # every replay a check can draw
 
 
 @pytest.mark.parametrize("cause,seed", CASES)

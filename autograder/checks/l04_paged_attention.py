@@ -80,9 +80,11 @@ class _Drive:
         `observe` harness) instead of one per query. A query that raised fails the case as a call would."""
         got = self.t.run(observe, self.mine.handle, blocks, ks, what="PagedBlockAllocator's queries")
         asked = {"ref_count": blocks, "num_free": [None], "can_allocate": ks}
-        if type(got) is not dict or any(type(got.get(name)) is not list or len(got[name]) != len(args)
-                                        or any(type(e) not in (list, tuple) or len(e) != 2 for e in got[name])
-                                        for name, args in asked.items()):
+
+        def well_formed(answers, args) -> bool:  # one (kind, value) pair per query asked
+            return type(answers) is list and len(answers) == len(args) and \
+                all(type(a) in (list, tuple) and len(a) == 2 for a in answers)
+        if type(got) is not dict or not all(well_formed(got.get(name), args) for name, args in asked.items()):
             self.fail("the answers to ref_count / num_free / can_allocate came back malformed")
         for name, args in asked.items():
             for arg, (kind, value) in zip(args, got[name]):

@@ -14,7 +14,6 @@ import functools
 import heapq
 import math
 from collections import deque
-from functools import partial
 from typing import NamedTuple
 
 from autograder.core import check
@@ -786,9 +785,11 @@ def tuned_kpa(t):
         with t.case(f"{label}: rate profile {prof}, {fleet}"):
             cfg = t.call("tuned_kpa", fleet)
             t.expect_true(type(cfg).__name__ == "KPAConfig", f"tuned_kpa should return a KPAConfig, got {cfg!r}")
-            got, _ = t.run_against(partial(prepare, i + 1), simulate_unmodified, t.learner("simulate_fleet"), jobs,
-                                   fleet, cfg, what="simulate_fleet")
-            if type(got) is not dict or got.get("modified") is not False:
+            got, _ = t.run_against(functools.partial(prepare, i + 1), simulate_unmodified,
+                                   t.learner("simulate_fleet"), jobs, fleet, cfg, what="simulate_fleet")
+            if type(got) is not dict or type(got.get("modified")) is not bool:
+                t.fail("the result of simulate_fleet came back malformed")
+            if got["modified"]:
                 t.fail("simulate_fleet() modified its argument #1 (the jobs) in place; callers still need the "
                        "original: work on a copy")
             sim = got["sim"]
