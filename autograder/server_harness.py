@@ -3,7 +3,8 @@
 Checks call these in the learner's process through `t.run` / `t.run_against`, with learner classes
 passed as `t.learner("Name")`; the grader runs the same function here with the server's own defaults
 (reference_engine/server/streaming.py) and judges the difference. Nothing here is trusted by the grader:
-it runs next to learner code and returns only what a client or an operator could observe.
+it runs next to learner code and returns only what a client or an operator could observe. The answers a
+client must receive are the engine's own greedy answers (`expected_answers`), computed by the grader.
 
     drive_buffer / drive_watcher / drive_cache / drive_resume / drive_framer: one component, scripted
     run_server: create_app(engine, components=StreamComponents(<the parts>)) under uvicorn on a free port
@@ -25,6 +26,10 @@ from pathlib import Path
 
 DRAFT = Path(__file__).resolve().parent.parent / "reference_engine" / "checkpoints" / "draft"
 MODEL = "m"
+# The prompts of run_server's clients whose whole answer is judged (greedy, so the answer is a fact of the model).
+POLITE_PROMPTS = [[31, 32, 33], [31, 32, 34], [31, 32, 35]]
+RETRY_PROMPT = [41, 42, 43]
+RESUME_PROMPT = [51, 52]
 
 # -- one component at a time -------------------------------------------------------------------------------
 
@@ -282,9 +287,31 @@ def _aborts(metrics, cause: str) -> float:
     return metrics.request_aborts.labels(cause)._value.get()
 
 
+POLITE_TOKENS, RETRY_TOKENS, RESUME_TOKENS = 24, 160, 60
+
+
+def expected_answers(polite_tokens: int = POLITE_TOKENS, retry_tokens: int = RETRY_TOKENS,
+                     resume_tokens: int = RESUME_TOKENS) -> dict:
+    """What every client of run_server that reads to the end must receive: the greedy answers of the same
+    model to the same prompts, generated offline by the engine (no server, no timing). Returns
+    {"polite": [three answers], "retry": answer, "resume": answer}, each as `_read` reports a whole stream."""
+    import torch
+
+    from reference_engine.llm import LLM
+    from reference_engine.sampling import SamplingParams
+    torch.set_num_threads(1)
+    prompts = [*POLITE_PROMPTS, RETRY_PROMPT, RESUME_PROMPT]
+    lengths = [polite_tokens] * len(POLITE_PROMPTS) + [retry_tokens, resume_tokens]
+    outs = LLM(str(DRAFT), max_num_seqs=8).generate(
+        prompts, [SamplingParams(max_tokens=n, temperature=0, ignore_eos=True) for n in lengths])
+    answers = [{"tokens": list(o.token_ids), "finish_reason": o.outputs[0].finish_reason, "done": True,
+                "error": None} for o in outs]
+    return {"polite": answers[:len(POLITE_PROMPTS)], "retry": answers[-2], "resume": answers[-1]}
+
+
 def run_server(buffer_cls, watcher_cls, cache_cls, plan, framer_cls, high_water: int = 48,
-               long_tokens: int = 400, polite_tokens: int = 24, retry_tokens: int = 160,
-               resume_tokens: int = 60, wait_s: float = 20.0, budget_s: float = 90.0,
+               long_tokens: int = 400, polite_tokens: int = POLITE_TOKENS, retry_tokens: int = RETRY_TOKENS,
+               resume_tokens: int = RESUME_TOKENS, wait_s: float = 20.0, budget_s: float = 90.0,
                pace_retry_below: float = 0.6) -> dict:
     """The server with these parts (plan: a function plan(generation, received) -> ResumePlan) on the draft
     model, greedy, driven by scripted clients. Each wait gives up after wait_s, and all of them together
@@ -343,8 +370,10 @@ def run_server(buffer_cls, watcher_cls, cache_cls, plan, framer_cls, high_water:
         return _wait(cond, max(0.0, min(timeout_s, end - time.monotonic())))
 
     def idle():
+        """The engine holds no request and no block, and every Generation has heard how its request ended
+        (the engine thread frees blocks first; the outcome reaches the event loop after that)."""
         _, free, requests = aengine.snapshot
-        return requests == 0 and free == engine.num_blocks
+        return requests == 0 and free == engine.num_blocks and not any(g.in_flight for _, g in started)
     try:
         url = server.base_url
         # 1. a client that vanishes after 5 tokens of a long answer
@@ -363,7 +392,7 @@ def run_server(buffer_cls, watcher_cls, cache_cls, plan, framer_cls, high_water:
         def polite_phase():
             """The three polite streams, read one after another, and the engine steps that ran meanwhile."""
             n0, t0 = len(steps_log), time.monotonic()
-            streams = [_read(url, _body([31, 32, 33 + i], polite_tokens)) for i in range(3)]
+            streams = [_read(url, _body(p, polite_tokens)) for p in POLITE_PROMPTS]
             t1 = time.monotonic()
             took = [b - a for a, b in steps_log[n0:] if t0 <= a and b <= t1]
             return streams, {"tokens": sum(len(x["tokens"]) for x in streams), "steps": len(took),
@@ -406,7 +435,7 @@ def run_server(buffer_cls, watcher_cls, cache_cls, plan, framer_cls, high_water:
         # cache (only a cache that evicts a live entry loses "retry") and a second attempt attaches; a third
         # comes after the end (a replay). The answer is long, so that it is still being generated when
         # "other" arrives; live_at_other records whether it was (else the case is not graded).
-        body, key = _body([41, 42, 43], retry_tokens), {"Idempotency-Key": "retry"}
+        body, key = _body(RETRY_PROMPT, retry_tokens), {"Idempotency-Key": "retry"}
         results: dict = {}
         first = threading.Thread(target=lambda: results.update(first=_read(url, body, key)), daemon=True)
         first.start()
@@ -426,7 +455,7 @@ def run_server(buffer_cls, watcher_cls, cache_cls, plan, framer_cls, high_water:
                         # the server puts "other" into the cache right after starting it: the state of "retry" then
                         "at_other": live_at_start.get("other", {}).get("retry")}
         # 4. a client that loses the tail, then resumes with the key and the count it holds
-        body, key = _body([51, 52], resume_tokens), "resume"
+        body, key = _body(RESUME_PROMPT, resume_tokens), "resume"
         part = _read(url, body, {"Idempotency-Key": key}, stop_after=10)
         bounded(idle, wait_s)
         tail = _read(url, body, {"Idempotency-Key": key, "X-Resume-From": str(len(part["tokens"]))})

@@ -246,10 +246,23 @@ def test_the_server_harness_tells_a_contract_drop_from_an_early_one():
         assert drops == [allowed], (cls.__name__, drops)
 
 
-def test_the_retry_case_holds_attempts_to_any_reference_attempt_that_read_the_whole_answer():
-    """On a loaded machine the reference server can drop one of its own attempts as a slow reader (as the contract
-    lets it): the expected answer is then another attempt's, and with none whole the case is not graded."""
-    whole = {"tokens": list(range(160)), "finish_reason": "length", "done": True, "error": None}
-    dropped = {"tokens": list(range(83)), "finish_reason": None, "done": False, "error": "slow_reader"}
-    assert chk._whole_answer({"streams": [dropped, whole, whole]}) is whole
-    assert chk._whole_answer({"streams": [dropped, None, dropped]}) is None
+def test_the_expected_answers_are_what_the_reference_server_streams():
+    """The retry, resume and polite cases judge whole answers against the engine's offline greedy answers: a
+    server with its own defaults streams exactly those."""
+    from autograder.server_harness import expected_answers, run_server
+    from reference_engine.server.streaming import (
+        BoundedStreamBuffer,
+        ContinueResumePolicy,
+        DefaultSSEFramer,
+        LRUIdempotencyCache,
+        ReceiveDisconnectWatcher,
+    )
+    run = run_server(BoundedStreamBuffer, ReceiveDisconnectWatcher, LRUIdempotencyCache,
+                     ContinueResumePolicy().plan, DefaultSSEFramer)
+    want = expected_answers()
+    assert [p["tokens"] for p in run["stall"]["polite"]] == [a["tokens"] for a in want["polite"]]
+    assert all(a["finish_reason"] == "length" and len(a["tokens"]) == 24 for a in want["polite"])
+    whole = [p for p in run["retry"]["streams"] if p["done"] and p["error"] is None]
+    assert whole and all(p["tokens"] == want["retry"]["tokens"] for p in whole)
+    assert run["resume"]["head"] + run["resume"]["tail"]["tokens"] == want["resume"]["tokens"]
+    assert run["resume"]["engine_tokens"] == len(want["resume"]["tokens"]) == 60

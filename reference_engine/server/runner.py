@@ -36,7 +36,7 @@ class ServerThread:
         self.base_url = f"http://{host}:{self.port}"
         http = _small_write_buffer_protocol(write_buffer_bytes) if write_buffer_bytes else "auto"
         config = uvicorn.Config(app, log_level=log_level, timeout_graceful_shutdown=2, access_log=False, http=http)
-        self.server = uvicorn.Server(config)
+        self.server = _WakeableServer(config)
         self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True,
                                        name="uvicorn")
         self.startup_timeout_s = startup_timeout_s
@@ -52,6 +52,7 @@ class ServerThread:
 
     def stop(self) -> None:
         self.server.should_exit = True
+        self.server.wake()
         self.thread.join(30)
         self.sock.close()
 
@@ -60,6 +61,52 @@ class ServerThread:
 
     def __exit__(self, *exc):
         self.stop()
+
+
+def _WakeableServer(config):
+    """uvicorn.Server that stops at once when nothing is in flight: uvicorn looks at should_exit every 0.1 s
+    and then gives open connections a fixed 0.1 s, and every test and check that starts a server would wait
+    out both. With connections or tasks still open, shutdown is uvicorn's own."""
+    import asyncio
+
+    import uvicorn
+
+    class WakeableServer(uvicorn.Server):
+        _loop = _woken = None
+
+        async def main_loop(self) -> None:  # uvicorn's loop, with the 0.1 s sleep cut short by wake()
+            self._loop, self._woken = asyncio.get_running_loop(), asyncio.Event()
+            counter = 0
+            should_exit = await self.on_tick(counter)
+            while not should_exit:
+                counter = (counter + 1) % 864000
+                try:
+                    await asyncio.wait_for(self._woken.wait(), 0.1)
+                except asyncio.TimeoutError:
+                    pass
+                should_exit = await self.on_tick(counter)
+
+        async def shutdown(self, sockets=None) -> None:
+            if self.server_state.connections or self.server_state.tasks:
+                return await super().shutdown(sockets)
+            for server in self.servers:  # what uvicorn's shutdown does when it has nothing to wait for
+                server.close()
+            for sock in sockets or []:
+                sock.close()
+            for server in self.servers:
+                await server.wait_closed()
+            if not self.force_exit:
+                await self.lifespan.shutdown()
+
+        def wake(self) -> None:
+            """From any thread; before main_loop runs, should_exit is seen at its first tick."""
+            if self._loop is not None:
+                try:
+                    self._loop.call_soon_threadsafe(self._woken.set)
+                except RuntimeError:  # the loop has closed: the server is down already
+                    pass
+
+    return WakeableServer(config)
 
 
 def _small_write_buffer_protocol(high: int):
