@@ -216,8 +216,11 @@ WATCHER_MISTAKES = {
 }
 
 
+WATCH_S = 0.1  # a watcher waiting this long on a silent connection (every message read) is waiting for good
+
+
 def _watcher_ref(ref, messages):
-    return drive_watcher(ref.DisconnectWatcher, messages, 0.3)
+    return drive_watcher(ref.DisconnectWatcher, messages, WATCH_S)
 
 
 @check(points=2, section="12.2", timeout=30)
@@ -225,9 +228,9 @@ def disconnect_watcher(t):
     """DisconnectWatcher.watch over scripted ASGI receive channels."""
     for label, messages in t.cases(visible=WATCHER_CASES):
         with t.case(f"{label}: receive() returns {messages}, then waits"):
-            # Side by side: a case where the client stays waits out the 0.3 s timeout on both sides.
+            # Side by side: a case where the client stays waits out WATCH_S of silence on both sides.
             got, expected = t.run_against(partial(t.reference, _watcher_ref, messages), drive_watcher,
-                                          t.learner("DisconnectWatcher"), messages, 0.3,
+                                          t.learner("DisconnectWatcher"), messages, WATCH_S,
                                           what="your DisconnectWatcher.watch")
             t.expect(got, expected, "what watch did (messages read, on_disconnect calls, returned by itself, "
                                     "blocked the event loop)",
@@ -557,7 +560,7 @@ def _stub_guard(t):
     try:
         for cls, args, method, margs in probes:
             getattr(t.fn(cls)(*args), method)(*margs)
-        t.run(drive_watcher, t.learner("DisconnectWatcher"), ["http.disconnect"], 0.3)
+        t.run(drive_watcher, t.learner("DisconnectWatcher"), ["http.disconnect"], WATCH_S)
         t.run(drive_resume, t.learner("plan_resume"), [_gen([1], [2], 3, "abort", False, 1)])
     except LearnerRaised as e:
         if e.info.get("not_implemented"):

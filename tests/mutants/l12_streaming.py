@@ -2,6 +2,7 @@
 
 Graded as source (see tests/mutants/__init__.py): `sol` is the right answer's namespace; a wrong class
 subclasses the right one and overrides the method that goes wrong."""
+import asyncio
 import time
 
 import solutions.l12_streaming as sol
@@ -155,6 +156,19 @@ class DisconnectWatcher:  # noqa: F811
         while True:
             time.sleep(0.05)  # "polls" the channel: every other coroutine on the loop waits meanwhile
             message = await receive()
+            if message["type"] == "http.disconnect":
+                on_disconnect()
+                return
+
+
+@mutant(check="disconnect_watcher", message="keep waiting")
+class DisconnectWatcher:  # noqa: F811
+    async def watch(self, receive, on_disconnect):
+        while True:
+            try:
+                message = await asyncio.wait_for(receive(), 0.05)
+            except asyncio.TimeoutError:
+                return  # "nothing for a while: the client must be gone" (a quiet client is still there)
             if message["type"] == "http.disconnect":
                 on_disconnect()
                 return
