@@ -16,7 +16,7 @@ import time
 import zlib
 from pathlib import Path
 
-from . import core, reference, runtime, scan, zygote
+from . import core, lessons, reference, runtime, scan, zygote
 from .core import CRASHED, ERROR, FAILED, NOT_GRADED, NOT_STARTED, PASSED, REJECTED, TIMEOUT, CheckSpec, Part
 from .sandbox import LearnerGone, LearnerProcess, LearnerRaised
 
@@ -213,7 +213,7 @@ def grade_lesson(stem: str, target: Target, seed: int, only: list[str] | None = 
     `ref_module`, or by default solutions.<stem> (in a student's copy: the visible cases stored at release,
     see autograder/reference.py), here in the grader's process."""
     runtime.setup()
-    zygote.prepare()  # before the solutions are imported: a fork taken now holds none of them
+    zygote.prepare(lessons.warm_imports([stem]))  # before the solutions are imported: a fork taken now holds none
     specs = load_checks(stem, checks_module)
     if only:
         specs = [s for s in specs if s.name in only]

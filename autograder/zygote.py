@@ -20,6 +20,7 @@ children and cannot outlive the check.
 from __future__ import annotations
 
 import atexit
+import gc
 import json
 import os
 import signal
@@ -141,11 +142,16 @@ def _fork(body) -> int:
     return pid
 
 
-def serve(ctrl: socket.socket):
+def serve(ctrl: socket.socket, warm: tuple = ()):
     """The zygote's loop; returns when the grader closes the control socket."""
     _become_subreaper()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C in a notebook interrupts the grader, not us
-    _warm_imports()  # once here, while the grader goes on, instead of once per learner process
+    _warm_imports(warm)  # once here, while the grader goes on, instead of once per learner process
+    # Everything imported so far lives as long as the zygote: out of the collector's sight (gc.freeze, as
+    # prefork servers do), a learner process's first full collection does not walk torch's hundreds of
+    # thousands of objects, writing to (and so copying) every page that holds one: that cost up to 0.1 s
+    # in the middle of a check.
+    gc.freeze()  # (no gc.collect() first: a full collection here would cost the same 0.1 s, on every check's path)
     from .learner_side import child_main
     while True:
         try:
@@ -248,42 +254,56 @@ def can_fork_clean() -> bool:
     return not holds_solutions()
 
 
-def _start_forked() -> Zygote:
+def _start_forked(warm: tuple) -> Zygote:
     parent_sock, zyg_sock = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
     def zygote_main():
         parent_sock.close()
         os.setpgid(0, 0)  # out of the terminal's group: a Ctrl-C meant for the grader does not reach it
-        serve(zyg_sock)
+        serve(zyg_sock, warm)
     pid = _fork(zygote_main)
     zyg_sock.close()
     return Zygote(pid, parent_sock, None, "fork")
 
 
-def _start_spawned() -> Zygote:
+def _start_spawned(warm: tuple) -> Zygote:
     parent_sock, zyg_sock = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
     fd = zyg_sock.fileno()
     env = dict(os.environ)
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     env["PYTHONPATH"] = os.pathsep.join([root] + [p for p in sys.path if p and os.path.isdir(p)])
-    popen = subprocess.Popen([sys.executable, "-m", "autograder.zygote", str(fd)], pass_fds=[fd], env=env,
+    popen = subprocess.Popen([sys.executable, "-m", "autograder.zygote", str(fd), *warm], pass_fds=[fd], env=env,
                              stdin=subprocess.DEVNULL, start_new_session=True)
     zyg_sock.close()
     return Zygote(popen.pid, parent_sock, popen, "spawn")
 
 
-def get() -> Zygote:
-    """This process's zygote, started on first use (forked when that is clean, else a fresh interpreter)."""
+_WANTED: tuple = ()  # modules every zygote this process starts imports beside BASE_WARM (see want)
+
+
+def want(modules) -> None:
+    """Have every zygote this process starts from now on also import `modules` (e.g. `course grade`: every
+    lesson's, so that one zygote serves them all)."""
+    global _WANTED
+    _WANTED = tuple(dict.fromkeys(_WANTED + tuple(modules)))
+
+
+def get(warm: tuple = ()) -> Zygote:
+    """This process's zygote, started on first use (forked when that is clean, else a fresh interpreter).
+    warm: modules it imports for its learner processes beside BASE_WARM (a running zygote is kept as it is:
+    a learner process imports what it lacks)."""
     global _ZYGOTE
     if _ZYGOTE is not None and _ZYGOTE.alive():
         return _ZYGOTE
-    _ZYGOTE = _start_forked() if can_fork_clean() else _start_spawned()
+    warm = tuple(dict.fromkeys(_WANTED + tuple(warm)))
+    _ZYGOTE = _start_forked(warm) if can_fork_clean() else _start_spawned(warm)
     atexit.register(shutdown)  # close the socket: the zygote then kills what is left and exits
     return _ZYGOTE
 
 
-def prepare():
-    """Start the zygote now, while it can still be a clean fork (call before importing solutions)."""
-    get()
+def prepare(warm: tuple = ()):
+    """Start the zygote now, while it can still be a clean fork (call before importing solutions); warm: the
+    modules a lesson's learner processes need beside BASE_WARM (lessons.warm_imports)."""
+    get(warm)
 
 
 def shutdown():
@@ -293,22 +313,25 @@ def shutdown():
     _ZYGOTE = None
 
 
-def _warm_imports():
-    """What every check's learner process needs, imported once here instead of once per check."""
+# What every learner process needs. Triton is not here: it costs a quarter of a second of the zygote's start, on
+# the critical path of every `course check`, and only the kernel lessons' processes use it (lessons.WARM).
+BASE_WARM = ("reference_engine.engine", "reference_engine.kernels", "reference_engine.llm", "tokenizers")
+
+
+def _warm_imports(warm: tuple = ()):
+    """BASE_WARM and `warm`, imported once here instead of once per learner process."""
+    import importlib
+
     from . import runtime
     runtime.setup()
     import torch  # noqa: F401
-    try:
-        import triton  # noqa: F401
-        import triton.language  # noqa: F401
-
-        import reference_engine.engine  # noqa: F401
-        import reference_engine.kernels  # noqa: F401
-        import reference_engine.llm  # noqa: F401
-    except Exception:  # noqa: BLE001 - a broken optional import shows up in the check that needs it
-        pass
+    for name in BASE_WARM + tuple(warm):
+        try:
+            importlib.import_module(name)
+        except Exception:  # noqa: BLE001 - a broken optional import shows up in the check that needs it
+            pass
 
 
 if __name__ == "__main__":
-    serve(socket.socket(fileno=int(sys.argv[1])))
+    serve(socket.socket(fileno=int(sys.argv[1])), tuple(sys.argv[2:]))
     os._exit(0)  # its learner processes are gone; skip the interpreter's teardown (unloading torch: ~0.3 s)

@@ -1,0 +1,48 @@
+"""What a lesson's zygote imports once for all its learner processes (lessons.WARM, zygote.BASE_WARM)."""
+import ast
+import subprocess
+import sys
+
+from autograder import lessons, zygote
+
+
+def test_warm_lists_name_lessons_and_real_modules_and_start_no_thread():
+    """Importing them in a zygote starts no thread: a fork keeps only the thread that forked, so a thread
+    holding a lock at that moment would leave the lock held forever in every learner process."""
+    assert set(lessons.WARM) <= {lesson.stem for lesson in lessons.LESSONS}
+    every = lessons.warm_imports(list(lessons.WARM))
+    code = ("import sys, threading\nfrom autograder import zygote\n"
+            f"zygote._warm_imports({every!r})\n"
+            f"print(threading.active_count(), [m for m in {zygote.BASE_WARM + every!r} if m not in sys.modules])")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.split(None, 1) == ["1", "[]\n"], out
+
+
+def _top_level_imports(path) -> set[str]:
+    tree = ast.parse(path.read_text())
+    names = set()
+    for node in tree.body:
+        if isinstance(node, ast.Import):
+            names |= {a.name.split(".")[0] for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            names.add(node.module.split(".")[0])
+    return names
+
+
+def test_an_exercise_that_imports_triton_has_its_zygote_import_it():
+    """Triton is not in the base set (a quarter of a second on every `course check`): a lesson whose exercise
+    imports it must name it, or each of its checks' processes pays the import."""
+    for lesson in lessons.LESSONS:
+        path = lessons.ROOT / "exercises" / f"{lesson.stem}.py"
+        if path.exists() and "triton" in _top_level_imports(path):
+            assert "triton" in lessons.warm_imports([lesson.stem]), lesson.stem
+
+
+def test_want_adds_to_every_zygote_started_later():
+    saved = zygote._WANTED
+    try:
+        zygote.want(("a", "b"))
+        zygote.want(("b", "c"))
+        assert zygote._WANTED[-3:] == ("a", "b", "c")
+    finally:
+        zygote._WANTED = saved
