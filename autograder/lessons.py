@@ -48,7 +48,9 @@ LESSONS = [Lesson(n, s, t) for n, s, t in [
 
 # Modules a lesson's learner processes import beyond the zygote's base set (zygote.BASE_WARM): its zygote
 # imports them once, before it forks any. Measured by logging the imports each learner process made.
-_TRITON = ("triton", "triton.language")
+# (compiler.code_generator, gluon, libdevice: what the interpreter imports at a process's first kernel launch)
+_TRITON = ("triton", "triton.language", "triton.compiler.code_generator", "triton.experimental.gluon",
+           "triton.language.extra.libdevice")
 WARM = {
     "l04_paged_attention": _TRITON,
     "l08_tail_latency": ("numpy.ma",),
