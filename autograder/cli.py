@@ -40,10 +40,10 @@ def cmd_lab(args) -> int:
     return 0  # not reached
 
 
-def _grade(stem: str, solutions: bool, seed: int, only=None, file: str | None = None):
+def _grade(stem: str, solutions: bool, seed: int, only=None, file: str | None = None, jobs: int = 1):
     from .runner import Target, grade_lesson
     target = Target(path=str(Path(file).resolve()), label=file) if file else Target.for_lesson(stem, solutions)
-    return grade_lesson(stem, target, seed, only=only)
+    return grade_lesson(stem, target, seed, only=only, jobs=jobs)
 
 
 def cmd_check(args) -> int:
@@ -65,7 +65,8 @@ def cmd_check(args) -> int:
     if args.file and not Path(args.file).is_file():
         print(f"no file {args.file}", file=sys.stderr)
         return 2
-    results = _grade(lesson.stem, args.solutions, seed, only=args.only or None, file=args.file)
+    jobs = args.jobs if args.jobs is not None else min(2, os.cpu_count() or 1)
+    results = _grade(lesson.stem, args.solutions, seed, only=args.only or None, file=args.file, jobs=jobs)
     what = args.file or f"{'solutions' if args.solutions else 'exercises'}/{lesson.stem}.py"
     print(f"lesson {lesson.number:02d}: {lesson.title}  ({what}, seed {seed})\n")
     if student_copy:
@@ -209,6 +210,8 @@ def parser() -> argparse.ArgumentParser:
     c.add_argument("--only", nargs="*", help="run only these checks")
     c.add_argument("-v", "--verbose", action="store_true", help="show every case")
     c.add_argument("--json", help="also write the results to this file")
+    c.add_argument("--jobs", type=int, help="graders sharing the checks (default: 2, or 1 on a one-core machine); "
+                                            "the same results as one at a time")
     c.set_defaults(func=cmd_check)
     g = sub.add_parser("grade", help="grade every ready lesson and print a score table")
     g.add_argument("--solutions", action="store_true")

@@ -51,23 +51,26 @@ class CheckSpec:
     timeout: float
     requires_cuda: bool
     doc: str
-    timed: bool = False  # it measures this machine's wall-clock time: graded with no other lesson running
+    timed: bool = False  # it measures this machine's wall-clock time: graded with no other check running
+    cost: float = 0.1  # rough seconds it takes: the longest are handed out first when graders share a lesson
 
 
 _REGISTRY: dict[str, list[CheckSpec]] = {}
 
 
 def check(points: float, section: str = "", timeout: float = 10.0, requires_cuda: bool = False,
-          timed: bool = False):
+          timed: bool = False, cost: float = 0.1):
     """Register a check for the lesson whose checks module defines it. timed=True: its verdict rests on
-    wall-clock times measured on this machine (on CPU), so `course grade --jobs` grades its lesson alone."""
+    wall-clock times measured on this machine (on CPU), so it is graded with no other check running.
+    cost: about how many seconds it takes on a 2-core CPU (a scheduling hint: when two graders share a
+    lesson's checks, the costliest go first; no result depends on it)."""
     def deco(func):
         lesson = func.__module__.rsplit(".", 1)[-1]
         doc = (func.__doc__ or "").strip().splitlines()
         specs = _REGISTRY.setdefault(lesson, [])
         specs[:] = [s for s in specs if s.name != func.__name__]  # a reloaded module replaces, not doubles
         specs.append(CheckSpec(lesson, func.__name__, func, float(points), section, timeout, requires_cuda,
-                               doc[0] if doc else "", timed))
+                               doc[0] if doc else "", timed, float(cost)))
         return func
     return deco
 

@@ -1,4 +1,5 @@
-"""Grade several lessons at once: `course grade --jobs N`.
+"""Grade on two cores: several lessons at once (`course grade --jobs N`), or one lesson's checks shared by two
+graders (`course check`).
 
 A lesson's checks run one after another (each one's learner process beside the grader's reference
 work), which keeps a machine's second core mostly idle. `grade_lessons` forks N graders, each taken
@@ -17,6 +18,7 @@ from __future__ import annotations
 import json
 import os
 import select
+import sys
 from collections.abc import Callable
 
 from . import zygote
@@ -127,6 +129,69 @@ def _serve(grade, tasks, results):
         out = [r.to_dict() for r in grade(stem, only=names)]
         results.write(json.dumps(out).encode() + b"\n")
         results.flush()
+
+
+def run_checks(specs: list, run_one: Callable[..., CheckResult], jobs: int) -> list[CheckResult]:
+    """[run_one(spec) for spec in specs], with a second grader when jobs > 1 and forking is clean.
+
+    A check keeps both its processes busy only part of the time (the reference and the learner's code each
+    wait on the other, or one side is idle while a Triton kernel is interpreted), so one lesson's checks
+    graded one after another leave a core idle. Here a fork of this grader, taken before any check runs,
+    takes checks from the same queue (a pipe of check indices, costliest first) and sends each result back
+    as JSON; its learner processes come from a clone of this grader's zygote (Zygote.clone), as warm and as
+    clean, that cleans up only its own. Seeds are per check, so the results are those of a one-at-a-time
+    run. Timed checks run here afterwards, alone. A check the fork took but never reported (it died) is
+    graded here at the end."""
+    shared = [spec for spec in specs if not spec.timed]
+    if jobs <= 1 or len(shared) < 2 or not zygote.fork_is_safe():
+        return [run_one(spec) for spec in specs]
+    done: dict[str, CheckResult] = {}
+    queue_r, queue_w = os.pipe()
+    order = sorted(range(len(shared)), key=lambda i: -shared[i].cost)
+    os.write(queue_w, bytes(order))  # < 256 checks a lesson: one byte each; a pipe holds 64 KiB
+    os.close(queue_w)
+    clone_pid, clone_sock = zygote.get().clone()
+    res_r, res_w = os.pipe()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    pid = os.fork()
+    if pid == 0:  # the second grader
+        code = 0
+        try:
+            os.close(res_r)
+            zygote.adopt(clone_pid, clone_sock)
+            with os.fdopen(res_w, "wb") as out:
+                for i in _take(queue_r):
+                    out.write(json.dumps(run_one(shared[i]).to_dict()).encode() + b"\n")
+                    out.flush()
+        except BaseException:  # noqa: BLE001 - the first grader grades what this one could not
+            code = 1
+        finally:
+            zygote.shutdown()  # closes the clone's socket: it kills what is left and exits
+            os._exit(code)
+    os.close(res_w)
+    clone_sock.close()
+    for i in _take(queue_r):
+        done[shared[i].name] = run_one(shared[i])
+    os.close(queue_r)
+    with os.fdopen(res_r, "rb") as got:
+        for line in got:
+            try:
+                r = _result(json.loads(line))
+            except (ValueError, TypeError):
+                continue
+            done[r.name] = r
+    os.waitpid(pid, 0)
+    return [done[spec.name] if spec.name in done else run_one(spec) for spec in specs]
+
+
+def _take(queue_r: int):
+    """The indices left in the queue, one at a time (a one-byte read from a pipe is atomic between readers)."""
+    while True:
+        b = os.read(queue_r, 1)
+        if not b:
+            return
+        yield b[0]
 
 
 def _result(d: dict) -> CheckResult:

@@ -208,10 +208,11 @@ def preflight(target: Target, timeout: float = 60.0) -> tuple[str, str] | None:
 
 def grade_lesson(stem: str, target: Target, seed: int, only: list[str] | None = None,
                  timeout_scale: float | None = None, checks_module: str | None = None,
-                 ref_module: str | None = None, visible_only: bool = False, ref=None) -> list[CheckResult]:
+                 ref_module: str | None = None, visible_only: bool = False, ref=None, jobs: int = 1) -> list[CheckResult]:
     """Grade `target` on lesson `stem`'s checks; expected values come from `ref` (a module-like object),
     `ref_module`, or by default solutions.<stem> (in a student's copy: the visible cases stored at release,
-    see autograder/reference.py), here in the grader's process."""
+    see autograder/reference.py), here in the grader's process. jobs=2: a second grader shares the checks
+    (parallel.run_checks; the same results)."""
     runtime.setup()
     zygote.prepare(lessons.warm_imports([stem]))  # before the solutions are imported: a fork taken now holds none
     specs = load_checks(stem, checks_module)
@@ -226,11 +227,11 @@ def grade_lesson(stem: str, target: Target, seed: int, only: list[str] | None = 
         if stored:  # a student's copy: the visible cases, with the seed they were recorded at
             visible_only, seed = True, forced_seed
     pre = preflight(target)
-    results = []
-    for spec in specs:
-        if pre is not None:
-            results.append(CheckResult(stem, spec.name, spec.section, spec.points, 0.0, pre[0], pre[1]))
-            continue
-        results.append(run_check(spec, target, ref, seed, cuda, spec.timeout * scale, visible_only))
+    if pre is not None:
+        return [CheckResult(stem, spec.name, spec.section, spec.points, 0.0, pre[0], pre[1]) for spec in specs]
+    from .parallel import run_checks
+    with runtime.grading_threads():
+        results = run_checks(specs, lambda spec: run_check(spec, target, ref, seed, cuda, spec.timeout * scale,
+                                                           visible_only), jobs)
     sys.stdout.flush()
     return results

@@ -13,9 +13,10 @@ the engine imported (so a check starts in milliseconds) but no solutions:
 
 The grader talks to it over a Unix socket: `spawn` (with the socket the learner
 process will serve on, passed as a file descriptor), `wait` (its exit status),
-and `cleanup` (kill it and every process it left behind). The zygote is a child
-subreaper (Linux), so processes the learner starts and orphans end up as its
-children and cannot outlive the check.
+`cleanup` (kill it and every process it left behind), and `clone` (fork a second
+zygote, as warm and as clean, for a second grader sharing the lesson's checks:
+parallel.run_checks). The zygote is a child subreaper (Linux), so processes the
+learner starts and orphans end up as its children and cannot outlive the check.
 """
 from __future__ import annotations
 
@@ -23,6 +24,7 @@ import atexit
 import gc
 import json
 import os
+import select
 import signal
 import socket
 import struct
@@ -61,11 +63,11 @@ def _children_of(pid: int) -> list[int]:
     return out
 
 
-def _kill_all_children():
-    """SIGKILL every child (check processes and the orphans reparented to us), until none is left."""
+def _kill_all_children(keep: frozenset = frozenset()):
+    """SIGKILL every child (check processes and the orphans reparented to us) but `keep`, until none is left."""
     me = os.getpid()
     for _ in range(50):
-        kids = _children_of(me)
+        kids = [pid for pid in _children_of(me) if pid not in keep]
         if not kids:
             break
         for pid in kids:
@@ -144,7 +146,6 @@ def _fork(body) -> int:
 
 def serve(ctrl: socket.socket, warm: tuple = ()):
     """The zygote's loop; returns when the grader closes the control socket."""
-    _become_subreaper()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C in a notebook interrupts the grader, not us
     _warm_imports(warm)  # once here, while the grader goes on, instead of once per learner process
     # Everything imported so far lives as long as the zygote: out of the collector's sight (gc.freeze, as
@@ -152,14 +153,24 @@ def serve(ctrl: socket.socket, warm: tuple = ()):
     # thousands of objects, writing to (and so copying) every page that holds one: that cost up to 0.1 s
     # in the middle of a check.
     gc.freeze()  # (no gc.collect() first: a full collection here would cost the same 0.1 s, on every check's path)
+    import torch
+
+    from . import runtime
+    torch.set_num_threads(runtime.GRADING_THREADS)  # inherited by every learner process (runtime.grading_threads)
+    _loop(ctrl)
+
+
+def _loop(ctrl: socket.socket):
     from .learner_side import child_main
+    _become_subreaper()  # (a fork does not inherit it: a clone sets it again)
+    clones: set[int] = set()  # zygotes forked from this one for a second grader (op "clone"): not a check's
     while True:
         try:
             req, fds = _recv(ctrl)
         except OSError:
             req, fds = None, []
         if req is None:
-            _kill_all_children()
+            _kill_all_children()  # the clones too: each then kills its own
             return
         op = req.get("op")
         if op == "spawn":
@@ -170,10 +181,20 @@ def serve(ctrl: socket.socket, warm: tuple = ()):
             for fd in fds:
                 os.close(fd)
             _send(ctrl, {"pid": pid})
+        elif op == "clone":
+            def clone(fds=fds):
+                ctrl.close()
+                _loop(socket.socket(fileno=fds[0]))
+            pid = _fork(clone)
+            for fd in fds:
+                os.close(fd)
+            clones.add(pid)
+            _send(ctrl, {"pid": pid})
         elif op == "wait":
             _send(ctrl, _status(int(req["pid"]), float(req.get("timeout", 1.0))))
         elif op == "cleanup":
-            _kill_all_children()
+            clones = {pid for pid in clones if _status(pid, 0)["kind"] == "running"}  # (reaps those that ended)
+            _kill_all_children(keep=frozenset(clones))
             _send(ctrl, {"ok": True})
         else:
             _send(ctrl, {"error": f"unknown op {op!r}"})
@@ -203,9 +224,26 @@ class Zygote:
     def cleanup(self):
         self._ask({"op": "cleanup"})
 
+    def clone(self) -> tuple[int, socket.socket]:
+        """A second zygote, forked from this one (as warm, and as clean): the control socket of its own, to
+        hand to another grader process (adopt), and its pid. It kills only its own learner processes, and
+        ends when that socket closes."""
+        mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            pid = int(self._ask({"op": "clone"}, [theirs.fileno()])["pid"])
+        finally:
+            theirs.close()
+        return pid, mine
+
     def alive(self) -> bool:
         if self.owner != os.getpid():
             return False
+        if self.mode == "clone":  # not our child: it is gone when its end of the socket has closed
+            try:
+                readable, _, _ = select.select([self.ctrl], [], [], 0)
+            except (OSError, ValueError):
+                return False
+            return not readable  # nothing is owed to us between requests: readable means closed
         if self.popen is not None:
             return self.popen.poll() is None
         try:
@@ -224,7 +262,7 @@ class Zygote:
                 self.popen.wait(timeout=5)
             except subprocess.TimeoutExpired:
                 self.popen.kill()
-        else:
+        elif self.mode != "clone":  # a clone is its zygote's child, reaped there
             try:
                 os.waitpid(self.pid, 0)
             except ChildProcessError:
@@ -241,9 +279,15 @@ def holds_solutions() -> bool:
 
 
 def can_fork_clean() -> bool:
-    """A fork of this process can be the zygote: fork exists, no solutions imported, and no CUDA device.
-    With a device, even a process that never initialised CUDA may have started its driver (torch's
-    default is_available() does), and a child forked from it then cannot use CUDA at all."""
+    """A fork of this process can be the zygote: forking is safe here (fork_is_safe) and no solutions are
+    imported."""
+    return fork_is_safe() and not holds_solutions()
+
+
+def fork_is_safe() -> bool:
+    """Fork exists, is not switched off (COURSE_ISOLATION), and there is no CUDA device. With a device, even a
+    process that never initialised CUDA may have started its driver (torch's default is_available() does),
+    and a child forked from it then cannot use CUDA at all."""
     if not hasattr(os, "fork") or os.environ.get("COURSE_ISOLATION") in ("spawn", "forkserver"):
         return False
     torch = sys.modules.get("torch")  # not imported yet: nothing can have started the driver
@@ -251,7 +295,7 @@ def can_fork_clean() -> bool:
         from . import runtime
         if torch.cuda.is_initialized() or runtime.cuda_available():
             return False
-    return not holds_solutions()
+    return True
 
 
 def _start_forked(warm: tuple) -> Zygote:
@@ -298,6 +342,18 @@ def get(warm: tuple = ()) -> Zygote:
     _ZYGOTE = _start_forked(warm) if can_fork_clean() else _start_spawned(warm)
     atexit.register(shutdown)  # close the socket: the zygote then kills what is left and exits
     return _ZYGOTE
+
+
+def adopt(pid: int, sock: socket.socket) -> None:
+    """Make the clone `pid` behind `sock` (Zygote.clone, asked for by the grader this process was forked from) this
+    process's zygote; the grader's own stays the grader's."""
+    global _ZYGOTE
+    if _ZYGOTE is not None and _ZYGOTE.owner != os.getpid():
+        try:
+            _ZYGOTE.ctrl.close()  # this process's copy of the grader's socket (closing it ends nothing)
+        except OSError:
+            pass
+    _ZYGOTE = Zygote(pid, sock, None, "clone")
 
 
 def prepare(warm: tuple = ()):

@@ -3,7 +3,7 @@
 Each cheat is tried twice where it makes sense: as the learner would submit it (the source
 scan rejects it) and with the scan bypassed (`run_check` directly), to show that the process
 boundary holds on its own: the learner's process has no solutions and no expected values.
-Both zygote kinds are covered: a fork of the grader and a fresh interpreter.
+Every zygote kind is covered: a fork of the grader, a fresh interpreter, and a clone (a second grader's).
 """
 import os
 import re
@@ -35,12 +35,24 @@ def spawned_zygote():
     spawned.close()
 
 
-@pytest.fixture(params=["fork", "spawn"])
-def isolation(request, spawned_zygote, monkeypatch):
+@pytest.fixture(scope="module")
+def cloned_zygote():
+    """A clone of the forked zygote, as `course check`'s second grader uses (parallel.run_checks)."""
+    pid, sock = zygote.get().clone()
+    clone = zygote.Zygote(pid, sock, None, "clone")
+    yield clone
+    clone.close()
+
+
+@pytest.fixture(params=["fork", "spawn", "clone"])
+def isolation(request, spawned_zygote, cloned_zygote, monkeypatch):
     """Run each test with the zygote forked from this process (conftest.py starts it before any
-    solutions are imported), and with a fresh-interpreter zygote (the path used once CUDA is up)."""
+    solutions are imported), with a fresh-interpreter zygote (the path used once CUDA is up), and with a
+    clone of the forked one (a second grader's, sharing a lesson's checks)."""
     if request.param == "spawn":
         monkeypatch.setattr(zygote, "_ZYGOTE", spawned_zygote)
+    elif request.param == "clone":
+        monkeypatch.setattr(zygote, "_ZYGOTE", cloned_zygote)
     assert zygote.get().mode == request.param
     return request.param
 
@@ -204,7 +216,7 @@ def _alive(pid: int) -> bool:
 
 
 @pytest.mark.parametrize("how", ["fork", "popen", "setsid grandchild"])
-def test_no_learner_process_outlives_the_check(tmp_path, isolation, how):
+def test_no_learner_process_outlives_the_check(tmp_path, isolation, cloned_zygote, how):
     pidfile = tmp_path / "pids"
     spawn = {
         "fork": "pid = os.fork()\n    if pid == 0:\n        time.sleep(60); os._exit(0)\n    pids = [pid]",
@@ -222,8 +234,10 @@ def test_no_learner_process_outlives_the_check(tmp_path, isolation, how):
     assert took < 15, f"a learner's process holding the connection slowed the check to {took:.1f} s"
     time.sleep(0.3)
     survivors = [p for p in (int(x) for x in pidfile.read_text().split()) if _alive(p)]
-    # Grandchildren that escaped with setsid are found as the zygote's (a subreaper's) orphans.
-    leftovers = [p for p in zygote._children_of(zygote.get().pid)] if zygote.get().alive() else []
+    # Grandchildren that escaped with setsid are found as the zygote's (a subreaper's) orphans. (The forked
+    # zygote's clone is its child too, and is no learner's.)
+    leftovers = [p for p in zygote._children_of(zygote.get().pid) if p != cloned_zygote.pid] \
+        if zygote.get().alive() else []
     assert not survivors and not leftovers, (survivors, leftovers)
 
 

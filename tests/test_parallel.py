@@ -67,3 +67,96 @@ def test_course_grade_with_two_jobs_gives_the_scores_of_one(tmp_path):
     one, two = grade(1), grade(2)
     assert list(one) == ["l05_latency_metrics", "l06_capacity_planning", "l13_gpu_utilization"]
     assert one == two
+
+
+# -- one lesson's checks shared by two graders (`course check`, parallel.run_checks) ------------------------------
+
+def _spec(name: str, timed: bool = False, cost: float = 0.1):
+    from autograder.core import CheckSpec
+    return CheckSpec("lesson", name, None, 1.0, "", 10.0, False, "", timed, cost)
+
+
+def _fake_run_one(main: int, die: str = ""):
+    import os
+    import time
+
+    from autograder.runner import CheckResult
+
+    def run_one(spec):
+        if spec.name == die and os.getpid() != main:
+            os._exit(3)  # the second grader dies in the middle of a check
+        time.sleep(0.05)  # long enough that both graders take some
+        return CheckResult("lesson", spec.name, "", 1.0, 1.0, "passed", "main" if os.getpid() == main else "second")
+    return run_one
+
+
+def test_checks_are_shared_by_two_graders_and_come_back_in_order_with_the_timed_check_graded_here():
+    import os
+
+    from autograder.parallel import run_checks
+    specs = [_spec(f"c{i}", cost=i / 10) for i in range(8)] + [_spec("timed", timed=True)]
+    got = run_checks(specs, _fake_run_one(os.getpid()), 2)
+    assert [r.name for r in got] == [s.name for s in specs], "every check once, in the lesson's order"
+    by = {r.name: r.message for r in got}
+    assert by["timed"] == "main", "a check that times this machine runs alone, in the main grader"
+    assert {"main", "second"} <= set(by.values()), f"both graders take checks: {by}"
+    assert by["c7"] != by["c6"], "the costliest two go first, one to each grader"
+
+
+def test_a_check_the_second_grader_took_and_never_reported_is_graded_here():
+    import os
+
+    from autograder.parallel import run_checks
+    specs = [_spec(f"c{i}") for i in range(6)]
+    got = run_checks(specs, _fake_run_one(os.getpid(), die="c1"), 2)
+    assert [r.name for r in got] == [s.name for s in specs]
+    assert next(r for r in got if r.name == "c1").message == "main"
+
+
+def test_a_clone_zygote_cleans_up_only_its_own_and_ends_with_its_socket(monkeypatch):
+    import time
+
+    from autograder import zygote
+    from autograder.sandbox import LearnerProcess
+    from tests.test_hostile import _alive
+    root = zygote.get()
+    pid, sock = root.clone()
+    clone = zygote.Zygote(pid, sock, None, "clone")
+    mine = LearnerProcess.start(time.monotonic() + 30)
+    monkeypatch.setattr(zygote, "_ZYGOTE", clone)
+    theirs = LearnerProcess.start(time.monotonic() + 30)
+    monkeypatch.undo()
+    assert zygote.get() is root and _alive(mine.pid) and _alive(theirs.pid) and clone.alive()
+    root.cleanup()  # the first grader's check ends
+    assert not _alive(mine.pid), "the root's cleanup kills its learner processes"
+    assert _alive(theirs.pid) and _alive(pid), "but not the clone, nor the clone's learner process"
+    clone.cleanup()
+    assert not _alive(theirs.pid) and _alive(pid), "the clone's cleanup kills its own learner process, not itself"
+    clone.close()
+    for _ in range(200):
+        if not _alive(pid):
+            break
+        time.sleep(0.01)
+    assert not _alive(pid), "a clone ends when its grader closes its socket"
+    assert not clone.alive()
+    mine.close()
+    theirs.close()
+
+
+def test_course_check_with_two_graders_gives_the_results_of_one(tmp_path):
+    """The real thing: lesson 04 (the engine, a Triton kernel, a GPU-only case) solved and untouched, same
+    seed, one grader or two: the same verdict on every case."""
+    def check(jobs, *extra):
+        path = tmp_path / f"jobs{jobs}{''.join(extra)}.json"
+        r = subprocess.run([sys.executable, "-m", "autograder.cli", "check", "04", "--seed", "3", "--jobs",
+                            str(jobs), "--json", str(path), *extra], capture_output=True, text=True, timeout=300)
+        assert r.returncode in (0, 1), r.stdout + r.stderr
+        (lesson,) = json.loads(path.read_text())["lessons"].values()
+        return [(c["name"], c["status"], c["earned"], [(p["label"], p["passed"], p["kind"]) for p in c["parts"]])
+                for c in lesson["checks"]]
+    solved = check(1, "--solutions")
+    assert all(status in ("passed", "not graded here") for _, status, _, _ in solved)
+    assert check(2, "--solutions") == solved
+    untouched = check(2)
+    assert {status for _, status, _, _ in untouched} <= {"not started", "not graded here"}
+    assert untouched == check(1)

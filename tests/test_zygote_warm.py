@@ -46,3 +46,26 @@ def test_want_adds_to_every_zygote_started_later():
         assert zygote._WANTED[-3:] == ("a", "b", "c")
     finally:
         zygote._WANTED = saved
+
+
+def test_learner_processes_and_the_grader_compute_with_one_thread_while_grading(tmp_path):
+    """Graders and learner processes run side by side on CPU: with a thread a core each, their OpenMP threads
+    outnumber the cores and spin (runtime.grading_threads). A notebook that grades keeps its own setting."""
+    import time
+
+    import torch
+
+    from autograder import runtime, wire
+    from autograder.sandbox import LearnerProcess
+    (tmp_path / "threads.py").write_text("import torch\n\ndef n():\n    return torch.get_num_threads()\n")
+    proc = LearnerProcess.start(time.monotonic() + 30)
+    try:
+        proc.load(str(tmp_path / "threads.py"), "threads", [])
+        value, _, _ = proc.call(wire.LearnerRef("n"), (), {}, what="n")
+    finally:
+        proc.close()
+    assert value == runtime.GRADING_THREADS == 1
+    before = torch.get_num_threads()
+    with runtime.grading_threads():
+        assert torch.get_num_threads() == 1
+    assert torch.get_num_threads() == before

@@ -489,13 +489,13 @@ STATIC_VARIANTS = {
     NEVER_CHUNKS: lambda B: dict(static_slots=B, chunk=False)}
 
 
-@check(points=3, section="4.1", timeout=90)
+@check(points=3, section="4.1", timeout=90, cost=0.3)
 def continuous_policy(t):
     """ContinuousPolicy in the engine: same schedule and tokens as the engine's FCFS, no leaked blocks."""
     policy_check(t, "ContinuousPolicy", static=False, variants=CONTINUOUS_VARIANTS)
 
 
-@check(points=2, section="4.2", timeout=90)
+@check(points=2, section="4.2", timeout=90, cost=0.3)
 def static_policy(t):
     """StaticPolicy in the engine: admits only into an empty batch, yet keeps chunking the prompts it
     started; same schedule as the reference."""

@@ -362,7 +362,7 @@ def _random_ops(d: _Drive, rng: random.Random, steps: int):
         d.free_table(0)
 
 
-@check(points=4, section="2.1", timeout=30)
+@check(points=4, section="2.1", timeout=30, cost=0.3)
 def block_allocator(t):
     """The ref-counted allocator, op by op against the engine's: fork shares, append_slot copies on write."""
     # Each hidden case gets its own seed and size, drawn up front: how far a wrong allocator gets
@@ -429,7 +429,7 @@ def _leak_report(run: dict | None) -> str | None:
     return None
 
 
-@check(points=3, section="2.2", timeout=120)
+@check(points=3, section="2.2", timeout=120, cost=0.4)
 def allocator_in_engine(t):
     """LLM(..., block_allocator=PagedBlockAllocator): same tokens as the engine's allocator, nothing leaked."""
     greedy, parallel = engine_workload(t.rng)
@@ -633,7 +633,7 @@ def _decode_case(t, name: str, label: str, cfg: tuple, kernel: bool):
         t.expect(got, expected, "attention output", mistakes=decode_mistakes(*args, kernel=kernel), hint=hint)
 
 
-@check(points=3, section="4.1", timeout=60)
+@check(points=3, section="4.1", timeout=60, cost=0.3)
 def paged_decode_torch(t):
     """Paged decode in torch against the reference (fp32, and bf16 with a sharp softmax); then in the engine."""
     for label, cfg in _decode_configs(t, bf16=True):
@@ -672,7 +672,7 @@ def _time(fn, reps: int) -> float:
     return (time.perf_counter() - t0) / reps
 
 
-@check(points=4, section="4.2", timeout=120)
+@check(points=4, section="4.2", timeout=120, cost=1.1)
 def paged_decode_triton(t):
     """The Triton paged decode kernel against the reference (fp32; bf16 and timing on CUDA)."""
     # The kernel uses tl.sum, not tl.dot, so fp32 stays exact-ish even on a GPU (no TF32).

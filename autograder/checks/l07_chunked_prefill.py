@@ -370,7 +370,7 @@ def random_engine_case(rng):
     return kwargs, (threshold, rng.choice([1, 1, 2])), _prompts(rng, lens)
 
 
-@check(points=3, section="1.2", timeout=90)
+@check(points=3, section="1.2", timeout=90, cost=0.4)
 def chunked_policy_in_engine(t):
     """The policy in the engine: the reference pick at every call (long prompts capped and held back, short
     ones let through, FCFS otherwise), the reference schedule and tokens, budget held, no leaked blocks."""
@@ -499,7 +499,7 @@ def budget_case(rng):
     return cost, slo, P, d, ctx
 
 
-@check(points=3, section="2.2")
+@check(points=3, section="2.2", cost=0.2)
 def choose_budget(t):
     """The largest budget whose every step meets the ITL SLO; its steps, TTFT and worst step."""
     for label, (cost, slo, P, d, ctx) in t.cases(visible=BUDGET_CASES, hidden=budget_case, n=2):

@@ -516,7 +516,7 @@ def attribute_cases(t, cause: str, seed: int, label: str):
             t.expect(got, expected, "the attribution (seconds)", rtol=1e-6, atol=1e-9, mistakes=mistakes)
 
 
-@check(points=3, section="2.1", timeout=90)
+@check(points=3, section="2.1", timeout=90, cost=0.3)
 def attribute_request(t):
     """Queue, prefill stall, preempted and host-gap seconds of single requests of real replays."""
     for label, (request, steps) in SMALL_ATTRIBUTE_CASES:
@@ -794,7 +794,7 @@ SUSPECT_CASES = [
 ]
 
 
-@check(points=4, section="3.2", timeout=180)
+@check(points=4, section="3.2", timeout=180, cost=0.5)
 def first_suspect(t):
     """The injected fault named, on a clean replay and one replay per fault; then small synthetic fleets with
     two signals at once, a preemption outside the tail, a share at min_share and q, min_share, ratio passed."""

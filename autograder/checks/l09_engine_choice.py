@@ -312,7 +312,7 @@ def _random_obb(rng):
     return model, chip, context, d1 * rng.uniform(1.05, 4.0), rng.choice([512, 1024, 4096])
 
 
-@check(points=3, section="2.2")
+@check(points=3, section="2.2", cost=0.3)
 def overhead_bound_batch(t):
     """The first decode batch whose kernels take at least the host time (1 if none is overhead-bound, None if all)."""
     for label, (model, chip, context, host, mb) in t.cases(OBB_CASES, _random_obb, n=3):

@@ -516,7 +516,7 @@ def _describe(jobs, fleet, scaler):
     return f"{len(jobs)} jobs, {fleet}, scaler {scaler}"
 
 
-@check(points=4, section="3.1", timeout=60)
+@check(points=4, section="3.1", timeout=60, cost=0.3)
 def simulate_fleet(t):
     """The fleet's per-job TTFT, replica lifetimes and per-tick timeline, under schedules, the KPA and the
     utilization scaler."""
@@ -760,7 +760,7 @@ def _verdict(rep, slo) -> str:
             f"(bound {rep['bound']:.2f}), {rep['late']} late, {rep['dropped']} dropped")
 
 
-@check(points=4, section="4.2", timeout=180)
+@check(points=4, section="4.2", timeout=180, cost=2)
 def tuned_kpa(t):
     """Your KPA settings on a ramp, a surge and unseen ramps, bursts and dips: p99 TTFT within the SLO at no more
     GPU-hours than the bound."""

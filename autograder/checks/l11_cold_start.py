@@ -706,7 +706,7 @@ def _cat_problem(pieces: list, whole: torch.Tensor, dim: int) -> str | None:
             f"{want} and the ranks split only its dim {dim}: each rank's part keeps every other dimension whole")
 
 
-@check(points=4, section="3.3", timeout=40)
+@check(points=4, section="3.3", timeout=40, cost=0.3)
 def load_shard(t):
     """Each rank's tensors, compared with the reference; the TP degrees it must refuse; the bytes it reads
     and the layout it returns; the ranks put back together give the checkpoint."""

@@ -620,7 +620,7 @@ def _stream(s) -> str:
     return f"{len(s['tokens'])} tokens, finish_reason {s['finish_reason']}, [DONE] {s['done']}, error {s['error']}"
 
 
-@check(points=4, section="12.6", timeout=240, timed=True)
+@check(points=4, section="12.6", timeout=240, timed=True, cost=1.2)
 def streaming_server(t):
     """The real server with your five parts: a vanished client freed within a few steps, a stalled reader
     dropped without holding up the others (they keep their pace), per-stream memory bounded, retries

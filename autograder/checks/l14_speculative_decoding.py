@@ -174,7 +174,7 @@ def _prompts() -> list[list[int]]:
 LOOP_GAMMA, LOOP_TOKENS = 3, 16
 
 
-@check(points=3, section="1.1", timeout=90)
+@check(points=3, section="1.1", timeout=90, cost=0.5)
 def verify_greedy(t):
     """Greedy verification: the target's argmax while it matches the drafts, then the target's own token; in a
     speculative loop over the shipped models, exactly the tokens of plain greedy decoding."""
@@ -495,7 +495,7 @@ def _fitting_mistakes(counts: Counter, right: dict, wrong: dict, n: int) -> list
     return ["; or your code ".join(names) for names, law in groups if chi_square(counts, law, n)[2] >= FALSE_ALARM]
 
 
-@check(points=4, section="1.4", timeout=120)
+@check(points=4, section="1.4", timeout=120, cost=0.8)
 def verify(t):
     """The rejection sampler: the law of what it emits, judged by a chi-square test against the exact law
     (false-alarm rate 1e-6 per case), and that it draws from its generator only."""
@@ -599,7 +599,7 @@ def random_seeds(rng):
     return [rng.randrange(2**31) for _ in range(3)]
 
 
-@check(points=3, section="3.4", timeout=60)
+@check(points=3, section="3.4", timeout=60, cost=1.3)
 def verifier_in_engine(t):
     """Your verify_greedy and verify as the engine's verifier (speculative_config["verifier"]), draft-model
     and prompt-lookup proposers, k = 4, four prompts at batch 4 with chunked prefill: greedy requests emit
@@ -892,7 +892,7 @@ def random_break_even_case(rng):
     return model, chip, alpha, gamma, context, c, 1024
 
 
-@check(points=3, section="3.2", timeout=60)
+@check(points=3, section="3.2", timeout=60, cost=0.2)
 def break_even_batch(t):
     """The smallest batch at which the modeled speedup is <= 1 (None if it still pays at max_batch)."""
     for label, case in t.cases(visible=BREAK_EVEN_CASES, hidden=random_break_even_case, n=2):

@@ -352,7 +352,7 @@ def _diagnose(t) -> str:
     return " (pack_kv then unpack_kv must give the decode side exactly the prefill side's K and V: run the 2.1 and 2.2 checks)"
 
 
-@check(points=3, section="2.3", timeout=180)
+@check(points=3, section="2.3", timeout=180, cost=0.4)
 def pack_unpack_in_engine(t):
     """DisaggPair with your pack_kv/unpack_kv: one engine's tokens, aborted requests leak no block on either side."""
     for label, work in t.cases(visible=VISIBLE_WORKLOADS, hidden=engine_workload, n=1, label="random workload"):
@@ -546,7 +546,7 @@ def random_plan_case(rng):
             rng.choice([0.0, 0.02]))
 
 
-@check(points=3, section="4.1")
+@check(points=3, section="4.1", cost=1)
 def plan_pools(t):
     """DistServe-style pool sizes: M/D/1 prefill load under the TTFT SLO, the largest decode batch under TPOT."""
     boundary, t_p = plan_boundary_cases()

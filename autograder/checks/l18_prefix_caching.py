@@ -1037,14 +1037,14 @@ def _tree_check(t, scripts: dict, full: bool):
                 _random_ops(d, random.Random(what), 40)
 
 
-@check(points=4, section="2.1", timeout=60)
+@check(points=4, section="2.1", timeout=60, cost=0.4)
 def radix_match_insert(t):
     """insert / match_prefix / total_size against a brute-force trie: whole pages, splits, cached counts,
     the node match_prefix returns, the stamps both give."""
     _tree_check(t, MATCH_SCRIPTS, full=False)
 
 
-@check(points=4, section="2.2", timeout=60)
+@check(points=4, section="2.2", timeout=60, cost=0.6)
 def radix_lock_evict(t):
     """lock / unlock / evict / evictable_size against a brute-force trie: LRU unlocked leaves, page by page."""
     _tree_check(t, EVICT_SCRIPTS, full=True)
@@ -1242,7 +1242,7 @@ def _first_request_differing(got: list, expected: list) -> str:
     return "" if i is None else f" (first difference: request {i}, yours {got[i]!r}, expected {expected[i]!r})"
 
 
-@check(points=3, section="5.1", timeout=120)
+@check(points=3, section="5.1", timeout=120, cost=0.5)
 def tree_in_engine(t):
     """LLM(..., enable_prefix_caching=True, prefix_cache=RadixTree): the same tokens as without a cache, the same
     cached tokens per request and the same hits and evictions as with the reference tree, nothing leaked."""
