@@ -69,3 +69,20 @@ def test_learner_processes_and_the_grader_compute_with_one_thread_while_grading(
     with runtime.grading_threads():
         assert torch.get_num_threads() == 1
     assert torch.get_num_threads() == before
+
+
+def test_grading_hands_back_the_thread_count_and_the_collector_as_it_found_them():
+    """A notebook that grades goes on with its own torch threads and a collector that sees all its objects."""
+    import gc
+
+    import torch
+
+    from autograder.runner import Target, grade_lesson
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        results = grade_lesson("l13_gpu_utilization", Target.for_lesson("l13_gpu_utilization", solutions=True), 1)
+        assert all(r.status == "passed" for r in results)
+        assert torch.get_num_threads() == 2 and gc.get_freeze_count() == 0
+    finally:
+        torch.set_num_threads(before)
