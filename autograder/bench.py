@@ -28,7 +28,8 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     chosen = [lessons.find(x) for x in args.lessons] if args.lessons else lessons.available()
     from . import zygote
-    zygote.want(lessons.warm_imports([lesson.stem for lesson in chosen]))  # one zygote serves every lesson here
+    stems = [lesson.stem for lesson in chosen]
+    zygote.want(lessons.warm_imports(stems), lessons.later_imports(stems))  # one zygote serves every lesson here
     t0 = time.perf_counter()
     subprocess.run([sys.executable, "-c", "import torch, triton"], check=True)
     print(f"fresh `import torch, triton` (paid once per process): {time.perf_counter() - t0:.2f} s")

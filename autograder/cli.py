@@ -88,7 +88,8 @@ def cmd_grade(args) -> int:
     from .parallel import grade_lessons
     ready = lessons.available()
     from . import zygote
-    zygote.want(lessons.warm_imports([lesson.stem for lesson in ready]))  # one zygote may serve every lesson
+    stems = [lesson.stem for lesson in ready]
+    zygote.want(lessons.warm_imports(stems), lessons.later_imports(stems))  # one zygote may serve every lesson
     jobs = args.jobs if args.jobs is not None else min(2, os.cpu_count() or 1)
     everything = grade_lessons([lesson.stem for lesson in ready],
                                lambda stem, only=None: _grade(stem, args.solutions, seed, only=only), jobs)

@@ -47,7 +47,8 @@ LESSONS = [Lesson(n, s, t) for n, s, t in [
 
 
 # Modules a lesson's learner processes import beyond the zygote's base set (zygote.BASE_WARM): its zygote
-# imports them once, before it forks any. Measured by logging the imports each learner process made.
+# imports them once, before it forks any (WARM: what loading the exercise needs), or between requests
+# (WARM_LATER: what only some checks use). Measured by logging the imports each learner process made.
 # (compiler.code_generator, gluon, libdevice: what the interpreter imports at a process's first kernel launch)
 _TRITON = ("triton", "triton.language", "triton.compiler.code_generator", "triton.experimental.gluon",
            "triton.language.extra.libdevice")
@@ -55,16 +56,25 @@ WARM = {
     "l04_paged_attention": _TRITON,
     "l08_tail_latency": ("numpy.ma",),
     "l09_engine_choice": ("statistics",),
-    "l12_streaming": ("httpx", "httpcore", "pydantic.v1", "uvicorn", "uvicorn.protocols.http.h11_impl", "reference_engine.server.api",
-                      "reference_engine.server.runner", "reference_engine.server.streaming"),
+    "l12_streaming": ("reference_engine.server.streaming",),
     "l15_attention_layouts": _TRITON,
     "l16_quantization": _TRITON,
+}
+WARM_LATER = {
+    # The server stack: only the server check runs it (0.4-0.7 s to import, which held back every check).
+    "l12_streaming": ("httpx", "httpcore", "pydantic.v1", "uvicorn", "uvicorn.protocols.http.h11_impl",
+                      "reference_engine.server.api", "reference_engine.server.runner"),
 }
 
 
 def warm_imports(stems) -> tuple[str, ...]:
-    """The modules the zygote should import for grading these lessons (see WARM)."""
+    """The modules the zygote should import for grading these lessons before it forks (see WARM)."""
     return tuple(dict.fromkeys(m for stem in stems for m in WARM.get(stem, ())))
+
+
+def later_imports(stems) -> tuple[str, ...]:
+    """The modules the zygote should import between requests for grading these lessons (see WARM_LATER)."""
+    return tuple(dict.fromkeys(m for stem in stems for m in WARM_LATER.get(stem, ())))
 
 
 def find(key: str) -> Lesson:

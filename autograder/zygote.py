@@ -144,27 +144,40 @@ def _fork(body) -> int:
     return pid
 
 
-def serve(ctrl: socket.socket, warm: tuple = ()):
-    """The zygote's loop; returns when the grader closes the control socket."""
+def serve(ctrl: socket.socket, warm: tuple = (), later: tuple = ()):
+    """The zygote's loop; returns when the grader closes the control socket. BASE_WARM and `warm` are imported
+    before the first request is served, `later` between requests, while none is waiting (lessons.WARM and
+    WARM_LATER)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C in a notebook interrupts the grader, not us
     _warm_imports(warm)  # once here, while the grader goes on, instead of once per learner process
-    # Everything imported so far lives as long as the zygote: out of the collector's sight (gc.freeze, as
-    # prefork servers do), a learner process's first full collection does not walk torch's hundreds of
-    # thousands of objects, writing to (and so copying) every page that holds one: that cost up to 0.1 s
-    # in the middle of a check.
-    gc.freeze()  # (no gc.collect() first: a full collection here would cost the same 0.1 s, on every check's path)
+    _freeze()
     import torch
 
     from . import runtime
     torch.set_num_threads(runtime.GRADING_THREADS)  # inherited by every learner process (runtime.grading_threads)
-    _loop(ctrl)
+    _loop(ctrl, list(later))
 
 
-def _loop(ctrl: socket.socket):
+def _freeze():
+    """Everything imported so far lives as long as the zygote: out of the collector's sight (gc.freeze, as
+    prefork servers do), a learner process's first full collection does not walk torch's hundreds of thousands
+    of objects, writing to (and so copying) every page that holds one: that cost up to 0.1 s in the middle of a
+    check. (No gc.collect() first: a full collection here would cost the same 0.1 s, on every check's path.)"""
+    gc.freeze()
+
+
+def _loop(ctrl: socket.socket, later: list):
+    """Serve requests; while none is waiting, import the next module of `later`: modules only some of a
+    lesson's checks use (lesson 12's server stack: 0.4-0.7 s) then no longer hold back its first check, and a
+    learner process forked before one of them is in imports it itself. A clone imports no more of them: it
+    serves a second grader, whose checks may need none (the checks that need them come later, or import them)."""
     from .learner_side import child_main
     _become_subreaper()  # (a fork does not inherit it: a clone sets it again)
     clones: set[int] = set()  # zygotes forked from this one for a second grader (op "clone"): not a check's
     while True:
+        while later and not select.select([ctrl], [], [], 0)[0]:
+            _import_quietly(later.pop(0))
+            _freeze()
         try:
             req, fds = _recv(ctrl)
         except OSError:
@@ -184,7 +197,7 @@ def _loop(ctrl: socket.socket):
         elif op == "clone":
             def clone(fds=fds):
                 ctrl.close()
-                _loop(socket.socket(fileno=fds[0]))
+                _loop(socket.socket(fileno=fds[0]), [])
             pid = _fork(clone)
             for fd in fds:
                 os.close(fd)
@@ -298,48 +311,53 @@ def fork_is_safe() -> bool:
     return True
 
 
-def _start_forked(warm: tuple) -> Zygote:
+def _start_forked(warm: tuple, later: tuple) -> Zygote:
     parent_sock, zyg_sock = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
     def zygote_main():
         parent_sock.close()
         os.setpgid(0, 0)  # out of the terminal's group: a Ctrl-C meant for the grader does not reach it
-        serve(zyg_sock, warm)
+        serve(zyg_sock, warm, later)
     pid = _fork(zygote_main)
     zyg_sock.close()
     return Zygote(pid, parent_sock, None, "fork")
 
 
-def _start_spawned(warm: tuple) -> Zygote:
+def _start_spawned(warm: tuple, later: tuple) -> Zygote:
     parent_sock, zyg_sock = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
     fd = zyg_sock.fileno()
     env = dict(os.environ)
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     env["PYTHONPATH"] = os.pathsep.join([root] + [p for p in sys.path if p and os.path.isdir(p)])
-    popen = subprocess.Popen([sys.executable, "-m", "autograder.zygote", str(fd), *warm], pass_fds=[fd], env=env,
+    popen = subprocess.Popen([sys.executable, "-m", "autograder.zygote", str(fd), *warm, "--later", *later],
+                             pass_fds=[fd], env=env,
                              stdin=subprocess.DEVNULL, start_new_session=True)
     zyg_sock.close()
     return Zygote(popen.pid, parent_sock, popen, "spawn")
 
 
 _WANTED: tuple = ()  # modules every zygote this process starts imports beside BASE_WARM (see want)
+_WANTED_LATER: tuple = ()
 
 
-def want(modules) -> None:
-    """Have every zygote this process starts from now on also import `modules` (e.g. `course grade`: every
-    lesson's, so that one zygote serves them all)."""
-    global _WANTED
+def want(modules, later=()) -> None:
+    """Have every zygote this process starts from now on also import `modules` (and `later`, between requests)
+    (e.g. `course grade`: every lesson's, so that one zygote serves them all)."""
+    global _WANTED, _WANTED_LATER
     _WANTED = tuple(dict.fromkeys(_WANTED + tuple(modules)))
+    _WANTED_LATER = tuple(dict.fromkeys(_WANTED_LATER + tuple(later)))
 
 
-def get(warm: tuple = ()) -> Zygote:
+def get(warm: tuple = (), later: tuple = ()) -> Zygote:
     """This process's zygote, started on first use (forked when that is clean, else a fresh interpreter).
-    warm: modules it imports for its learner processes beside BASE_WARM (a running zygote is kept as it is:
-    a learner process imports what it lacks)."""
+    warm: modules it imports for its learner processes beside BASE_WARM before it serves the first; later:
+    modules it imports between requests (a running zygote is kept as it is: a learner process imports what it
+    lacks)."""
     global _ZYGOTE
     if _ZYGOTE is not None and _ZYGOTE.alive():
         return _ZYGOTE
     warm = tuple(dict.fromkeys(_WANTED + tuple(warm)))
-    _ZYGOTE = _start_forked(warm) if can_fork_clean() else _start_spawned(warm)
+    later = tuple(m for m in dict.fromkeys(_WANTED_LATER + tuple(later)) if m not in warm)
+    _ZYGOTE = _start_forked(warm, later) if can_fork_clean() else _start_spawned(warm, later)
     atexit.register(shutdown)  # close the socket: the zygote then kills what is left and exits
     return _ZYGOTE
 
@@ -356,10 +374,10 @@ def adopt(pid: int, sock: socket.socket) -> None:
     _ZYGOTE = Zygote(pid, sock, None, "clone")
 
 
-def prepare(warm: tuple = ()):
-    """Start the zygote now, while it can still be a clean fork (call before importing solutions); warm: the
-    modules a lesson's learner processes need beside BASE_WARM (lessons.warm_imports)."""
-    get(warm)
+def prepare(warm: tuple = (), later: tuple = ()):
+    """Start the zygote now, while it can still be a clean fork (call before importing solutions); warm, later:
+    the modules a lesson's learner processes need beside BASE_WARM (lessons.warm_imports)."""
+    get(warm, later)
 
 
 def shutdown():
@@ -376,18 +394,23 @@ BASE_WARM = ("reference_engine.engine", "reference_engine.kernels", "reference_e
 
 def _warm_imports(warm: tuple = ()):
     """BASE_WARM and `warm`, imported once here instead of once per learner process."""
-    import importlib
-
     from . import runtime
     runtime.setup()
     import torch  # noqa: F401
     for name in BASE_WARM + tuple(warm):
-        try:
-            importlib.import_module(name)
-        except Exception:  # noqa: BLE001 - a broken optional import shows up in the check that needs it
-            pass
+        _import_quietly(name)
+
+
+def _import_quietly(name: str):
+    import importlib
+    try:
+        importlib.import_module(name)
+    except Exception:  # noqa: BLE001 - a broken optional import shows up in the check that needs it
+        pass
 
 
 if __name__ == "__main__":
-    serve(socket.socket(fileno=int(sys.argv[1])), tuple(sys.argv[2:]))
+    _names = sys.argv[2:] + ["--later"]
+    _cut = _names.index("--later")
+    serve(socket.socket(fileno=int(sys.argv[1])), tuple(_names[:_cut]), tuple(m for m in _names[_cut + 1:] if m != "--later"))
     os._exit(0)  # its learner processes are gone; skip the interpreter's teardown (unloading torch: ~0.3 s)

@@ -9,8 +9,8 @@ from autograder import lessons, zygote
 def test_warm_lists_name_lessons_and_real_modules_and_start_no_thread():
     """Importing them in a zygote starts no thread: a fork keeps only the thread that forked, so a thread
     holding a lock at that moment would leave the lock held forever in every learner process."""
-    assert set(lessons.WARM) <= {lesson.stem for lesson in lessons.LESSONS}
-    every = lessons.warm_imports(list(lessons.WARM))
+    assert set(lessons.WARM) | set(lessons.WARM_LATER) <= {lesson.stem for lesson in lessons.LESSONS}
+    every = lessons.warm_imports(list(lessons.WARM)) + lessons.later_imports(list(lessons.WARM_LATER))
     code = ("import sys, threading\nfrom autograder import zygote\n"
             f"zygote._warm_imports({every!r})\n"
             f"print(threading.active_count(), [m for m in {zygote.BASE_WARM + every!r} if m not in sys.modules])")
@@ -86,3 +86,30 @@ def test_grading_hands_back_the_thread_count_and_the_collector_as_it_found_them(
         assert torch.get_num_threads() == 2 and gc.get_freeze_count() == 0
     finally:
         torch.set_num_threads(before)
+
+
+def test_a_zygote_serves_before_its_later_modules_and_imports_them_while_idle(tmp_path):
+    """lessons.WARM_LATER: the first learner process is forked at once (it imports what it lacks itself); one
+    forked once the zygote has been idle finds them imported."""
+    import time
+
+    from autograder import wire
+    from autograder.sandbox import LearnerProcess
+    (tmp_path / "mods.py").write_text("import sys\n\ndef has(name):\n    return name in sys.modules\n")
+    saved = zygote._ZYGOTE
+    zygote._ZYGOTE = None
+    try:
+        zygote.get(later=("http.server", "xml.dom.minidom"))
+        asks = []
+        for _ in range(2):
+            proc = LearnerProcess.start(time.monotonic() + 30)
+            try:
+                proc.load(str(tmp_path / "mods.py"), "mods", [])
+                asks.append(proc.call(wire.LearnerRef("has"), ("xml.dom.minidom",), {}, what="has")[0])
+            finally:
+                proc.close()
+            time.sleep(1.0)
+        assert asks == [False, True], asks
+    finally:
+        zygote.shutdown()
+        zygote._ZYGOTE = saved
