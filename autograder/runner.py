@@ -157,6 +157,9 @@ def run_check(spec: CheckSpec, target: Target, ref, seed: int, cuda: bool, timeo
         status, msg = _raised_status(e)
     except core.CaseFailed as e:
         t.parts.append(Part("check", 1.0, False, str(e), kind=core.WRONG))
+    except zygote.ZygoteGone:
+        status, msg = CRASHED, ("the grader's process that starts your code's processes was killed while this "
+                                "check ran (does your code kill its parent process, os.getppid()?)")
     except Exception as e:  # noqa: BLE001 - what the learner returned broke the check's own code
         status = ERROR
         msg = f"the check could not use what your code returned ({type(e).__name__}: {e})"

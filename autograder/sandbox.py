@@ -99,7 +99,11 @@ class LearnerProcess:
         # With CUDA the cap is on private writable memory, not the address space (see learner_side._limit_memory).
         spec = {"capture": capture, "memory_gb": memory_gb, "memory_cap": "data" if runtime.cuda_available() else "address"}
         try:
-            pid = zyg.spawn(theirs.fileno(), spec)
+            try:
+                pid = zyg.spawn(theirs.fileno(), spec)
+            except zygote.ZygoteGone:  # killed since it last answered (by the previous check's code): a new one
+                zyg = zygote.get()
+                pid = zyg.spawn(theirs.fileno(), spec)
         finally:
             theirs.close()
         return cls(pid, mine, capture, zyg, deadline)

@@ -213,6 +213,11 @@ def _loop(ctrl: socket.socket, later: list):
             _send(ctrl, {"error": f"unknown op {op!r}"})
 
 
+class ZygoteGone(RuntimeError):
+    """The zygote stopped answering: killed (by learner code that kills its parent process, say). The next
+    zygote.get() starts a new one."""
+
+
 class Zygote:
     """The grader's handle on its zygote process."""
 
@@ -222,10 +227,13 @@ class Zygote:
 
     def _ask(self, obj, fds=()) -> dict:
         data = json.dumps(obj).encode()
-        socket.send_fds(self.ctrl, [struct.pack("<I", len(data)) + data], list(fds))
-        reply, _ = _recv(self.ctrl)
+        try:
+            socket.send_fds(self.ctrl, [struct.pack("<I", len(data)) + data], list(fds))
+            reply, _ = _recv(self.ctrl)
+        except OSError as e:  # (a broken pipe, a reset connection)
+            raise ZygoteGone(f"the grader's zygote process died ({e})") from None
         if reply is None:
-            raise RuntimeError("the grader's zygote process died")
+            raise ZygoteGone("the grader's zygote process died")
         return reply
 
     def spawn(self, sock_fd: int, spec: dict) -> int:

@@ -7,6 +7,10 @@ where grade_lessons rightly falls back to one lesson at a time."""
 import json
 import subprocess
 import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
 
 SCRIPT = r'''
 import json, os, sys
@@ -160,3 +164,29 @@ def test_course_check_with_two_graders_gives_the_results_of_one(tmp_path):
     untouched = check(2)
     assert {status for _, status, _, _ in untouched} <= {"not started", "not graded here"}
     assert untouched == check(1)
+
+
+def test_code_that_kills_its_zygote_leaves_both_graders_working(tmp_path):
+    """Each learner process kills its parent (the zygote, or the second grader's clone) as its module loads:
+    every check still gets a verdict (the stub's "not started", or "crashed" naming the killed process, never
+    a blame on the learner's return values), and the command ends with no process left behind."""
+    def ours() -> set[str]:  # fresh-interpreter zygotes, and forks of the `course` process (its command line)
+        found = [subprocess.run(["pgrep", "-f", pattern], capture_output=True, text=True).stdout.split()
+                 for pattern in ("autograder.zygote", str(killer))]
+        return {pid for pids in found for pid in pids}
+    killer = tmp_path / "killer.py"
+    before = ours()
+    killer.write_text((ROOT / "exercises" / "l13_gpu_utilization.py").read_text()
+                      + "\n\nimport os as _os\n_os.kill(_os.getppid(), 9)\n")
+    out = tmp_path / "out.json"
+    for jobs in ("2", "1"):
+        r = subprocess.run([sys.executable, "-m", "autograder.cli", "check", "13", "--file", str(killer), "--jobs",
+                            jobs, "--json", str(out)], capture_output=True, text=True, timeout=300, cwd=ROOT)
+        assert r.returncode == 1, r.stdout + r.stderr
+        (lesson,) = json.loads(out.read_text())["lessons"].values()
+        for c in lesson["checks"]:  # the stub's verdict, or the lost process named as what happened
+            assert c["earned"] == 0 and (c["status"] == "not started" or (
+                c["status"] == "crashed" and "kill its parent process" in c["message"])), r.stdout
+    time.sleep(0.3)
+    left = ours() - before
+    assert not left, f"processes left behind: {left}"
