@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import os
 import select
+import signal
 import sys
 from collections.abc import Callable
 
@@ -143,14 +144,17 @@ def run_checks(specs: list, run_one: Callable[..., CheckResult], jobs: int) -> l
     run. Timed checks run here afterwards, alone. A check the fork took but never reported (it died) is
     graded here at the end."""
     shared = [spec for spec in specs if not spec.timed]
-    if jobs <= 1 or len(shared) < 2 or not zygote.fork_is_safe():
+    if jobs <= 1 or not 2 <= len(shared) <= 255 or not zygote.fork_is_safe():
         return [run_one(spec) for spec in specs]
     done: dict[str, CheckResult] = {}
+    try:
+        clone_pid, clone_sock = zygote.get().clone()
+    except zygote.ZygoteGone:
+        return [run_one(spec) for spec in specs]
     queue_r, queue_w = os.pipe()
     order = sorted(range(len(shared)), key=lambda i: -shared[i].cost)
-    os.write(queue_w, bytes(order))  # < 256 checks a lesson: one byte each; a pipe holds 64 KiB
+    os.write(queue_w, bytes(order))  # one byte a check; a pipe holds 64 KiB
     os.close(queue_w)
-    clone_pid, clone_sock = zygote.get().clone()
     res_r, res_w = os.pipe()
     sys.stdout.flush()
     sys.stderr.flush()
@@ -171,17 +175,22 @@ def run_checks(specs: list, run_one: Callable[..., CheckResult], jobs: int) -> l
             os._exit(code)
     os.close(res_w)
     clone_sock.close()
-    for i in _take(queue_r):
-        done[shared[i].name] = run_one(shared[i])
-    os.close(queue_r)
-    with os.fdopen(res_r, "rb") as got:
-        for line in got:
-            try:
-                r = _result(json.loads(line))
-            except (ValueError, TypeError):
-                continue
-            done[r.name] = r
-    os.waitpid(pid, 0)
+    try:
+        for i in _take(queue_r):
+            done[shared[i].name] = run_one(shared[i])
+        with os.fdopen(res_r, "rb") as got:
+            for line in got:
+                try:
+                    r = _result(json.loads(line))
+                except (ValueError, TypeError):
+                    continue
+                done[r.name] = r
+    except BaseException:  # Ctrl-C, say: the second grader stops too
+        os.kill(pid, signal.SIGKILL)
+        raise
+    finally:
+        os.close(queue_r)
+        os.waitpid(pid, 0)
     return [done[spec.name] if spec.name in done else run_one(spec) for spec in specs]
 
 
