@@ -19,7 +19,6 @@ import json
 import os
 import select
 import signal
-import sys
 from collections.abc import Callable
 
 from . import zygote
@@ -146,7 +145,6 @@ def run_checks(specs: list, run_one: Callable[..., CheckResult], jobs: int) -> l
     shared = [spec for spec in specs if not spec.timed]
     if jobs <= 1 or not 2 <= len(shared) <= 255 or not zygote.fork_is_safe():
         return [run_one(spec) for spec in specs]
-    done: dict[str, CheckResult] = {}
     try:
         clone_pid, clone_sock = zygote.get().clone()
     except zygote.ZygoteGone:
@@ -156,25 +154,21 @@ def run_checks(specs: list, run_one: Callable[..., CheckResult], jobs: int) -> l
     os.write(queue_w, bytes(order))  # one byte a check; a pipe holds 64 KiB
     os.close(queue_w)
     res_r, res_w = os.pipe()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    pid = os.fork()
-    if pid == 0:  # the second grader
-        code = 0
+
+    def second_grader():  # (zygote._fork: flushes first, and the fork never returns)
+        os.close(res_r)
+        zygote.adopt(clone_pid, clone_sock)
         try:
-            os.close(res_r)
-            zygote.adopt(clone_pid, clone_sock)
             with os.fdopen(res_w, "wb") as out:
                 for i in _take(queue_r):
                     out.write(json.dumps(run_one(shared[i]).to_dict()).encode() + b"\n")
                     out.flush()
-        except BaseException:  # noqa: BLE001 - the first grader grades what this one could not
-            code = 1
-        finally:
+        finally:  # an exception leaves its checks to the first grader
             zygote.shutdown()  # closes the clone's socket: it kills what is left and exits
-            os._exit(code)
+    pid = zygote._fork(second_grader)
     os.close(res_w)
     clone_sock.close()
+    done: dict[str, CheckResult] = {}
     try:
         for i in _take(queue_r):
             done[shared[i].name] = run_one(shared[i])
