@@ -247,9 +247,14 @@ def _imports_out_of_the_collector():
     """What exists now (torch, the engine, the lesson's modules: hundreds of thousands of objects that live as
     long as the process) is left out of full collections while grading (gc.freeze), and handed back after
     (a notebook that grades goes on as before). A check whose reference work is Python-heavy (lesson 10's
-    fleet simulations) triggers a few full collections, and each walked that whole heap: 0.1 s apiece."""
+    fleet simulations) triggers a few full collections, and each walked that whole heap: 0.1 s apiece.
+    The collector runs while grading even where it was off (cli.run turns it off for its imports)."""
+    enabled = gc.isenabled()
     gc.freeze()
+    gc.enable()
     try:
         yield
     finally:
         gc.unfreeze()
+        if not enabled:
+            gc.disable()

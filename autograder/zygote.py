@@ -149,8 +149,10 @@ def serve(ctrl: socket.socket, warm: tuple = (), later: tuple = ()):
     before the first request is served, `later` between requests, while none is waiting (lessons.WARM and
     WARM_LATER)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C in a notebook interrupts the grader, not us
+    gc.disable()  # while importing (full collections of a heap that lives as long as we do: wasted)
     _warm_imports(warm)  # once here, while the grader goes on, instead of once per learner process
     _freeze()
+    gc.enable()  # (a grader forked us with it off, perhaps: cli.run) learner code collects as usual
     import torch
 
     from . import runtime
@@ -176,8 +178,10 @@ def _loop(ctrl: socket.socket, later: list):
     clones: set[int] = set()  # zygotes forked from this one for a second grader (op "clone"): not a check's
     while True:
         while later and not select.select([ctrl], [], [], 0)[0]:
+            gc.disable()
             _import_quietly(later.pop(0))
             _freeze()
+            gc.enable()
         try:
             req, fds = _recv(ctrl)
         except OSError:

@@ -35,6 +35,8 @@ import sys
 import warnings
 from collections import Counter
 from dataclasses import dataclass, replace
+from itertools import chain
+from operator import itemgetter
 
 MiB = 2**20
 
@@ -218,9 +220,18 @@ class Composition:
     logit_rows: int | None = None
 
     def __post_init__(self):
-        object.__setattr__(self, "prefills", tuple((int(n), int(c)) for n, c in self.prefills))
-        object.__setattr__(self, "decodes", tuple(map(int, self.decodes)))  # a batch of 256 decodes is common
-        if any(n < 1 or c < 0 for n, c in self.prefills) or (self.decodes and min(self.decodes) < 0):
+        # (map and zip, not generator expressions: a batch of 256 decodes or prefill chunks is common, and the
+        # modeled clock builds thousands of compositions in a search over batch sizes)
+        pre = self.prefills
+        if pre and set(map(len, pre)) != {2}:
+            raise ValueError(f"each prefill chunk is (tokens, context), got {pre}")
+        if not (type(pre) is tuple and set(map(type, pre)) <= {tuple} and set(map(type, chain.from_iterable(pre))) <= {int}):
+            pre = tuple(zip(*(map(int, col) for col in zip(*pre)))) if pre else ()  # (as Python ints, bools out)
+            object.__setattr__(self, "prefills", pre)
+        if type(self.decodes) is not tuple or not set(map(type, self.decodes)) <= {int}:
+            object.__setattr__(self, "decodes", tuple(map(int, self.decodes)))
+        if (pre and (min(map(itemgetter(0), pre)) < 1 or min(map(itemgetter(1), pre)) < 0)) or \
+                (self.decodes and min(self.decodes) < 0):
             raise ValueError(f"chunks need tokens >= 1 and contexts >= 0, got {self}")
         if self.logit_rows is not None:
             if not 0 <= int(self.logit_rows) <= self.num_tokens:
@@ -246,7 +257,7 @@ class Composition:
 
     @property
     def num_prefill_tokens(self) -> int:
-        return sum(n for n, _ in self.prefills)
+        return sum(map(itemgetter(0), self.prefills))
 
     @property
     def num_tokens(self) -> int:

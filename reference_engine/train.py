@@ -144,14 +144,34 @@ def apply_rope(x, cos, sin):
     return x * cos + torch.cat([-x2, x1], dim=-1) * sin
 
 
+_LOADING = False  # set while load_checkpoint builds a model: every weight is read from the file right after
+
+
+class Linear(nn.Linear):
+    """nn.Linear (the same init, the same random draws) that skips its init while a checkpoint is loaded
+    (load_checkpoint): random weights overwritten at once were most of the time a load took."""
+
+    def reset_parameters(self) -> None:
+        if not _LOADING:
+            super().reset_parameters()
+
+
+class Embedding(nn.Embedding):
+    """nn.Embedding that skips its init while a checkpoint is loaded (see Linear)."""
+
+    def reset_parameters(self) -> None:
+        if not _LOADING:
+            super().reset_parameters()
+
+
 class Attention(nn.Module):
     def __init__(self, a: LlamaArgs):
         super().__init__()
         self.a = a
-        self.q_proj = nn.Linear(a.hidden_size, a.num_attention_heads * a.head_dim, bias=False)
-        self.k_proj = nn.Linear(a.hidden_size, a.num_key_value_heads * a.head_dim, bias=False)
-        self.v_proj = nn.Linear(a.hidden_size, a.num_key_value_heads * a.head_dim, bias=False)
-        self.o_proj = nn.Linear(a.num_attention_heads * a.head_dim, a.hidden_size, bias=False)
+        self.q_proj = Linear(a.hidden_size, a.num_attention_heads * a.head_dim, bias=False)
+        self.k_proj = Linear(a.hidden_size, a.num_key_value_heads * a.head_dim, bias=False)
+        self.v_proj = Linear(a.hidden_size, a.num_key_value_heads * a.head_dim, bias=False)
+        self.o_proj = Linear(a.num_attention_heads * a.head_dim, a.hidden_size, bias=False)
 
     def forward(self, x, cos, sin):
         b, t, _ = x.shape
@@ -170,9 +190,9 @@ class Attention(nn.Module):
 class MLP(nn.Module):
     def __init__(self, a: LlamaArgs):
         super().__init__()
-        self.gate_proj = nn.Linear(a.hidden_size, a.intermediate_size, bias=False)
-        self.up_proj = nn.Linear(a.hidden_size, a.intermediate_size, bias=False)
-        self.down_proj = nn.Linear(a.intermediate_size, a.hidden_size, bias=False)
+        self.gate_proj = Linear(a.hidden_size, a.intermediate_size, bias=False)
+        self.up_proj = Linear(a.hidden_size, a.intermediate_size, bias=False)
+        self.down_proj = Linear(a.intermediate_size, a.hidden_size, bias=False)
 
     def forward(self, x):
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
@@ -194,7 +214,7 @@ class DecoderLayer(nn.Module):
 class LlamaBody(nn.Module):
     def __init__(self, a: LlamaArgs):
         super().__init__()
-        self.embed_tokens = nn.Embedding(a.vocab_size, a.hidden_size)
+        self.embed_tokens = Embedding(a.vocab_size, a.hidden_size)
         self.layers = nn.ModuleList(DecoderLayer(a) for _ in range(a.num_hidden_layers))
         self.norm = RMSNorm(a.hidden_size, a.rms_norm_eps)
 
@@ -206,9 +226,11 @@ class Llama(nn.Module):
         super().__init__()
         self.args = a
         self.model = LlamaBody(a)
-        self.lm_head = nn.Linear(a.hidden_size, a.vocab_size, bias=False)
+        self.lm_head = Linear(a.hidden_size, a.vocab_size, bias=False)
         if a.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
+        if _LOADING:
+            return
         self.apply(self._init)
         # GPT-2 style: shrink the residual-branch outputs so the stream's variance stays ~1
         for n, p in self.named_parameters():
@@ -281,9 +303,18 @@ def load_checkpoint(path: str | Path) -> Llama:
 
     cfg = json.loads((Path(path) / "config.json").read_text())
     a = LlamaArgs(**{k: cfg[k] for k in asdict(LlamaArgs()) if k in cfg})
-    model = Llama(a)
+    global _LOADING
+    _LOADING = True  # built without init: every weight is read below, and a file that lacks one is refused
+    try:
+        model = Llama(a)
+    finally:
+        _LOADING = False
     sd = load_file(str(Path(path) / "model.safetensors"))
-    model.load_state_dict(sd, strict=not a.tie_word_embeddings)
+    result = model.load_state_dict(sd, strict=False)
+    missing = [k for k in result.missing_keys if not (a.tie_word_embeddings and k == "lm_head.weight")]
+    if missing or result.unexpected_keys:
+        raise ValueError(f"{path}: the checkpoint does not match the model (missing {missing}, unexpected "
+                         f"{result.unexpected_keys})")
     return model.eval()
 
 

@@ -100,8 +100,38 @@ def _noncentrality(true_law: dict, tested: dict, n: int) -> float:
     return n * total
 
 
+FAR = 300  # chi-square units between a mistake's law and every other law on some visible case
+
+
+def _miss_probability(df: int, noncentrality: float) -> float:
+    """P(a noncentral chi-square(df, noncentrality) statistic stays under the check's critical value): how often
+    counts drawn from a law that far from the tested one pass the test (a Poisson mixture of central
+    chi-squares)."""
+    f64 = lambda x: torch.tensor(float(x), dtype=torch.float64)
+    lo, hi = 0.0, 10_000.0  # the critical value: upper tail FALSE_ALARM
+    for _ in range(200):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if float(torch.special.gammaincc(f64(df / 2), f64(mid / 2))) > checks.FALSE_ALARM else (lo, mid)
+    half, total = noncentrality / 2, 0.0
+    for j in range(int(half + 40 * math.sqrt(half) + 50)):
+        weight = (j == 0) if half == 0 else math.exp(-half + j * math.log(half) - math.lgamma(j + 1))
+        total += weight * float(torch.special.gammainc(f64(df / 2 + j), f64(hi / 2)))
+    return total
+
+
+def test_far_means_a_wrong_rule_fails_the_visible_cases():
+    """FAR chi-square units are enough: counts from a law that far away pass a visible case's test with
+    probability under 1e-9 (at each visible case's degrees of freedom, bins with an expected count under 5
+    pooled)."""
+    assert _miss_probability(10, 0) > 0.99  # (the mixture at no distance: the test's own false-alarm side)
+    for _, (p, q) in checks.VERIFY_CASES:
+        law = checks.emission_law(p, q)
+        df = sum(checks.N_CALLS * v >= checks.MIN_EXPECTED for v in law.values())  # bins - 1, plus the pooled bin
+        assert _miss_probability(df, FAR) < 1e-9, df
+
+
 def test_every_verify_mistake_is_far_from_the_rule_and_from_the_others_on_a_visible_case():
-    """Power: on some visible case each named mistake's law is hundreds of chi-square units away from the right
+    """Power: on some visible case each named mistake's law is FAR or more chi-square units away from the right
     law (so it fails) and from every other mistake's (so it alone is named)."""
     for name, kw in checks.VERIFY_MISTAKES.items():
         ok = False
@@ -109,7 +139,7 @@ def test_every_verify_mistake_is_far_from_the_rule_and_from_the_others_on_a_visi
             mine = checks.emission_law(p, q, **kw)
             others = [checks.emission_law(p, q)] + [checks.emission_law(p, q, **k2)
                                                    for n2, k2 in checks.VERIFY_MISTAKES.items() if n2 != name]
-            if all(_noncentrality(mine, other, checks.N_CALLS) > 400 for other in others):
+            if all(_noncentrality(mine, other, checks.N_CALLS) > FAR for other in others):
                 ok = True
         assert ok, name
 
@@ -290,43 +320,46 @@ def engine_runs():
     from autograder.engine_harness import run_speculative
     torch.set_num_threads(1)
     prompts = checks._engine_prompts()
-    sampled = [{"temperature": 0.8, "top_p": 0.95, "seed": s, "max_tokens": checks.ENGINE_TOKENS} for s in (11, 12, 13)]
-    sampled.append(checks.GREEDY_PARAMS[0])
     runs = {"plain": run_speculative(prompts, checks.GREEDY_PARAMS, None, checks.ENGINE_K, checks.ENGINE_KW)}
     for proposer in ("draft", "ngram"):
-        runs[proposer] = checks._engine(prompts, checks.GREEDY_PARAMS, proposer)
-        runs[proposer, "sampled"] = checks._engine(prompts, sampled, proposer)
-        runs[proposer, "lesson"] = run_speculative(prompts, sampled, proposer, checks.ENGINE_K, checks.ENGINE_KW,
-                                                   verify_greedy=S.verify_greedy, verify=S.verify)
-    return prompts, sampled, runs
+        runs[proposer] = checks._engine(prompts, checks.VISIBLE_PARAMS, proposer)
+        runs[proposer, "lesson"] = run_speculative(prompts, checks.VISIBLE_PARAMS, proposer, checks.ENGINE_K,
+                                                   checks.ENGINE_KW, verify_greedy=S.verify_greedy, verify=S.verify)
+    return prompts, runs
 
 
 def test_the_engine_cases_chunk_prompts_and_both_keep_and_reject_drafts(engine_runs):
-    prompts, _, runs = engine_runs
+    prompts, runs = engine_runs
     assert max(len(p) for p in prompts) > checks.ENGINE_KW["max_num_batched_tokens"], "no prompt is chunked"
+    greedy = checks.VISIBLE_GREEDY
+    assert [checks.VISIBLE_PARAMS[i] for i in greedy] == [checks.GREEDY_PARAMS[0]] * len(greedy)
+    assert all(checks.VISIBLE_PARAMS[i].get("temperature", 0) > 0 for i in range(len(prompts)) if i not in greedy)
     for proposer in ("draft", "ngram"):
-        for run in (runs[proposer], runs[proposer, "sampled"]):
-            assert run["error"] is None and run["leak"] is None and run["free_blocks"] == run["num_blocks"]
-            assert 0 < sum(run["accepted"]) < sum(run["proposed"]), proposer
-        assert runs[proposer]["tokens"] == runs["plain"]["tokens"]
+        run = runs[proposer]
+        assert run["error"] is None and run["leak"] is None and run["free_blocks"] == run["num_blocks"]
+        assert 0 < sum(run["accepted"]) < sum(run["proposed"]), proposer
+        assert sum(run["proposed"][i] for i in greedy) > 0, "no greedy request verified a draft"
+        for i in greedy:  # the engine's own verifier: the greedy requests are plain greedy decoding
+            assert run["tokens"][i] == runs["plain"]["tokens"][i], (proposer, i)
 
 
 def test_the_lessons_verifier_in_the_harness_equals_the_engines_own(engine_runs):
     """What the check demands of a right answer holds for the lesson's solution, through the harness's adapter."""
-    _, _, runs = engine_runs
+    _, runs = engine_runs
     for proposer in ("draft", "ngram"):
-        mine, own = runs[proposer, "lesson"], runs[proposer, "sampled"]
+        mine, own = runs[proposer, "lesson"], runs[proposer]
         assert (mine["tokens"], checks._counts(mine)) == (own["tokens"], checks._counts(own))
 
 
 def test_every_engine_mistake_changes_the_visible_runs(engine_runs):
-    """Each mistake the check can name gives other tokens or counts than the right rule on the visible cases."""
-    prompts, sampled, runs = engine_runs
+    """Each mistake the check can name gives other tokens or counts than the right rule on the visible draft
+    proposer run: a greedy mistake on the greedy requests, a sampling one on the whole batch."""
+    prompts, runs = engine_runs
+    right, greedy = runs["draft"], checks.VISIBLE_GREEDY
     for name, kind in checks.GREEDY_MISTAKES.items():
         if kind in ("emit_draft", "off_by_one", "no_bonus", "prefix_only"):
-            wrong = checks._engine(prompts, checks.GREEDY_PARAMS, "draft", greedy_kind=kind)
-            assert (wrong["tokens"], wrong["accepted"]) != (runs["plain"]["tokens"], runs["draft"]["accepted"]), name
+            wrong = checks._engine(prompts, checks.VISIBLE_PARAMS, "draft", greedy_kind=kind)
+            assert checks._pick(wrong, greedy) != checks._pick(right, greedy), name
     for name, kind in checks.ENGINE_VERIFY_MISTAKES.items():
-        wrong = checks._engine(prompts, sampled, "draft", verify_kind=kind)
-        assert (wrong["tokens"], wrong["accepted"]) != (runs["draft", "sampled"]["tokens"],
-                                                        runs["draft", "sampled"]["accepted"]), name
+        wrong = checks._engine(prompts, checks.VISIBLE_PARAMS, "draft", verify_kind=kind)
+        assert (wrong["tokens"], checks._counts(wrong)) != (right["tokens"], checks._counts(right)), name
