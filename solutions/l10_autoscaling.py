@@ -257,10 +257,14 @@ def simulate_fleet(jobs: Sequence[Job], fleet: Fleet, scaler) -> dict:
 
     def dispatch(t):
         while queue:
-            free = [r for r, rep in enumerate(reps) if rep.ready and rep.live() and rep.running < fleet.slots]
-            if not free:
+            best = None  # a ready, live replica with a free slot: the fewest jobs, then the lowest index
+            for r, rep in enumerate(reps):
+                if rep.ready and rep.live() and rep.running < fleet.slots and (
+                        best is None or rep.running < reps[best].running):
+                    best = r
+            if best is None:
                 return
-            start(min(free, key=lambda r: (reps[r].running, r)), queue.popleft(), t)
+            start(best, queue.popleft(), t)
 
     def scale(t, desired):
         live = [r for r, rep in enumerate(reps) if rep.live()]

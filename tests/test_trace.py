@@ -39,6 +39,19 @@ def test_load_matches_csv(name):
     assert 3000 < reqs[-1].arrival < 4000
 
 
+def test_loaded_requests_are_plain_immutable_requests(conv):
+    """load builds its Requests without Request.__init__ (for speed): they must be the same objects."""
+    import dataclasses
+    r = conv[5]
+    assert type(r) is Request and r == Request(r.arrival, r.prompt_tokens, r.output_tokens)
+    assert hash(r) == hash(Request(r.arrival, r.prompt_tokens, r.output_tokens))
+    assert dataclasses.asdict(r) == {"arrival": r.arrival, "prompt_tokens": r.prompt_tokens,
+                                     "output_tokens": r.output_tokens}
+    assert type(r.prompt_tokens) is int and type(r.arrival) is float
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        r.arrival = 1.0
+
+
 def test_load_from_path_equals_name():
     assert T.load(T.DATA_DIR / T.TRACES["code"]) == T.load("code")
 

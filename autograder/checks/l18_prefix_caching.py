@@ -85,11 +85,10 @@ class BruteTrie:
         for key in self._prefixes(end):
             self.pages[key].locks -= 1
 
-    def is_leaf(self, key: tuple) -> bool:
-        return not any(len(k) == len(key) + self.page_size and k[:len(key)] == key for k in self.pages)
-
     def evictable(self) -> list[tuple]:
-        return [k for k, p in self.pages.items() if p.locks == 0 and self.is_leaf(k)]
+        """The unlocked leaves: pages no other page extends (a page's parent is its key less one page)."""
+        parents = {k[:-self.page_size] for k in self.pages}
+        return [k for k, p in self.pages.items() if p.locks == 0 and k not in parents]
 
     def evict(self, num_tokens: int, by: str = "stamp", need: int | None = None) -> list[int]:
         """Free ceil(num_tokens / page_size) unlocked leaf pages (or `need`), the oldest first by `by`:
