@@ -603,7 +603,9 @@ def _decode_configs(t, bf16: bool) -> list:
         H_kv = rng.choice([1, 2, 4])
         H = H_kv * rng.choice([1, 2, 4])
         bs = rng.choice([2, 4, 8, 16])
-        B = rng.randint(1, 4)
+        # at most 8 (sequence, KV head) pairs: under Triton's interpreter a kernel's time grows with pairs x blocks
+        # (about 6 ms each here), and 4 x 4 pairs of 5 blocks took half a second
+        B = rng.randint(1, min(4, 8 // H_kv))
         D = rng.choice([8, 16, 32])
         return B, H, H_kv, D, bs, [rng.randint(1, 5 * bs) for _ in range(B)], \
             {"scale": rng.choice([None, round(rng.uniform(0.05, 0.5), 3)])}
@@ -672,7 +674,7 @@ def _time(fn, reps: int) -> float:
     return (time.perf_counter() - t0) / reps
 
 
-@check(points=4, section="4.2", timeout=120, cost=1.1)
+@check(points=4, section="4.2", timeout=120, cost=0.7)
 def paged_decode_triton(t):
     """The Triton paged decode kernel against the reference (fp32; bf16 and timing on CUDA)."""
     # The kernel uses tl.sum, not tl.dot, so fp32 stays exact-ish even on a GPU (no TF32).
