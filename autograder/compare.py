@@ -7,24 +7,29 @@ from __future__ import annotations
 
 import math
 import numbers
+import sys
 
-import torch
-
-# (rtol, atol) per dtype. fp32 is loose enough for a different summation order
-# (Triton's interpreter, a blocked online softmax) but tight enough that a
+# (rtol, atol) per dtype (by name: torch is imported only by a lesson that has tensors). fp32 is loose enough
+# for a different summation order (Triton's interpreter, a blocked online softmax) but tight enough that a
 # missing 1/sqrt(d) scale or a dropped term is far outside it.
 TOLERANCES = {
-    torch.float64: (1e-7, 1e-9),
-    torch.float32: (1e-4, 1e-5),
-    torch.float16: (1e-3, 1e-3),
-    torch.bfloat16: (1.6e-2, 1e-2),
+    "torch.float64": (1e-7, 1e-9),
+    "torch.float32": (1e-4, 1e-5),
+    "torch.float16": (1e-3, 1e-3),
+    "torch.bfloat16": (1.6e-2, 1e-2),
 }
 FP8_TOLERANCE = (1.25e-1, 1e-1)
 
 
-def tolerance_for(dtype: torch.dtype) -> tuple[float, float]:
-    if dtype in TOLERANCES:
-        return TOLERANCES[dtype]
+def _is_tensor(x) -> bool:
+    """isinstance(x, torch.Tensor), without importing torch: where it is not imported, nothing is a tensor."""
+    torch = sys.modules.get("torch")
+    return torch is not None and isinstance(x, torch.Tensor)
+
+
+def tolerance_for(dtype) -> tuple[float, float]:
+    if str(dtype) in TOLERANCES:
+        return TOLERANCES[str(dtype)]
     if "float8" in str(dtype):
         return FP8_TOLERANCE
     return (0.0, 0.0)  # integer and bool tensors compare exactly
@@ -41,7 +46,7 @@ def key_types(d: dict) -> str | None:
 
 def describe(x) -> str:
     """A short description of a value's type, for 'expected X, got Y' messages."""
-    if isinstance(x, torch.Tensor):
+    if _is_tensor(x):
         return f"Tensor(shape={tuple(x.shape)}, dtype={x.dtype}, device={x.device.type})"
     if x is None:
         return "None"
@@ -53,7 +58,7 @@ def describe(x) -> str:
 def fmt(x) -> str:
     if isinstance(x, float):
         return f"{x:.6g}"
-    if isinstance(x, torch.Tensor) and x.numel() == 1:
+    if _is_tensor(x) and x.numel() == 1:
         return fmt(x.item())
     return repr(x)
 
@@ -63,7 +68,7 @@ def is_number(x) -> bool:
 
 
 def compare_number(got, expected, rtol: float = 1e-9, atol: float = 0.0) -> str | None:
-    if isinstance(got, torch.Tensor) and got.numel() == 1:
+    if _is_tensor(got) and got.numel() == 1:
         got = got.item()
     if hasattr(got, "item") and not isinstance(got, numbers.Number):  # numpy scalars
         try:
@@ -85,9 +90,10 @@ def compare_number(got, expected, rtol: float = 1e-9, atol: float = 0.0) -> str 
     return f"got {fmt(got)}, expected {fmt(expected)}"
 
 
-def _first_bad_index(bad: torch.Tensor) -> tuple[int, ...]:
+def _first_bad_index(bad) -> tuple[int, ...]:
     """The index of the first True in `bad`, in row-major order. (Unravelled by hand: torch.unravel_index
     imports torch's symbolic-shape machinery and sympy on first use, half a second in a fresh grader.)"""
+    import torch
     flat = int(torch.nonzero(bad.flatten())[0])
     index = []
     for size in reversed(bad.shape):
@@ -96,8 +102,9 @@ def _first_bad_index(bad: torch.Tensor) -> tuple[int, ...]:
     return tuple(reversed(index))
 
 
-def compare_tensor(got, expected: torch.Tensor, rtol: float | None = None,
+def compare_tensor(got, expected, rtol: float | None = None,
                    atol: float | None = None, check_dtype: bool = True) -> str | None:
+    import torch
     if not isinstance(got, torch.Tensor):
         return f"expected a torch.Tensor, got {describe(got)}"
     if tuple(got.shape) != tuple(expected.shape):
@@ -147,7 +154,7 @@ def compare(got, expected, rtol: float | None = None, atol: float | None = None,
     """Compare any supported value: tensors, numbers, and (nested) lists/tuples/dicts of them."""
     if _identical(got, expected):
         return None
-    if isinstance(expected, torch.Tensor):
+    if _is_tensor(expected):
         return compare_tensor(got, expected, rtol, atol, check_dtype)
     if isinstance(expected, bool) or expected is None or isinstance(expected, str):
         return None if got == expected and type(got) is type(expected) else \

@@ -27,8 +27,6 @@ import dataclasses
 import random
 from typing import Any, Callable, Iterable
 
-import torch
-
 from . import compare as cmp
 from . import wire
 from .reference import NotRecorded
@@ -159,11 +157,20 @@ class Trial:
         self.ref, self.seed, self.cuda = ref, seed, cuda
         self.visible_only = visible_only
         self.rng = random.Random(seed)
-        self.gen = torch.Generator().manual_seed(seed)
+        self._gen = None
         self.parts: list[Part] = []
         self.device = "cuda" if cuda else "cpu"
         self._case_open = False
         self.offered: set[str] = set()  # mistakes that made a difference on some case (see expect)
+
+    @property
+    def gen(self):
+        """A torch.Generator seeded with the check's seed, made on first use (a lesson without tensors never
+        imports torch)."""
+        if self._gen is None:
+            import torch
+            self._gen = torch.Generator().manual_seed(self.seed)
+        return self._gen
 
     # -- cases -------------------------------------------------------------------------------------
     def cases(self, visible: Iterable = (), hidden: Callable[[random.Random], Any] | Iterable | None = None,

@@ -67,6 +67,18 @@ WARM_LATER = {
 }
 
 
+# Lessons whose checks, solutions and exercises use no tensors and no engine: their grader and learner processes
+# never import torch (1-2 s of a fresh `course check`), unless learner code does (tests/test_zygote_warm.py keeps
+# this list true).
+NO_TORCH = frozenset({"l05_latency_metrics", "l06_capacity_planning", "l08_tail_latency", "l09_engine_choice",
+                      "l10_autoscaling", "l13_gpu_utilization"})
+
+
+def needs_torch(stems) -> bool:
+    """Whether grading these lessons needs torch and the engine in the learner processes (see NO_TORCH)."""
+    return any(stem not in NO_TORCH for stem in stems)
+
+
 def warm_imports(stems) -> tuple[str, ...]:
     """The modules the zygote should import for grading these lessons before it forks (see WARM)."""
     return tuple(dict.fromkeys(m for stem in stems for m in WARM.get(stem, ())))

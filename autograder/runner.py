@@ -219,7 +219,8 @@ def grade_lesson(stem: str, target: Target, seed: int, only: list[str] | None = 
     see autograder/reference.py), here in the grader's process. jobs=2: a second grader shares the checks
     (parallel.run_checks; the same results)."""
     runtime.setup()
-    zygote.prepare(lessons.warm_imports([stem]), lessons.later_imports([stem]))  # before the solutions are imported: a fork taken now holds none
+    # before the solutions are imported: a fork taken now holds none
+    zygote.prepare(lessons.warm_imports([stem]), lessons.later_imports([stem]), lessons.needs_torch([stem]))
     specs = load_checks(stem, checks_module)
     if only:
         specs = [s for s in specs if s.name in only]

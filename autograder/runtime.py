@@ -8,15 +8,16 @@ without CUDA it must be set before any module defining a kernel is imported;
 from __future__ import annotations
 
 import contextlib
+import os
+import sys
 
 
 def cuda_available() -> bool:
     """A CUDA device is present. Asked through NVML (reference_engine.device sets that up), so asking starts no
-    CUDA driver in this process and a child forked from it can still use CUDA."""
-    import torch
-
-    import reference_engine.device  # noqa: F401
-    return torch.cuda.is_available()
+    CUDA driver in this process and a child forked from it can still use CUDA; on a machine that cannot have
+    one, answered without importing torch (reference_engine.device.cuda_available)."""
+    from reference_engine.device import cuda_available
+    return cuda_available()
 
 
 def setup() -> str:
@@ -37,8 +38,21 @@ GRADING_THREADS = 1
 @contextlib.contextmanager
 def grading_threads():
     """torch uses GRADING_THREADS CPU threads inside, and what it used before afterwards (a notebook that
-    grades goes on with its own setting)."""
-    import torch
+    grades goes on with its own setting). In a grader that has not imported torch (a lesson that needs none)
+    OMP_NUM_THREADS says it, for a check that imports torch after all."""
+    torch = sys.modules.get("torch")
+    if torch is None:
+        before_env = os.environ.get("OMP_NUM_THREADS")
+        os.environ["OMP_NUM_THREADS"] = str(GRADING_THREADS)
+        try:
+            yield
+        finally:
+            if "torch" not in sys.modules:
+                if before_env is None:
+                    os.environ.pop("OMP_NUM_THREADS", None)
+                else:
+                    os.environ["OMP_NUM_THREADS"] = before_env
+        return
     before = torch.get_num_threads()
     torch.set_num_threads(GRADING_THREADS)
     try:

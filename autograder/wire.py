@@ -23,9 +23,8 @@ import dataclasses
 import json
 import math
 import struct
+import sys
 from typing import Any, Callable
-
-import torch
 
 # A message's data, either way. Every check's largest message is about 2 MiB (measured over a whole
 # `course grade --solutions`): 64 MiB leaves room to spare, and bounds what a reply costs the grader to read
@@ -79,12 +78,20 @@ class LearnerRef:
     name: str
 
 
-_DTYPES = {str(d): d for d in (torch.float64, torch.float32, torch.float16, torch.bfloat16, torch.int64,
-                               torch.int32, torch.int16, torch.int8, torch.uint8, torch.bool,
-                               torch.complex64, torch.complex128)}
-for _name in ("float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz"):
-    if hasattr(torch, _name):
-        _DTYPES[str(getattr(torch, _name))] = getattr(torch, _name)
+_DTYPE_NAMES = ("float64", "float32", "float16", "bfloat16", "int64", "int32", "int16", "int8", "uint8", "bool",
+                "complex64", "complex128", "float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz")
+_DTYPE_CACHE: dict = {}
+
+
+def _dtypes() -> dict:
+    """{"torch.float32": torch.float32, ...}: the dtypes a tensor may have (fp8 where this torch has it). torch is
+    imported here, on first use: a lesson that sends no tensors never imports it (1-2 s of a fresh grader)."""
+    if not _DTYPE_CACHE:
+        import torch
+        for name in _DTYPE_NAMES:
+            if hasattr(torch, name):
+                _DTYPE_CACHE[str(getattr(torch, name))] = getattr(torch, name)
+    return _DTYPE_CACHE
 
 
 def _float(x: float):
@@ -177,12 +184,14 @@ class _Encoder:
             return {"$t": "bytes", **self.blob(bytes(x))}
         if isinstance(x, complex):
             return {"$t": "complex", "re": _float(x.real), "im": _float(x.imag)}
-        if isinstance(x, torch.Tensor):
-            return self.tensor(x)
-        if isinstance(x, torch.dtype):
-            return {"$t": "dtype", "v": str(x)}
-        if isinstance(x, torch.device):
-            return {"$t": "device", "v": str(x)}
+        torch = sys.modules.get("torch")  # (not imported: nothing here can be a tensor)
+        if torch is not None:
+            if isinstance(x, torch.Tensor):
+                return self.tensor(x)
+            if isinstance(x, torch.dtype):
+                return {"$t": "dtype", "v": str(x)}
+            if isinstance(x, torch.device):
+                return {"$t": "device", "v": str(x)}
         if isinstance(x, (Handle, MethodRef, LearnerRef)):
             return {"$t": type(x).__name__, **dataclasses.asdict(x)}
         if isinstance(x, Record):
@@ -214,10 +223,11 @@ class _Encoder:
             return self.enc(self.on_object(x), d)
         raise WireError(f"a {type(x).__name__} cannot be sent as data")
 
-    def tensor(self, x: torch.Tensor) -> dict:
+    def tensor(self, x) -> dict:
+        import torch
         t = torch.Tensor.detach(x)
         dtype = str(t.dtype)
-        if dtype not in _DTYPES:
+        if dtype not in _dtypes():
             raise WireError(f"tensors of dtype {dtype} are not supported")
         device = t.device.type
         t = t.to("cpu").contiguous()
@@ -295,10 +305,11 @@ class _Decoder:
         if tag == "tensor":
             return self.tensor(x)
         if tag == "dtype":
-            if x["v"] not in _DTYPES:
+            if x["v"] not in _dtypes():
                 raise WireError(f"unknown dtype {x['v']!r}")
-            return _DTYPES[x["v"]]
+            return _dtypes()[x["v"]]
         if tag == "device":
+            import torch
             return torch.device(str(x["v"]))
         if tag == "ndarray":
             np = _numpy()
@@ -317,8 +328,9 @@ class _Decoder:
             return self.resolve(obj) if self.resolve else obj
         raise WireError(f"unknown tag {tag!r}")
 
-    def tensor(self, x: dict) -> torch.Tensor:
-        dtype = _DTYPES.get(x["dtype"])
+    def tensor(self, x: dict):
+        import torch
+        dtype = _dtypes().get(x["dtype"])
         if dtype is None:
             raise WireError(f"unknown dtype {x['dtype']!r}")
         shape = [int(s) for s in x["shape"]]

@@ -144,19 +144,20 @@ def _fork(body) -> int:
     return pid
 
 
-def serve(ctrl: socket.socket, warm: tuple = (), later: tuple = ()):
-    """The zygote's loop; returns when the grader closes the control socket. BASE_WARM and `warm` are imported
-    before the first request is served, `later` between requests, while none is waiting (lessons.WARM and
-    WARM_LATER)."""
+def serve(ctrl: socket.socket, warm: tuple = (), later: tuple = (), base: bool = True):
+    """The zygote's loop; returns when the grader closes the control socket. BASE_WARM (unless not `base`: a
+    lesson without tensors, lessons.NO_TORCH) and `warm` are imported before the first request is served,
+    `later` between requests, while none is waiting (lessons.WARM and WARM_LATER)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C in a notebook interrupts the grader, not us
     gc.disable()  # while importing (full collections of a heap that lives as long as we do: wasted)
-    _warm_imports(warm)  # once here, while the grader goes on, instead of once per learner process
+    _warm_imports(warm, base)  # once here, while the grader goes on, instead of once per learner process
     _freeze()
     gc.enable()  # (a grader forked us with it off, perhaps: cli.run) learner code collects as usual
-    import torch
-
     from . import runtime
-    torch.set_num_threads(runtime.GRADING_THREADS)  # inherited by every learner process (runtime.grading_threads)
+    if "torch" in sys.modules:  # inherited by every learner process (runtime.grading_threads)
+        sys.modules["torch"].set_num_threads(runtime.GRADING_THREADS)
+    else:
+        os.environ["OMP_NUM_THREADS"] = str(runtime.GRADING_THREADS)  # for learner code that imports it
     _loop(ctrl, list(later))
 
 
@@ -225,8 +226,9 @@ class ZygoteGone(RuntimeError):
 class Zygote:
     """The grader's handle on its zygote process."""
 
-    def __init__(self, pid: int, ctrl: socket.socket, popen: subprocess.Popen | None, mode: str):
+    def __init__(self, pid: int, ctrl: socket.socket, popen: subprocess.Popen | None, mode: str, base: bool = True):
         self.pid, self.ctrl, self.popen, self.mode = pid, ctrl, popen, mode
+        self.base = base  # it imported BASE_WARM (torch and the engine)
         self.owner = os.getpid()
 
     def _ask(self, obj, fds=()) -> dict:
@@ -323,53 +325,61 @@ def fork_is_safe() -> bool:
     return True
 
 
-def _start_forked(warm: tuple, later: tuple) -> Zygote:
+def _start_forked(warm: tuple, later: tuple, base: bool) -> Zygote:
     parent_sock, zyg_sock = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
     def zygote_main():
         parent_sock.close()
         os.setpgid(0, 0)  # out of the terminal's group: a Ctrl-C meant for the grader does not reach it
-        serve(zyg_sock, warm, later)
+        serve(zyg_sock, warm, later, base)
     pid = _fork(zygote_main)
     zyg_sock.close()
-    return Zygote(pid, parent_sock, None, "fork")
+    return Zygote(pid, parent_sock, None, "fork", base)
 
 
-def _start_spawned(warm: tuple, later: tuple) -> Zygote:
+def _start_spawned(warm: tuple, later: tuple, base: bool) -> Zygote:
     parent_sock, zyg_sock = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
     fd = zyg_sock.fileno()
     env = dict(os.environ)
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     env["PYTHONPATH"] = os.pathsep.join([root] + [p for p in sys.path if p and os.path.isdir(p)])
-    popen = subprocess.Popen([sys.executable, "-m", "autograder.zygote", str(fd), *warm, "--later", *later],
+    popen = subprocess.Popen([sys.executable, "-m", "autograder.zygote", str(fd), *([] if base else ["--no-base"]),
+                              *warm, "--later", *later],
                              pass_fds=[fd], env=env,
                              stdin=subprocess.DEVNULL, start_new_session=True)
     zyg_sock.close()
-    return Zygote(popen.pid, parent_sock, popen, "spawn")
+    return Zygote(popen.pid, parent_sock, popen, "spawn", base)
 
 
 _WANTED: tuple = ()  # modules every zygote this process starts imports beside BASE_WARM (see want)
 _WANTED_LATER: tuple = ()
+_WANTED_BASE = False  # every zygote this process starts imports BASE_WARM
 
 
 def want(modules, later=()) -> None:
     """Have every zygote this process starts from now on also import `modules` (and `later`, between requests)
-    (e.g. `course grade`: every lesson's, so that one zygote serves them all)."""
-    global _WANTED, _WANTED_LATER
+    and BASE_WARM (e.g. `course grade`: every lesson's, so that one zygote serves them all)."""
+    global _WANTED, _WANTED_LATER, _WANTED_BASE
     _WANTED = tuple(dict.fromkeys(_WANTED + tuple(modules)))
     _WANTED_LATER = tuple(dict.fromkeys(_WANTED_LATER + tuple(later)))
+    _WANTED_BASE = True
 
 
-def get(warm: tuple = (), later: tuple = ()) -> Zygote:
+def get(warm: tuple = (), later: tuple = (), base: bool | None = None) -> Zygote:
     """This process's zygote, started on first use (forked when that is clean, else a fresh interpreter).
     warm: modules it imports for its learner processes beside BASE_WARM before it serves the first; later:
     modules it imports between requests (a running zygote is kept as it is: a learner process imports what it
-    lacks)."""
+    lacks); base: whether it imports BASE_WARM (torch and the engine; None: as it is, True for a new one). A
+    running zygote without BASE_WARM is replaced when base is True: its learner processes would each import
+    torch."""
     global _ZYGOTE
     if _ZYGOTE is not None and _ZYGOTE.alive():
-        return _ZYGOTE
+        if _ZYGOTE.base or not base:
+            return _ZYGOTE
+        shutdown()
+    base = True if base is None else (base or _WANTED_BASE)
     warm = tuple(dict.fromkeys(_WANTED + tuple(warm)))
     later = tuple(m for m in dict.fromkeys(_WANTED_LATER + tuple(later)) if m not in warm)
-    _ZYGOTE = _start_forked(warm, later) if can_fork_clean() else _start_spawned(warm, later)
+    _ZYGOTE = _start_forked(warm, later, base) if can_fork_clean() else _start_spawned(warm, later, base)
     atexit.register(shutdown)  # close the socket: the zygote then kills what is left and exits
     return _ZYGOTE
 
@@ -378,18 +388,20 @@ def adopt(pid: int, sock: socket.socket) -> None:
     """Make the clone `pid` behind `sock` (Zygote.clone, asked for by the grader this process was forked from) this
     process's zygote; the grader's own stays the grader's."""
     global _ZYGOTE
+    base = _ZYGOTE.base if _ZYGOTE is not None else True  # (a clone imported what its zygote had)
     if _ZYGOTE is not None and _ZYGOTE.owner != os.getpid():
         try:
             _ZYGOTE.ctrl.close()  # this process's copy of the grader's socket (closing it ends nothing)
         except OSError:
             pass
-    _ZYGOTE = Zygote(pid, sock, None, "clone")
+    _ZYGOTE = Zygote(pid, sock, None, "clone", base)
 
 
-def prepare(warm: tuple = (), later: tuple = ()):
+def prepare(warm: tuple = (), later: tuple = (), base: bool = True):
     """Start the zygote now, while it can still be a clean fork (call before importing solutions); warm, later:
-    the modules a lesson's learner processes need beside BASE_WARM (lessons.warm_imports)."""
-    get(warm, later)
+    the modules a lesson's learner processes need beside BASE_WARM (lessons.warm_imports); base: whether they
+    need BASE_WARM (lessons.needs_torch)."""
+    get(warm, later, base)
 
 
 def shutdown():
@@ -404,12 +416,11 @@ def shutdown():
 BASE_WARM = ("reference_engine.engine", "reference_engine.kernels", "reference_engine.llm", "tokenizers")
 
 
-def _warm_imports(warm: tuple = ()):
-    """BASE_WARM and `warm`, imported once here instead of once per learner process."""
+def _warm_imports(warm: tuple = (), base: bool = True):
+    """BASE_WARM (if base) and `warm`, imported once here instead of once per learner process."""
     from . import runtime
     runtime.setup()
-    import torch  # noqa: F401
-    for name in BASE_WARM + tuple(warm):
+    for name in (("torch",) + BASE_WARM if base else ()) + tuple(warm):
         _import_quietly(name)
 
 
@@ -422,7 +433,9 @@ def _import_quietly(name: str):
 
 
 if __name__ == "__main__":
-    _names = sys.argv[2:] + ["--later"]
+    _base = "--no-base" not in sys.argv[2:]
+    _names = [a for a in sys.argv[2:] if a != "--no-base"] + ["--later"]
     _cut = _names.index("--later")
-    serve(socket.socket(fileno=int(sys.argv[1])), tuple(_names[:_cut]), tuple(m for m in _names[_cut + 1:] if m != "--later"))
+    serve(socket.socket(fileno=int(sys.argv[1])), tuple(_names[:_cut]),
+          tuple(m for m in _names[_cut + 1:] if m != "--later"), _base)
     os._exit(0)  # its learner processes are gone; skip the interpreter's teardown (unloading torch: ~0.3 s)

@@ -8,20 +8,20 @@ from __future__ import annotations
 import os
 import sys
 
-import torch
-
 # torch.cuda.is_available() by default asks cudaGetDeviceCount, which starts the CUDA driver and marks this
 # process so that no child forked from it can use CUDA. Asked through NVML it starts nothing: the grader
 # forks learner processes from a zygote that must stay usable for CUDA. (setdefault: an explicit setting wins.)
 os.environ.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")
 
 
-def default_device() -> torch.device:
-    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+def default_device():
+    import torch
+    return torch.device("cuda" if cuda_available() else "cpu")
 
 
-def default_dtype(device: torch.device) -> torch.dtype:
+def default_dtype(device):
     """bf16 on GPUs that support it (halves weight and KV bytes), fp32 on CPU (bf16 matmuls are slow there)."""
+    import torch
     if device.type == "cuda" and torch.cuda.is_bf16_supported():
         return torch.bfloat16
     return torch.float16 if device.type == "cuda" else torch.float32
@@ -40,7 +40,7 @@ def ensure_triton_mode(strict: bool = True) -> bool:
     triton, for one). Too late on a CPU-only machine: raises if strict, else returns False.
     reference_engine calls this, non-strict, when it is imported.
     """
-    if torch.cuda.is_available() or interpret_mode():
+    if cuda_available() or interpret_mode():
         return interpret_mode()
     if "triton" in sys.modules:
         if strict:
@@ -50,3 +50,23 @@ def ensure_triton_mode(strict: bool = True) -> bool:
         return False
     os.environ["TRITON_INTERPRET"] = "1"
     return True
+
+
+def cuda_possible() -> bool:
+    """Whether this machine may have a CUDA (or ROCm) device, known without importing torch: on Linux a GPU
+    driver shows itself under /dev or /proc; macOS has no CUDA. Where it is False, cuda_available() answers
+    without importing torch (1-2 s), so that what needs no tensors (lesson 10's fleet, a grader for it) never
+    pays for it."""
+    if sys.platform == "darwin":
+        return False
+    if not sys.platform.startswith("linux"):
+        return True
+    return any(os.path.exists(p) for p in ("/dev/nvidiactl", "/proc/driver/nvidia", "/dev/kfd", "/dev/dxg"))
+
+
+def cuda_available() -> bool:
+    """torch.cuda.is_available(), importing torch only where a device is possible (cuda_possible)."""
+    if not cuda_possible() and "torch" not in sys.modules:
+        return False
+    import torch
+    return torch.cuda.is_available()

@@ -39,13 +39,64 @@ def test_an_exercise_that_imports_triton_has_its_zygote_import_it():
 
 
 def test_want_adds_to_every_zygote_started_later():
-    saved = zygote._WANTED
+    saved = zygote._WANTED, zygote._WANTED_BASE
     try:
         zygote.want(("a", "b"))
         zygote.want(("b", "c"))
-        assert zygote._WANTED[-3:] == ("a", "b", "c")
+        assert zygote._WANTED[-3:] == ("a", "b", "c") and zygote._WANTED_BASE
     finally:
-        zygote._WANTED = saved
+        zygote._WANTED, zygote._WANTED_BASE = saved
+
+
+def test_lessons_without_tensors_import_no_torch():
+    """lessons.NO_TORCH: what grading such a lesson imports (the grader's modules, its checks, solution and
+    exercise) leaves torch out; were one of them to import it, its zygote would lack it and every learner
+    process would import it itself (1-2 s each)."""
+    mods = ["autograder.cli", "autograder.runner", "autograder.parallel", "autograder.reference"] + [
+        f"{pkg}.{stem}" for stem in sorted(lessons.NO_TORCH) for pkg in ("autograder.checks", "solutions", "exercises")]
+    code = f"import sys\nfor m in {mods!r}: __import__(m)\nprint('torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "False"
+    assert lessons.needs_torch(["l10_autoscaling", "l04_paged_attention"]) and not lessons.needs_torch(lessons.NO_TORCH)
+
+
+def test_a_lesson_without_tensors_is_graded_without_torch_in_any_process(tmp_path):
+    """A fresh grader of such a lesson (`course check 13`) never imports torch, nor do its learner processes;
+    learner code that imports it still gets it, computing with one thread."""
+    (tmp_path / "probe.py").write_text("import sys\n\ndef has(name):\n    return name in sys.modules\n\n"
+                                       "def threads():\n    import torch\n    return torch.get_num_threads()\n")
+    code = f"""
+import sys, time
+from autograder import wire, zygote
+from autograder.runner import Target, grade_lesson
+from autograder.sandbox import LearnerProcess
+results = grade_lesson("l13_gpu_utilization", Target.for_lesson("l13_gpu_utilization", solutions=True), 1, jobs=2)
+assert all(r.status == "passed" for r in results), results
+proc = LearnerProcess.start(time.monotonic() + 60)
+try:
+    proc.load({str(tmp_path / "probe.py")!r}, "probe", [])
+    call = lambda name, *args: proc.call(wire.LearnerRef(name), args, {{}}, what=name)[0]
+    print(call("has", "torch"), call("threads"), zygote.get().base, "torch" in sys.modules)
+finally:
+    proc.close()
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=lessons.ROOT)
+    assert out.stdout.split() == ["False", "1", "False", "False"], out.stdout + out.stderr
+
+
+def test_a_zygote_without_torch_is_replaced_when_a_lesson_needs_it():
+    """Grading a lesson without tensors, then one with (a notebook, a test session): the second gets a zygote
+    with torch and the engine imported, not the first one's."""
+    code = """
+from autograder import zygote
+first = zygote.get(base=False)
+assert zygote.get() is first and not first.base
+second = zygote.get(base=True)
+assert second is not first and second.base and not first.alive()
+print("ok")
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=lessons.ROOT)
+    assert out.stdout.strip() == "ok", out.stdout + out.stderr
 
 
 def test_learner_processes_and_the_grader_compute_with_one_thread_while_grading(tmp_path):
