@@ -512,7 +512,7 @@ def verify(t):
 
 # -- 3.4 your verifier inside the engine ----------------------------------------------------------------
 
-ENGINE_K, ENGINE_TOKENS = 4, 16
+ENGINE_K, ENGINE_TOKENS = 4, 12
 # 4 prompts at batch 4 and a 16-token budget a step: prompts are prefilled in chunks, and drafts are cut
 # while other prompts still take part of the budget
 ENGINE_KW = {"max_num_seqs": 4, "max_num_batched_tokens": 16}
