@@ -84,6 +84,20 @@ finally:
     assert out.stdout.split() == ["False", "1", "False", "False"], out.stdout + out.stderr
 
 
+def test_a_forked_zygote_that_needs_torch_inherits_it_from_the_grader():
+    """The grader imports torch before forking such a zygote: forked first, the zygote imported it beside the
+    grader (which imports it too) and held back every learner process of lessons 03 and 07 by 0.8 s."""
+    code = """
+import sys
+from autograder import zygote
+assert "torch" not in sys.modules
+z = zygote.get(base=True)
+print(z.mode, "torch" in sys.modules)
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=lessons.ROOT)
+    assert out.stdout.split() == ["fork", "True"], out.stdout + out.stderr
+
+
 def test_a_zygote_without_torch_is_replaced_when_a_lesson_needs_it():
     """Grading a lesson without tensors, then one with (a notebook, a test session): the second gets a zygote
     with torch and the engine imported, not the first one's."""
