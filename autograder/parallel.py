@@ -74,21 +74,18 @@ class _Worker:
     def start(cls, grade, siblings: list[_Worker]) -> _Worker:
         task_r, task_w = os.pipe()
         res_r, res_w = os.pipe()
-        pid = os.fork()
-        if pid == 0:  # the worker
+
+        def worker():  # (zygote._fork: flushes first, never returns; the parent grades what this could not)
             os.close(task_w)
             os.close(res_r)
             for w in siblings:  # else a sibling would never see the end of its task pipe
                 w.tasks.close()
                 os.close(w.results)
-            code = 0
             try:
                 _serve(grade, os.fdopen(task_r, "rb"), os.fdopen(res_w, "wb"))
-            except BaseException:  # noqa: BLE001 - the parent grades what this worker could not
-                code = 1
             finally:
                 zygote.shutdown()  # its own zygote, and every learner process left
-                os._exit(code)
+        pid = zygote._fork(worker)
         os.close(task_r)
         os.close(res_w)
         return cls(pid, os.fdopen(task_w, "wb"), res_r)
