@@ -2,8 +2,10 @@
 
 A learner process forked straight from the grader would inherit everything the
 grader holds: the imported `solutions` modules, expected values in memory. So
-learner processes come from a zygote instead, a process with torch, triton and
-the engine imported (so a check starts in milliseconds) but no solutions:
+learner processes come from a zygote instead, a process with torch, the engine
+and what the lesson needs imported (so a check starts in milliseconds; a lesson
+without tensors, lessons.NO_TORCH, gets neither torch nor the engine) but no
+solutions:
 
 - on CPU, when nothing under `solutions` has been imported yet (`course check`,
   a notebook), the zygote is a fork of the grader taken before it imports them;
