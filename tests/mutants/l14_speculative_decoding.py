@@ -76,6 +76,22 @@ def verify_greedy(target_logits, draft_tokens):  # noqa: F811
     return draft_tokens.tolist() + [int(target_logits[len(draft_tokens)].argmax())]
 
 
+@mutant(check="verify_greedy", message="accepts a draft whose logit equals the row's maximum")
+def verify_greedy(target_logits, draft_tokens):  # noqa: F811
+    best, out = target_logits.argmax(dim=-1).tolist(), []
+    for i, d in enumerate(draft_tokens.tolist()):
+        if target_logits[i, d] == target_logits[i].max():  # "the target rates the draft top too"
+            out.append(d)
+            continue
+        return out + [best[i]]
+    return out + [best[len(out)]]
+
+
+@mutant(check="verify_greedy", message="argmax of softmax probabilities")
+def verify_greedy(target_logits, draft_tokens):  # noqa: F811
+    return sol.verify_greedy(torch.softmax(target_logits, dim=-1), draft_tokens)
+
+
 # -- 1.2 / 1.3 --------------------------------------------------------------------------------------------
 
 @mutant(check="acceptance_rate", message="takes p/q without the min")
@@ -195,6 +211,13 @@ def verify(target_probs, draft_probs, draft_tokens, generator):  # noqa: F811
         out.append(int(torch.multinomial(row, 1, generator=generator)))
         return out
     return out + [int(torch.multinomial(target_probs[len(out)], 1, generator=generator))]
+
+
+@mutant(check="verify", message="never emits the bonus token")
+def verify(target_probs, draft_probs, draft_tokens, generator):  # noqa: F811
+    if len(draft_tokens) == 0:  # "nothing to verify"
+        return []
+    return sol.verify(target_probs, draft_probs, draft_tokens, generator)
 
 
 @mutant(check="verify", message="draw every random number from `generator`")
