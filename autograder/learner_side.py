@@ -24,7 +24,7 @@ import struct
 import sys
 import traceback
 
-from . import wire
+from . import runtime, wire
 
 _PKG_DIR = os.path.dirname(os.path.abspath(__file__))
 _BLOCKED = ("solutions",)
@@ -286,13 +286,7 @@ def child_main(sock: socket.socket, spec: dict):
     sys.meta_path.insert(0, _SolutionsBlocker())
     for name in [m for m in sys.modules if m.split(".")[0] in _BLOCKED]:
         del sys.modules[name]
-    if "torch" in sys.modules:  # (a zygote for a lesson without tensors has not imported it)
-        try:
-            sys.modules["torch"].set_num_threads(1)  # a forked child must not reuse the parent's thread pool
-        except Exception:  # noqa: BLE001
-            pass
-    else:
-        os.environ["OMP_NUM_THREADS"] = "1"  # for learner code that imports torch after all
+    runtime.limit_threads(1)  # a forked child must not reuse the parent's thread pool
     if spec.get("memory_gb"):
         _limit_memory(spec["memory_gb"], cuda=spec.get("memory_cap") == "data")
     Server(sock).serve()

@@ -35,6 +35,20 @@ def setup() -> str:
 GRADING_THREADS = 1
 
 
+def limit_threads(n: int = GRADING_THREADS) -> None:
+    """From now on torch in this process computes with n threads: set now if torch is imported, else through
+    OMP_NUM_THREADS, which torch reads when it is (a process for a lesson without tensors, lessons.NO_TORCH,
+    may never import it). For a forked process: it must not reuse its parent's thread pool either."""
+    torch = sys.modules.get("torch")
+    if torch is None:
+        os.environ["OMP_NUM_THREADS"] = str(n)
+        return
+    try:
+        torch.set_num_threads(n)
+    except Exception:  # noqa: BLE001 - a torch that refuses keeps its own setting
+        pass
+
+
 @contextlib.contextmanager
 def grading_threads():
     """torch uses GRADING_THREADS CPU threads inside, and what it used before afterwards (a notebook that

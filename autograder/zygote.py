@@ -156,10 +156,7 @@ def serve(ctrl: socket.socket, warm: tuple = (), later: tuple = (), base: bool =
     _freeze()
     gc.enable()  # (a grader forked us with it off, perhaps: cli.run) learner code collects as usual
     from . import runtime
-    if "torch" in sys.modules:  # inherited by every learner process (runtime.grading_threads)
-        sys.modules["torch"].set_num_threads(runtime.GRADING_THREADS)
-    else:
-        os.environ["OMP_NUM_THREADS"] = str(runtime.GRADING_THREADS)  # for learner code that imports it
+    runtime.limit_threads()  # inherited by every learner process (runtime.grading_threads)
     _loop(ctrl, list(later))
 
 
