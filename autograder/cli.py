@@ -6,6 +6,7 @@ import gc
 import json
 import os
 import random
+import shlex
 import sys
 import time
 from pathlib import Path
@@ -17,6 +18,45 @@ def _seed(args) -> int:
     return args.seed if args.seed is not None else random.SystemRandom().randrange(2**31)
 
 
+# The instructor's commands: a student's copy has neither them nor the files they need.
+INSTRUCTOR_COMMANDS = ("sync", "release", "nbgrader")
+SEED_IN_COPY = ("--seed is not available in this copy of the course: it grades the visible cases only, at a fixed "
+                "seed; the hidden cases, which a seed reproduces, are graded by your instructor")
+
+
+def student_copy() -> bool:
+    """Whether this is a student's copy of the course: the one rule is that it has no solutions."""
+    from . import reference
+    return not reference.solutions_available()
+
+
+def _refused_in_copy(args) -> str | None:
+    """Why `check`/`grade` refuse these options in a student's copy (one line), or None."""
+    if args.solutions:
+        return "--solutions is not available: this copy of the course has no solutions"
+    if args.seed is not None:
+        return SEED_IN_COPY
+    return None
+
+
+def _check_names(stem: str) -> list[str]:
+    """The lesson's check names, loaded as grade_lesson loads them (its zygote started first)."""
+    from . import runtime, zygote
+    from .runner import load_checks
+    runtime.setup()
+    zygote.prepare(lessons.warm_imports([stem]), lessons.later_imports([stem]), lessons.needs_torch([stem]))
+    return [spec.name for spec in load_checks(stem)]
+
+
+def _reproduce(lesson, seed: int, args) -> str:
+    """The command line that repeats this run exactly: same seed, code and checks."""
+    words = ["course", "check", f"{lesson.number:02d}", "--seed", str(seed)]
+    words += ["--solutions"] if args.solutions else []
+    words += ["--file", args.file] if args.file else []
+    words += ["--only", *args.only] if args.only else []
+    return shlex.join(words)
+
+
 def cmd_list(args) -> int:
     for lesson in lessons.LESSONS:
         state = "ready" if lesson.available else "planned"
@@ -25,17 +65,24 @@ def cmd_list(args) -> int:
 
 
 def lab_command(lesson_key: str | None, extra: list[str]) -> list[str]:
-    """The `jupyter lab` command line that opens a lesson. Jupyter refuses to start as root (common in
+    """The `jupyter lab` command line that opens a lesson with the whole course reachable: Jupyter is rooted at
+    the course directory (so exercises/, where every answer is written, opens in its editor, also from a
+    browser on another machine) and opens lesson NN's notebook. Jupyter refuses to start as root (common in
     containers) unless told --allow-root, so it is added exactly when this process runs as root."""
-    target = lessons.find(lesson_key).notebook if lesson_key else lessons.ROOT / "lessons"
-    cmd = [sys.executable, "-m", "jupyter", "lab", str(target)]
+    cmd = [sys.executable, "-m", "jupyter", "lab", f"--ServerApp.root_dir={lessons.ROOT}"]
+    if lesson_key:
+        cmd.append(str(lessons.find(lesson_key).notebook))
     if hasattr(os, "geteuid") and os.geteuid() == 0 and "--allow-root" not in extra:
         cmd.append("--allow-root")
     return cmd + extra
 
 
 def cmd_lab(args) -> int:
-    cmd = lab_command(args.lesson, args.jupyter_args)
+    try:
+        cmd = lab_command(args.lesson, args.jupyter_args)
+    except KeyError as e:
+        print(e.args[0], file=sys.stderr)
+        return 2
     print(" ".join(cmd), flush=True)
     os.execv(cmd[0], cmd)  # hand the terminal to Jupyter (Ctrl-C stops it as usual)
     return 0  # not reached
@@ -57,27 +104,34 @@ def cmd_check(args) -> int:
         print(f"lesson {lesson.number:02d} ({lesson.title}) has no checks yet", file=sys.stderr)
         return 2
     from . import reference
-    student_copy = not reference.solutions_available()
-    if student_copy and args.solutions:
-        print("this copy of the course has no solutions", file=sys.stderr)
+    in_copy = student_copy()
+    refused = _refused_in_copy(args) if in_copy else None
+    if refused:
+        print(refused, file=sys.stderr)
         return 2
-    seed = reference.RELEASE_SEED if student_copy else _seed(args)
+    seed = reference.RELEASE_SEED if in_copy else _seed(args)
     start = time.perf_counter()
     if args.file and not Path(args.file).is_file():
         print(f"no file {args.file}", file=sys.stderr)
         return 2
+    if args.only:
+        names = _check_names(lesson.stem)
+        unknown = [name for name in dict.fromkeys(args.only) if name not in names]
+        if unknown:
+            print(f"lesson {lesson.number:02d} has no check named {', '.join(unknown)}; its checks are: "
+                  + ", ".join(names), file=sys.stderr)
+            return 2
     jobs = args.jobs if args.jobs is not None else min(2, os.cpu_count() or 1)
     results = _grade(lesson.stem, args.solutions, seed, only=args.only or None, file=args.file, jobs=jobs)
     what = args.file or f"{'solutions' if args.solutions else 'exercises'}/{lesson.stem}.py"
     print(f"lesson {lesson.number:02d}: {lesson.title}  ({what}, seed {seed})\n")
-    if student_copy:
+    if in_copy:
         print("Visible cases only: this copy stores their answers; the hidden cases are graded by your "
               "instructor.\n")
     print(report.check_table(results, verbose=args.verbose))
     print("\n" + report.summary_line(results) + f"  in {time.perf_counter() - start:.1f} s")
-    if not student_copy:
-        print(f"reproduce with: course check {lesson.number:02d} --seed {seed}"
-              + (" --solutions" if args.solutions else "") + (f" --file {args.file}" if args.file else ""))
+    if not in_copy:
+        print(f"reproduce with: {_reproduce(lesson, seed, args)}")
     if args.json:
         _write_json(args.json, seed, {lesson.stem: results})
     return 0 if all(r.status in ("passed", "not graded here") for r in results) else 1
@@ -85,7 +139,12 @@ def cmd_check(args) -> int:
 
 def cmd_grade(args) -> int:
     from . import reference
-    seed = reference.RELEASE_SEED if not reference.solutions_available() else _seed(args)
+    in_copy = student_copy()
+    refused = _refused_in_copy(args) if in_copy else None
+    if refused:
+        print(refused, file=sys.stderr)
+        return 2
+    seed = reference.RELEASE_SEED if in_copy else _seed(args)
     from .parallel import grade_lessons
     ready = lessons.available()
     from . import zygote
@@ -101,7 +160,7 @@ def cmd_grade(args) -> int:
         passed = sum(r.status == "passed" for r in results)
         todo = sum(r.status == "not started" for r in results)
         notes = ([f"{todo} not started"] if todo else []) + \
-            ([f"{skipped:g} pts not graded here (GPU)"] if skipped else [])
+            ([f"{skipped:g} pts not graded here (need {report.not_graded_why(results)})"] if skipped else [])
         print(f"{lesson.stem:<28} {earned:>5g}/{possible:<5g} {passed:>7}/{len(results):<6}  " + "; ".join(notes))
     all_results = [r for res in everything.values() for r in res]
     tot_e, tot_p, tot_s = report.totals(all_results)
@@ -110,7 +169,7 @@ def cmd_grade(args) -> int:
     if todo:
         print(f"{todo} of {len(all_results)} checks are not started (their stubs still raise NotImplementedError)")
     if tot_s:
-        print(f"{tot_s:g} points need a CUDA GPU and were not graded here")
+        print(f"{tot_s:g} points need {report.not_graded_why(all_results)} and were not graded here")
     if args.json:
         _write_json(args.json, seed, everything)
     ok = all(r.status in ("passed", "not graded here") for r in all_results)
@@ -149,12 +208,26 @@ def cmd_sync(args) -> int:
 
 
 def cmd_release(args) -> int:
+    from . import release
     try:
-        from .release import build
-    except ImportError:
-        print("`course release` is an instructor's command; this copy has no solutions", file=sys.stderr)
+        stems = [lessons.find(x).stem for x in args.lessons] or None
+    except KeyError as e:
+        print(e.args[0], file=sys.stderr)
         return 2
-    dest = build(args.dir, [lessons.find(x).stem for x in args.lessons] or None)
+    dest = Path(args.dir)
+    if dest.exists() and (not dest.is_dir() or any(dest.iterdir())):
+        print(f"{dest} exists and is not an empty directory: name a new one", file=sys.stderr)
+        return 2
+    stale, with_outputs = release.unshippable()
+    if (stale or with_outputs) and not args.force:
+        print(f"not released: {release.Unshippable(stale, with_outputs, lessons.ROOT)} (run `course sync` and "
+              "clear the notebooks' outputs, or pass --force to ship them as they are)", file=sys.stderr)
+        return 2
+    for p in stale:
+        print(f"shipping {p.relative_to(lessons.ROOT)} as it is: it differs from the stub `course sync` generates")
+    for p in with_outputs:
+        print(f"shipping {p.relative_to(lessons.ROOT)} with its outputs")
+    dest = release.build(dest, stems, force=args.force)
     print(f"wrote a student copy to {dest} (no solutions; visible cases stored in autograder/visible/)")
     return 0
 
@@ -196,19 +269,25 @@ def cmd_interview(args) -> int:
     return 0
 
 
-def parser() -> argparse.ArgumentParser:
+def parser(in_copy: bool | None = None) -> argparse.ArgumentParser:
+    """The command line; in a student's copy (in_copy, by default student_copy()) without the instructor's
+    commands and --solutions, and with --seed refused."""
+    in_copy = student_copy() if in_copy is None else in_copy
+    solutions_help = argparse.SUPPRESS if in_copy else "grade solutions/ instead"
+    seed_help = ("refused in this copy (it grades the visible cases only, at a fixed seed; the hidden cases are "
+                 "graded by your instructor)") if in_copy else "reproduce a run's hidden cases"
     p = argparse.ArgumentParser(prog="course", description="The LLM inference course: lessons and grader.")
     sub = p.add_subparsers(dest="cmd", required=True)
     sub.add_parser("list", help="the lessons and which are ready").set_defaults(func=cmd_list)
     lab = sub.add_parser("lab", help="open a lesson in Jupyter Lab (works as root too)")
-    lab.add_argument("lesson", nargs="?", help="lesson number or stem (default: the lessons folder)")
+    lab.add_argument("lesson", nargs="?", help="lesson number or stem (default: none, the course folder)")
     lab.add_argument("jupyter_args", nargs=argparse.REMAINDER, help="passed on to jupyter lab (e.g. --no-browser)")
     lab.set_defaults(func=cmd_lab)
     c = sub.add_parser("check", help="grade one lesson (your exercises/ by default)")
     c.add_argument("lesson", help="lesson number or stem, e.g. 01 or l01_roofline")
-    c.add_argument("--solutions", action="store_true", help="grade solutions/ instead")
-    c.add_argument("--file", help="grade this file instead (a student's submission, say)")
-    c.add_argument("--seed", type=int, help="reproduce a run's hidden cases")
+    c.add_argument("--solutions", action="store_true", help=solutions_help)
+    c.add_argument("--file", help="grade this file instead of exercises/ (a submission, say)")
+    c.add_argument("--seed", type=int, help=seed_help)
     c.add_argument("--only", nargs="*", help="run only these checks")
     c.add_argument("-v", "--verbose", action="store_true", help="show every case")
     c.add_argument("--json", help="also write the results to this file")
@@ -216,28 +295,34 @@ def parser() -> argparse.ArgumentParser:
                                             "the same results as one at a time")
     c.set_defaults(func=cmd_check)
     g = sub.add_parser("grade", help="grade every ready lesson and print a score table")
-    g.add_argument("--solutions", action="store_true")
-    g.add_argument("--seed", type=int)
+    g.add_argument("--solutions", action="store_true", help=solutions_help)
+    g.add_argument("--seed", type=int, help=seed_help)
     g.add_argument("--json")
     g.add_argument("--jobs", type=int, help="lessons graded at once (default: 2, or 1 on a one-core machine); "
                                             "the same scores as one at a time")
     g.set_defaults(func=cmd_grade)
     sub.add_parser("doctor", help="versions, device, and a Triton self-test").set_defaults(func=cmd_doctor)
-    s = sub.add_parser("sync", help="(maintainers) regenerate exercises/ from solutions/; "
-                                    "overwrites exercises/")
-    s.add_argument("--check", action="store_true", help="only report files that are out of date")
-    s.set_defaults(func=cmd_sync)
-    r = sub.add_parser("release", help="(instructors) write the copy a student receives: no solutions")
-    r.add_argument("dir")
-    r.add_argument("lessons", nargs="*", help="default: every ready lesson")
-    r.set_defaults(func=cmd_release)
-    i = sub.add_parser("interview", help="a mock interview: fresh questions from the lessons, graded, with worked answers")
-    i.add_argument("lessons", nargs="*", help="lesson numbers to draw from (default: every lesson with questions)")
-    i.add_argument("--minutes", type=float, help="stop asking new questions after this many minutes")
-    i.add_argument("--questions", type=int, help="at most this many questions (each with its follow-ups)")
-    i.add_argument("--seed", type=int, help="replay a session: the same seed asks the same questions")
-    i.add_argument("--json", help="also write the session's record to this file")
-    i.set_defaults(func=cmd_interview)
+    if not in_copy:
+        s = sub.add_parser("sync", help="(maintainers) regenerate exercises/ from solutions/; "
+                                        "overwrites exercises/")
+        s.add_argument("--check", action="store_true", help="only report files that are out of date")
+        s.set_defaults(func=cmd_sync)
+        r = sub.add_parser("release", help="(instructors) write the copy a student receives: no solutions")
+        r.add_argument("dir")
+        r.add_argument("lessons", nargs="*", help="default: every ready lesson")
+        r.add_argument("--force", action="store_true",
+                       help="release even if exercises/ differ from the generated stubs or lesson notebooks hold "
+                            "outputs (it prints which it ships)")
+        r.set_defaults(func=cmd_release)
+    if not in_copy:  # its worked answers come from the solutions
+        i = sub.add_parser("interview", help="a mock interview: fresh questions from the lessons, graded, with worked "
+                                             "answers")
+        i.add_argument("lessons", nargs="*", help="lesson numbers to draw from (default: every lesson with questions)")
+        i.add_argument("--minutes", type=float, help="stop asking new questions after this many minutes")
+        i.add_argument("--questions", type=int, help="at most this many questions (each with its follow-ups)")
+        i.add_argument("--seed", type=int, help="replay a session: the same seed asks the same questions")
+        i.add_argument("--json", help="also write the session's record to this file")
+        i.set_defaults(func=cmd_interview)
     sv = sub.add_parser("serve", help="an OpenAI-compatible HTTP server on the engine (default: the shipped model)")
     sv.add_argument("--model", help="local model directory (default: the shipped target model)")
     sv.add_argument("--host", default="127.0.0.1")
@@ -245,17 +330,30 @@ def parser() -> argparse.ArgumentParser:
     sv.add_argument("--served-model-name", help="the model id clients send (default: the directory's name)")
     sv.add_argument("--tensor-parallel-size", type=int, default=1, help="shard the model over this many worker processes")
     sv.set_defaults(func=cmd_serve)
-    n = sub.add_parser("nbgrader", help="(instructors) nbgrader course directory")
-    nsub = n.add_subparsers(dest="nbcmd", required=True)
-    b = nsub.add_parser("build", help="write nbgrader_config.py and source/<lesson>/<lesson>.ipynb")
-    b.add_argument("dir")
-    b.add_argument("lessons", nargs="*", help="default: every ready lesson")
-    b.set_defaults(func=cmd_nbgrader)
+    if not in_copy:
+        n = sub.add_parser("nbgrader", help="(instructors) nbgrader course directory")
+        nsub = n.add_subparsers(dest="nbcmd", required=True)
+        b = nsub.add_parser("build", help="write nbgrader_config.py and source/<lesson>/<lesson>.ipynb")
+        b.add_argument("dir")
+        b.add_argument("lessons", nargs="*", help="default: every ready lesson")
+        b.set_defaults(func=cmd_nbgrader)
     return p
 
 
 def main(argv=None) -> int:
-    args = parser().parse_args(argv)
+    argv = sys.argv[1:] if argv is None else list(argv)
+    in_copy = student_copy()
+    command = next((a for a in argv if not a.startswith("-")), None)
+    if in_copy and command in INSTRUCTOR_COMMANDS:
+        print(f"`course {command}` is an instructor's command: this copy of the course does not have it "
+              "(`course --help` lists what it has)", file=sys.stderr)
+        return 2
+    if in_copy and command == "interview":
+        print("Mock interviews need the full course: their worked answers are computed by the reference solutions, "
+              "which this copy does not include; the mock-interview cell at the end of each lesson's notebook works "
+              "here", file=sys.stderr)
+        return 2
+    args = parser(in_copy).parse_args(argv)
     try:
         return args.func(args)
     except BrokenPipeError:  # `course list | head`

@@ -51,15 +51,18 @@ class CheckSpec:
     doc: str
     timed: bool = False  # it measures this machine's wall-clock time: graded with no other check running
     cost: float = 0.1  # rough seconds it takes: the longest are handed out first when graders share a lesson
+    requires_triton: bool = False  # it launches a Triton kernel: "not graded here" where Triton is not installed
 
 
 _REGISTRY: dict[str, list[CheckSpec]] = {}
 
 
 def check(points: float, section: str = "", timeout: float = 10.0, requires_cuda: bool = False,
-          timed: bool = False, cost: float = 0.1):
+          timed: bool = False, cost: float = 0.1, requires_triton: bool = False):
     """Register a check for the lesson whose checks module defines it. timed=True: its verdict rests on
     wall-clock times measured on this machine (on CPU), so it is graded with no other check running.
+    requires_triton=True: it launches the learner's Triton kernel, so where Triton is not installed (macOS,
+    native Windows) it is "not graded here", decided by the grader, never by what the learner's code raises.
     cost: about how many seconds it takes on a 2-core CPU (a scheduling hint: when two graders share a
     lesson's checks, the costliest go first; no result depends on it)."""
     def deco(func):
@@ -68,9 +71,17 @@ def check(points: float, section: str = "", timeout: float = 10.0, requires_cuda
         specs = _REGISTRY.setdefault(lesson, [])
         specs[:] = [s for s in specs if s.name != func.__name__]  # a reloaded module replaces, not doubles
         specs.append(CheckSpec(lesson, func.__name__, func, float(points), section, timeout, requires_cuda,
-                               doc[0] if doc else "", timed, float(cost)))
+                               doc[0] if doc else "", timed, float(cost), requires_triton))
         return func
     return deco
+
+
+def triton_missing() -> str | None:
+    """None where Triton is installed; else the "not graded here" message: why, and what to do. Asked of this
+    (the grader's) process, which runs in the learner processes' environment: what the learner's code raises
+    never decides it."""
+    from reference_engine.kernels import triton_compat
+    return None if triton_compat.AVAILABLE else triton_compat.why()
 
 
 def registered(lesson: str) -> list[CheckSpec]:
@@ -193,10 +204,13 @@ class Trial:
         return out
 
     @contextlib.contextmanager
-    def case(self, label: str, weight: float = 1.0, requires_cuda: bool = False):
-        """One scored part. Learner exceptions and failed expectations end it, not the check."""
-        if requires_cuda and not self.cuda:
-            self.parts.append(Part(label, weight, False, "needs a CUDA GPU", graded=False, kind=SKIPPED))
+    def case(self, label: str, weight: float = 1.0, requires_cuda: bool = False, requires_triton: bool = False):
+        """One scored part. Learner exceptions and failed expectations end it, not the check. A case that
+        needs what this machine lacks (a CUDA GPU, Triton) is "not graded here" and its body never runs."""
+        missing = "needs a CUDA GPU" if requires_cuda and not self.cuda else \
+            triton_missing() if requires_triton else None
+        if missing:
+            self.parts.append(Part(label, weight, False, missing, graded=False, kind=SKIPPED))
             yield False
             return
         self._case_open = True

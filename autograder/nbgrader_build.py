@@ -22,9 +22,15 @@ from .runner import load_checks
 
 CONFIG = '''\
 # nbgrader configuration for the LLM inference course (written by `course nbgrader build`).
+import os
+
 c = get_config()  # noqa: F821
 c.CourseDirectory.course_id = "llm-inference"
-c.CourseDirectory.root = "."
+# The course directory is the one holding this file, as an absolute path (nbgrader wants one).
+c.CourseDirectory.root = os.path.dirname(os.path.abspath(__file__))
+# Where release_assignment puts assignments and submit puts submissions: a folder every student's account can
+# read and write. nbgrader's default is /srv/nbgrader/exchange; students' nbgrader must use the same one.
+# c.Exchange.root = "/srv/nbgrader/exchange"
 # Lessons run small measurements and many isolated checks: give a cell time.
 c.ExecutePreprocessor.timeout = 600
 c.ClearSolutions.code_stub = {"python": "# YOUR CODE HERE\\nraise NotImplementedError()"}

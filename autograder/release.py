@@ -8,9 +8,21 @@ stores the answers the visible cases need (`autograder/reference.py`), recorded
 here by grading the solutions on the visible cases. In that copy
 `course check NN` grades the visible cases and says that the hidden ones are
 graded by the instructor.
+
+The copy's README.md is its own (`student_readme`): how to install and study,
+what `course check` grades there and what to hand in. The install command, the
+introduction and the lesson table are read from this README at release time,
+so the two never disagree.
+
+A release ships `exercises/` and `lessons/` as they are in the working tree, so
+`build` refuses a tree whose exercise files differ from the stubs `course sync`
+would generate, or whose lesson notebooks hold outputs (`unshippable`), unless
+told force=True.
 """
 from __future__ import annotations
 
+import json
+import re
 import shutil
 from pathlib import Path
 
@@ -22,15 +34,145 @@ INSTRUCTOR_ONLY = ["autograder/sync.py", "autograder/nbgrader_build.py",
 # (nbgrader_grade.py stays: the notebooks' grade_cell shares its helpers.)
 _IGNORE = shutil.ignore_patterns("__pycache__", "*.pyc", ".ipynb_checkpoints", "*.egg-info", "visible")
 MARKERS = ("### BEGIN SOLUTION", "### END SOLUTION")
+# Words that have no place in the copy's README: the tools and files a student's copy does not have.
+INSTRUCTOR_WORDS = ("pytest", "course release", "course sync", "nbgrader", "solutions", "mutant")
 
-STUDENT_NOTE = """# Your copy of the course
 
-This copy has no solutions. `course check NN` grades each exercise's visible
-cases against answers stored in `autograder/visible/` (recorded from the
-reference solutions when this copy was made); the hidden cases, drawn fresh,
-are graded by your instructor.
+class Unshippable(ValueError):
+    """The working tree would ship exercise files or notebooks that are not the generated, cleared ones."""
+
+    def __init__(self, stale: list[Path], with_outputs: list[Path], root: Path):
+        self.stale, self.with_outputs = stale, with_outputs
+        what = []
+        if stale:
+            what.append("exercise files differ from the stubs `course sync` generates: "
+                        + ", ".join(_rel(p, root) for p in stale))
+        if with_outputs:
+            what.append("lesson notebooks hold outputs: " + ", ".join(_rel(p, root) for p in with_outputs))
+        super().__init__("; ".join(what))
+
+
+def _rel(path: Path, root: Path) -> str:
+    try:
+        return str(path.relative_to(root))
+    except ValueError:
+        return str(path)
+
+
+def notebooks_with_outputs(root: Path | None = None) -> list[Path]:
+    """Lesson notebooks under root/lessons with an executed code cell (outputs or an execution count)."""
+    out = []
+    for path in sorted(((root or lessons.ROOT) / "lessons").glob("*.ipynb")):
+        cells = json.loads(path.read_text()).get("cells", [])
+        if any(c.get("cell_type") == "code" and (c.get("outputs") or c.get("execution_count")) for c in cells):
+            out.append(path)
+    return out
+
+
+def unshippable(root: Path | None = None) -> tuple[list[Path], list[Path]]:
+    """(exercise files that differ from the generated stubs, lesson notebooks holding outputs) in the tree
+    at `root`. Nothing is written."""
+    from . import sync
+    root = root or lessons.ROOT
+    return sync.stale(root), notebooks_with_outputs(root)
+
+
+# -- the copy's README ----------------------------------------------------------------------------------
+
+def _section(readme: str, title: str) -> str:
+    m = re.search(rf"^## {re.escape(title)}\n(.*?)(?=^## |\Z)", readme, flags=re.M | re.S)
+    if not m:
+        raise RuntimeError(f"README.md has no '## {title}' section to build the student copy's README from")
+    return m.group(1)
+
+
+def _study_install(readme: str) -> tuple[str, str]:
+    """(the Quick start's study install block, its paragraph on the torch pin)."""
+    quick = _section(readme, "Quick start")
+    block = re.search(r"^```bash\n(.*?)\n```", quick, flags=re.M | re.S)
+    if not block or "pip install" not in block.group(1) or "course lab" not in block.group(1):
+        raise RuntimeError("README.md's Quick start no longer opens with the study install command "
+                           "(a ```bash block with `pip install` and `course lab`)")
+    pin = next((p.strip() for p in quick.split("\n\n") if p.startswith("`torch==")), "")
+    return block.group(1).strip(), pin
+
+
+def student_readme(readme: str) -> str:
+    """The copy's README.md, built from the course's README (`readme`, its text)."""
+    title = readme.splitlines()[0].lstrip("# ").strip()
+    intro = readme.split("\n\n")[1].strip()
+    install, pin = _study_install(readme)
+    table = "\n".join(line for line in _section(readme, "Lessons").splitlines() if line.startswith("|"))
+    text = STUDENT_README.format(title=title, intro=intro, install=install, pin=pin, table=table)
+    found = [w for w in INSTRUCTOR_WORDS if w in text]
+    if found:
+        raise RuntimeError(f"the student copy's README would mention {found}: reword README.md's introduction, "
+                           "Quick start or lesson table")
+    return text
+
+
+STUDENT_README = """\
+# {title}
+
+{intro}
+
+This is your copy of the course: the lessons, the exercise files you write in, the
+reference engine and the grader.
+
+## Install
+
+```bash
+{install}
+```
+
+{pin}
+
+## How to study
+
+1. Open a lesson: `course lab 01` runs Jupyter Lab on lesson 01 (anything after
+   the lesson number goes to Jupyter, e.g. `course lab 04 --no-browser --port 8890`;
+   as root it adds `--allow-root`). `course list` lists the lessons.
+2. Each exercise cell points to a stub in `exercises/lNN_<topic>.py`. Write your
+   code there, keeping the stub's function names and signatures (the notebook
+   reloads the file automatically), then run the check cell under it: it grades
+   that exercise in place.
+3. From a terminal, `course check 02` grades a whole lesson (`-v` shows every
+   case, `--only NAME ...` runs some of its checks, `--file PATH` grades another
+   file); `course grade` grades every lesson. `course doctor` prints the
+   versions and the device and runs a quick Triton self-test.
+
+## What `course check` grades here
+
+Every check runs visible cases and hidden ones. Here `course check` grades the
+visible cases; the hidden cases, drawn fresh for each grading so that code
+written to the visible answers does not pass, are graded by your instructor.
+Passing every visible case is the first step, not the grade. A case the visible
+set cannot judge is reported as graded by your instructor, never as passed, and
+`--seed` is refused here: the visible cases are fixed.
+
+Statuses: **passed**; **failed** (a wrong value: the message says where and, for
+the usual mistakes, which mistake); **error** (your code raised on the first
+case it failed, or outside any case: the traceback shows your frames);
+**timeout**; **crashed**; **not started** (the stub still raises
+`NotImplementedError`); **rejected** (your module uses something no exercise
+needs, such as `open`, `inspect` or importing the grader; the message names
+each line); **not graded here** (needs a CUDA GPU; not counted in the score).
+Partial credit: you earn the fraction of a check's cases you pass.
+
+## What to hand in
+
+Your exercise files, `exercises/lNN_<topic>.py`, one per lesson you were
+assigned, with the stubs' names and signatures kept: that is what your
+instructor grades, on the visible and the hidden cases. Before you hand them
+in, `course check NN` should pass here; your notebooks are for you.
+
+## Lessons
+
+{table}
 """
 
+
+# -- building -------------------------------------------------------------------------------------------
 
 def record(stem: str) -> tuple[dict, list]:
     """Grade the solutions on `stem`'s visible cases through a Recorder; returns (store entries, results)."""
@@ -43,10 +185,16 @@ def record(stem: str) -> tuple[dict, list]:
     return rec.entries, results
 
 
-def build(dest: str | Path, stems: list[str] | None = None) -> Path:
+def build(dest: str | Path, stems: list[str] | None = None, force: bool = False) -> Path:
+    """Write the student copy to `dest` (missing or empty). Raises Unshippable, before writing anything, when
+    the working tree's exercises/ or lesson notebooks are not what a copy should ship, unless force=True."""
     root, dest = lessons.ROOT, Path(dest)
     if dest.exists() and any(dest.iterdir()):
         raise FileExistsError(f"{dest} is not empty")
+    stale, with_outputs = unshippable(root)
+    if (stale or with_outputs) and not force:
+        raise Unshippable(stale, with_outputs, root)
+    readme = student_readme((root / "README.md").read_text())
     dest.mkdir(parents=True, exist_ok=True)
     for name in COPIED:
         src = root / name
@@ -56,7 +204,7 @@ def build(dest: str | Path, stems: list[str] | None = None) -> Path:
             shutil.copy2(src, dest / name)
     for rel in INSTRUCTOR_ONLY:
         (dest / rel).unlink(missing_ok=True)
-    (dest / "STUDENT_COPY.md").write_text(STUDENT_NOTE)
+    (dest / "README.md").write_text(readme)
     for stem in stems or [lesson.stem for lesson in lessons.available()]:
         entries, results = record(stem)
         bad = [(r.name, r.status, r.message[:200]) for r in results if r.status not in ("passed", "not graded here")]

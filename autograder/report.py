@@ -49,6 +49,13 @@ def totals(results: list[CheckResult]) -> tuple[float, float, float]:
     return round(earned, 2), round(possible, 2), round(skipped, 2)
 
 
+def not_graded_why(results: list[CheckResult]) -> str:
+    """What the checks not graded here need: "a GPU", "Triton", or both (decided by their messages, which the
+    grader writes: "needs a CUDA GPU", "Triton is not available on this platform ...")."""
+    needs = {"Triton" if "Triton" in (r.message or "") else "a GPU" for r in results if r.status == NOT_GRADED}
+    return " or ".join(sorted(needs, reverse=True)) or "a GPU"
+
+
 def summary_line(results: list[CheckResult]) -> str:
     earned, possible, skipped = totals(results)
     counts: dict[str, int] = {}
@@ -57,7 +64,7 @@ def summary_line(results: list[CheckResult]) -> str:
     parts = ", ".join(f"{n} {s}" for s, n in counts.items())
     line = f"score {_pts(earned)}/{_pts(possible)} ({parts})"
     if skipped:
-        line += f"; {_pts(skipped)} points not graded here (need a GPU)"
+        line += f"; {_pts(skipped)} points not graded here (need {not_graded_why(results)})"
     return line
 
 

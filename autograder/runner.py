@@ -93,8 +93,9 @@ def _summarise(spec: CheckSpec, parts: list[Part]) -> tuple[float, str, str]:
         return earned, PASSED, f"{len(graded)} case(s) passed"
     first = bad[0]
     more = f"\n({len(bad) - 1} more of {len(graded)} cases failed)" if len(bad) > 1 else ""
-    raised = all(p.kind == core.RAISED for p in bad)
-    status = ERROR if raised and len(bad) == len(graded) else FAILED
+    # The status is that of the case the message shows, the first one failed: "error" when the learner's code
+    # raised there (its traceback follows), "failed" when it returned a wrong value.
+    status = ERROR if first.kind == core.RAISED else FAILED
     return earned, status, f"{first.label}: {first.message}{more}"
 
 
@@ -147,6 +148,8 @@ def run_check(spec: CheckSpec, target: Target, ref, seed: int, cuda: bool, timeo
     try:
         if spec.requires_cuda and not cuda:
             status, msg = NOT_GRADED, "needs a CUDA GPU"
+        elif spec.requires_triton and core.triton_missing():
+            status, msg = NOT_GRADED, core.triton_missing()
         else:
             spec.func(t)
     except core.NotStarted as e:

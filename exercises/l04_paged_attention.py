@@ -19,11 +19,9 @@ from collections import deque
 from dataclasses import dataclass
 
 import torch
-import triton  # noqa: E402
-import triton.language as tl  # noqa: E402
 
-import reference_engine  # noqa: F401 - on CPU this switches Triton to its interpreter, before the @triton.jit below
 from reference_engine.kernels.launch import launch
+from reference_engine.kernels.triton_compat import tl, triton  # Triton; without it (macOS) a stand-in: see there
 
 # ---------------------------------------------------------------- 1. the waste, on a trace
 

@@ -15,13 +15,11 @@ from __future__ import annotations
 import math
 
 import torch
-import triton  # noqa: E402
-import triton.language as tl  # noqa: E402
 
-import reference_engine  # noqa: F401 - on CPU this switches Triton to its interpreter, before the @triton.jit below
 from reference_engine.config import attention_shape
 from reference_engine.config import kv_bytes_per_token as engine_kv_bytes_per_token
 from reference_engine.kernels.launch import launch
+from reference_engine.kernels.triton_compat import tl, triton  # Triton; without it (macOS) a stand-in: see there
 
 # ---------------------------------------------------------------- model configs
 # Fields as in each model's Hugging Face config.json (only those used here).

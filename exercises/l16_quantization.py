@@ -20,11 +20,10 @@ import math
 from typing import NamedTuple
 
 import torch
-import triton  # noqa: E402
-import triton.language as tl  # noqa: E402
 
-import reference_engine  # noqa: F401 - on CPU this switches Triton to its interpreter, before the @triton.jit below
+import reference_engine
 from reference_engine.kernels.launch import launch
+from reference_engine.kernels.triton_compat import tl, triton  # Triton; without it (macOS) a stand-in: see there
 
 FP8 = torch.float8_e4m3fn
 FP8_MAX = 448.0  # largest finite E4M3 value (E4M3 has no infinity)

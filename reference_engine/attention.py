@@ -94,10 +94,13 @@ TRITON_MIN_BLOCK_SIZE = 16  # the prefill kernel's tl.dot tiles a block of the c
 
 
 def get_backend(spec, device: torch.device, block_size: int = 16):
-    """None -> "triton" on CUDA, "torch" elsewhere and for cache blocks too small for the Triton prefill
-    kernel (teaching configurations use blocks of 4 or 8 tokens); a name from BACKENDS; or an object used as is."""
+    """None -> "triton" on CUDA where Triton is installed, "torch" elsewhere and for cache blocks too small for
+    the Triton prefill kernel (teaching configurations use blocks of 4 or 8 tokens); a name from BACKENDS; or an
+    object used as is."""
     if spec is None:
-        spec = "triton" if device.type == "cuda" and block_size >= TRITON_MIN_BLOCK_SIZE else "torch"
+        from .kernels import triton_compat
+        spec = ("triton" if device.type == "cuda" and block_size >= TRITON_MIN_BLOCK_SIZE and triton_compat.AVAILABLE
+                else "torch")
     if isinstance(spec, str):
         if spec not in BACKENDS:
             raise ValueError(f"unknown attention_backend {spec!r}; choose one of {sorted(BACKENDS)} or pass an object")

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from autograder import lessons
+from autograder import lessons, release
 from autograder.release import build, leaked_solution_text
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -94,3 +94,104 @@ def test_notebook_grade_cell_works_in_the_copy(copy):
     r = subprocess.run([sys.executable, "-c", code], cwd=copy, capture_output=True, text=True, timeout=300,
                        env={**os.environ, "PYTHONPATH": str(copy)})
     assert "EARNED 2.0" in r.stdout, r.stdout[-2000:] + r.stderr[-2000:]
+
+
+# -- the copy reads as a student's -----------------------------------------------------------------------
+
+def _study_install_command() -> str:
+    """The study command of the course README's Quick start (its first bash block)."""
+    readme = (ROOT / "README.md").read_text()
+    quick = readme[readme.index("## Quick start"):]
+    return quick.split("```bash\n", 1)[1].split("\n```", 1)[0]
+
+
+def test_copy_has_its_own_readme(copy):
+    text = (copy / "README.md").read_text()
+    assert text != (ROOT / "README.md").read_text()
+    assert _study_install_command() in text
+    for needed in ("course lab", "course check", "exercises/", "graded by your instructor", "hand in"):
+        assert needed in text, needed
+    for word in ("pytest", "course release", "course sync", "nbgrader", "solutions", "--solutions", "mutant"):
+        assert word not in text, word
+    assert not (copy / "STUDENT_COPY.md").exists()  # the README says it
+
+
+def _one_line_refusal(r, *phrases):
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert not r.stdout.strip(), r.stdout
+    for phrase in phrases:
+        assert phrase in r.stderr, r.stderr
+
+
+def test_help_in_the_copy_lists_no_instructor_commands(copy):
+    for args in (["--help"], ["check", "--help"], ["grade", "--help"]):
+        r = course_in(copy, *args)
+        assert r.returncode == 0, r.stderr
+        for word in ("sync", "release", "nbgrader", "--solutions", "interview"):
+            assert word not in r.stdout, (args, word, r.stdout)
+    assert "check" in course_in(copy, "--help").stdout
+    assert "refused in this copy" in " ".join(course_in(copy, "check", "--help").stdout.split())
+
+
+@pytest.mark.parametrize("args", [["sync"], ["sync", "--check"], ["nbgrader", "build", "nb"], ["nbgrader"],
+                                  ["release", "out"]])
+def test_instructor_commands_in_the_copy_answer_in_one_line(copy, args):
+    _one_line_refusal(course_in(copy, *args), f"`course {args[0]}`", "instructor")
+
+
+@pytest.mark.parametrize("args", [["check", "02", "--solutions"], ["grade", "--solutions"]])
+def test_solutions_flag_in_the_copy_answers_in_one_line(copy, args):
+    _one_line_refusal(course_in(copy, *args), "--solutions")
+
+
+@pytest.mark.parametrize("args", [["check", "02", "--seed", "3"], ["grade", "--seed", "3"]])
+def test_seed_in_the_copy_is_refused_in_one_line(copy, args):
+    """The copy grades the visible cases at the seed their answers were recorded with: a --seed there would be
+    silently ignored, so it is refused."""
+    _one_line_refusal(course_in(copy, *args), "--seed", "instructor")
+
+
+# -- what a release ships ---------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def dirty_tree(tmp_path_factory):
+    """The course's tree, with one exercise file edited and one lesson notebook holding an output."""
+    tree = tmp_path_factory.mktemp("tree") / "course"
+    tree.mkdir()
+    for name in release.COPIED + ["solutions"]:
+        src = ROOT / name
+        if src.is_dir():
+            shutil.copytree(src, tree / name, ignore=release._IGNORE)
+        else:
+            shutil.copy2(src, tree / name)
+    exercise = tree / "exercises" / "l02_kv_cache.py"
+    exercise.write_text(exercise.read_text() + "\n# my own note\n")
+    nb_path = tree / "lessons" / "l03_continuous_batching.ipynb"
+    nb = json.loads(nb_path.read_text())
+    cell = next(c for c in nb["cells"] if c["cell_type"] == "code")
+    cell["execution_count"] = 1
+    cell["outputs"] = [{"output_type": "stream", "name": "stdout", "text": ["42\n"]}]
+    nb_path.write_text(json.dumps(nb))
+    yield tree
+    shutil.rmtree(tree, ignore_errors=True)
+
+
+def test_release_refuses_edited_stubs_and_notebook_outputs(dirty_tree, tmp_path):
+    stale, with_outputs = release.unshippable(dirty_tree)
+    assert [p.name for p in stale] == ["l02_kv_cache.py"]
+    assert [p.name for p in with_outputs] == ["l03_continuous_batching.ipynb"]
+    out = tmp_path / "out"
+    r = course_in(dirty_tree, "release", str(out))
+    _one_line_refusal(r, "exercises/l02_kv_cache.py", "lessons/l03_continuous_batching.ipynb", "--force")
+    assert not out.exists()
+
+
+def test_release_force_ships_them_and_says_which(dirty_tree, tmp_path):
+    out = tmp_path / "out"
+    r = course_in(dirty_tree, "release", str(out), "02", "--force")
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    assert "exercises/l02_kv_cache.py" in r.stdout and "lessons/l03_continuous_batching.ipynb" in r.stdout
+    assert (out / "exercises" / "l02_kv_cache.py").read_text().endswith("# my own note\n")
+    assert release.notebooks_with_outputs(out) == [out / "lessons" / "l03_continuous_batching.ipynb"]
+    assert leaked_solution_text(out) == []

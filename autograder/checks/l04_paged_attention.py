@@ -674,7 +674,7 @@ def _time(fn, reps: int) -> float:
     return (time.perf_counter() - t0) / reps
 
 
-@check(points=4, section="4.2", timeout=120, cost=0.7)
+@check(points=4, section="4.2", timeout=120, cost=0.7, requires_triton=True)
 def paged_decode_triton(t):
     """The Triton paged decode kernel against the reference (fp32; bf16 and timing on CUDA)."""
     # The kernel uses tl.sum, not tl.dot, so fp32 stays exact-ish even on a GPU (no TF32).

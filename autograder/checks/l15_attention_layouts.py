@@ -317,7 +317,7 @@ def _time(fn, reps: int) -> float:
     return (time.perf_counter() - start) / reps
 
 
-@check(points=4, section="2.2", timeout=60, cost=0.7)
+@check(points=4, section="2.2", timeout=60, cost=0.7, requires_triton=True)
 def gqa_decode_triton(t):
     """The Triton GQA decode kernel against the torch reference (fp32, block_n 16 and 32; bf16 and timing on CUDA)."""
     # tl.dot on fp32 uses TF32 on NVIDIA GPUs (10-bit mantissa): loosen fp32 there only.

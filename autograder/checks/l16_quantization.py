@@ -312,7 +312,7 @@ def fp8_kv_cache(t):
 # ---------------------------------------------------------------- 3. the W4A16 kernel
 
 
-@check(points=4, section="3.1", timeout=120, cost=0.7)
+@check(points=4, section="3.1", timeout=120, cost=0.7, requires_triton=True)
 def w4a16_kernel(t):
     """The Triton W4A16 kernel against x @ dequantize_int4(qw).T (fp32, fp16; bf16 and timing on CUDA)."""
     visible = [("visible: x [5, 256], W [48, 256], group 128, asymmetric", (5, 48, 256, 128, False)),

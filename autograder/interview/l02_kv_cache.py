@@ -87,13 +87,15 @@ def per_user(rng, ref):
         return Numeric(
             prompt, "GB", b / GB,
             [*per_token_steps(ref, cfg, "bf16"),
-             f"x {ctx:,} tokens x {n} conversation(s) = {fmt(b)} bytes = {fmt(b / GB)} GB (1 GB = 1e9 bytes)"],
-            "The cache grows linearly with every token of every conversation a GPU keeps resident.",
+             f"x {ctx:,} tokens x {n} running request(s) = {fmt(b)} bytes = {fmt(b / GB)} GB (1 GB = 1e9 bytes)"],
+            "The cache grows linearly with every token of every running request. When a request finishes, the engine "
+            "frees its cache; only a prefix cache (vLLM's automatic prefix caching, SGLang's RadixAttention) keeps it "
+            "for the conversation's next turn, and only until it is evicted.",
             mistakes={"gives GiB (2**30 bytes) where GB is asked": b / GiB, "counts only K, not K and V": b / 2 / GB})
 
-    q = ask(1, f"{name}, KV cache in bf16. One conversation is {ctx:,} tokens long. How many GB does it hold between "
-               "two of its requests?")
-    q.follow_ups.append(ask(users, f"Now {users} conversations of that length: GB of KV cache?"))
+    q = ask(1, f"{name}, KV cache in bf16. A conversation's latest request runs with {ctx:,} tokens in its context "
+               "(the history and the new tokens). How many GB of KV cache does it hold while it runs?")
+    q.follow_ups.append(ask(users, f"Now {users} such requests run at once: GB of KV cache?"))
     return q
 
 
@@ -187,6 +189,8 @@ def explain(rng, ref):
         "resident? Walk through the numbers you would compute.",
         ["KV per token = 2 (K and V) x layers x KV heads x head_dim x bytes per element",
          "per conversation = that x its tokens; GB (1e9) and GiB (2**30) kept apart",
+         "held while its request runs; between turns the engine frees it, unless a prefix cache keeps it (until "
+         "evicted) so that the next turn does not prefill the history again",
          "weights first; the cache gets what is left, and users = floor(left / per conversation)",
          "GQA is why it is that small: per query head it would be several times larger",
          "a decode step reads the weights and every cache but does about one FLOP per byte: the arithmetic idles",

@@ -3,7 +3,9 @@
 Input is read a line at a time from whatever `read` returns (None means end of input), output goes to
 `write`, and time comes from `clock`, so a session can run in a terminal, in a notebook, or scripted in
 a test. Commands at any prompt: `skip` shows the answer (counted wrong), `quit` ends the session,
-`help` lists them. End of input ends the session too; the summary is always printed.
+`help` lists them. End of input ends the session too; the summary is always printed. An answer that cannot
+be read (no number, a unit of another kind, an ambiguous unit) is not graded: its message is printed and
+the same question is asked again, so in a scripted session it uses up one line of input.
 """
 from __future__ import annotations
 
@@ -14,12 +16,15 @@ from dataclasses import asdict, dataclass, field
 from typing import Callable
 
 from .. import lessons
-from .answer import parse
+from .answer import hint, read
 from .question import Numeric, Open, Template, fmt
 from .templates import for_lesson, solutions
 
-HELP = ("Type the number (its unit may follow it: '12.5 GB', '1,024', '40%'). 'skip' shows the answer (counted as "
-        "wrong), 'quit' ends the session with its summary, 'help' shows this.")
+HELP = ("Type the number, in any notation (12.5, 1,024, 3.5e9, 8.03B), and its unit if you like: '12.5 GB', '40%', "
+        "'557 us'. A unit of the same kind as the question's converts exactly (GiB = 2**30 bytes, GB = 1e9 bytes; "
+        "ms, s, us; GB/s, Gb/s); one of another kind, or one that could mean two things, is asked again, not "
+        "graded. 'skip' shows the answer (counted as wrong), 'quit' ends the session with its summary, 'help' "
+        "shows this.")
 
 
 class _EndOfInput(Exception):
@@ -45,6 +50,8 @@ class Item:
     answer: float | None = None
     rtol: float | None = None
     given: float | None = None
+    typed: str | None = None
+    read_as: str | None = None
     mistake: str | None = None
     text: str | None = None
     rubric: list[str] = field(default_factory=list)
@@ -147,7 +154,8 @@ class Session:
         item = Item(t.stem, t.name, "numeric", follow_up, q.prompt, unit=q.unit, answer=q.answer, rtol=q.rtol)
         self.items.append(item)
         self._say(("Follow-up: " if follow_up else "") + q.prompt)
-        self.write(f"Answer in {q.unit or 'a plain number'} ({q.tolerance()}).")
+        note = hint(q.unit)
+        self.write(f"Answer in {q.unit or 'a plain number'} ({q.tolerance()}{'; ' + note if note else ''}).")
         start = self.clock()
         while True:
             line = self._line()
@@ -157,20 +165,20 @@ class Session:
             if line.strip().lower() == "skip":
                 item.status = "skipped"
                 break
-            value, problem = parse(line, q.unit)
-            if problem:
-                self.write(problem)
+            reading = read(line, q.unit)
+            if reading.problem:
+                self.write(reading.problem)
                 continue
-            item.given = value
-            item.status = "right" if q.grade(value) else "wrong"
-            item.mistake = None if item.status == "right" else q.mistake(value)
+            item.given, item.typed, item.read_as = reading.value, line.strip(), reading.shown
+            item.status = "right" if q.grade(reading.value) else "wrong"
+            item.mistake = None if item.status == "right" else q.mistake(reading.value)
             break
         item.seconds = self.clock() - start
         unit = f" {q.unit}" if q.unit else ""
         if item.status == "right":
-            self.write(f"Right: {fmt(item.given)}{unit}; the reference answer is {fmt(q.answer)}{unit}.")
+            self.write(f"Right: {item.read_as}; the reference answer is {fmt(q.answer)}{unit}.")
         elif item.status == "wrong":
-            self.write(f"Not quite: you said {fmt(item.given)}{unit}; the answer is {fmt(q.answer)}{unit} ({q.tolerance()})."
+            self.write(f"Not quite: {item.read_as}; the answer is {fmt(q.answer)}{unit} ({q.tolerance()})."
                        + (f" Your answer is what you get if your reasoning {item.mistake}." if item.mistake else ""))
         else:
             self.write(f"Skipped: the answer is {fmt(q.answer)}{unit}.")

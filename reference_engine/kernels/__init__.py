@@ -15,10 +15,14 @@ __all__ = ["paged_decode_torch", "prefill_torch", "write_kv_torch", "triton_kern
 
 
 def triton_kernels():
-    """Import and return the Triton kernel module (sets the interpreter first on CPU)."""
+    """Import and return the Triton kernel module (sets the interpreter first on CPU). Where Triton is not
+    installed (macOS, native Windows) raises triton_compat.TritonUnavailable, which says what to do."""
     from ..device import ensure_triton_mode
 
     ensure_triton_mode()
+    from . import triton_compat
+
+    triton_compat.require("the engine's Triton attention kernels")
     from . import attention_triton
 
     return attention_triton

@@ -1,9 +1,8 @@
 """Plausible wrong answers for lesson 04 (PagedAttention)."""
 import torch
-import triton  # noqa: E402
-import triton.language as tl  # noqa: E402
 
-from solutions import l04_paged_attention as sol  # sets TRITON_INTERPRET on CPU first
+from reference_engine.kernels.triton_compat import tl, triton  # on CPU: Triton's interpreter, set before @triton.jit
+from solutions import l04_paged_attention as sol
 from tests.mutants import mutant
 
 _m_Base = sol.PagedBlockAllocator

@@ -1,9 +1,8 @@
 """Plausible wrong answers for lesson 15 (attention layouts)."""
 import torch
-import triton  # noqa: E402
-import triton.language as tl  # noqa: E402
 
-from solutions import l15_attention_layouts as sol  # sets TRITON_INTERPRET on CPU first
+from reference_engine.kernels.triton_compat import tl, triton  # on CPU: Triton's interpreter, set before @triton.jit
+from solutions import l15_attention_layouts as sol
 from tests.mutants import mutant
 
 # ---------------------------------------------------------------- 1. bytes per token
