@@ -205,6 +205,7 @@ def build(dest: str | Path, stems: list[str] | None = None, force: bool = False)
     for rel in INSTRUCTOR_ONLY:
         (dest / rel).unlink(missing_ok=True)
     (dest / "README.md").write_text(readme)
+    _student_headers(dest / "exercises")
     for stem in stems or [lesson.stem for lesson in lessons.available()]:
         entries, results = record(stem)
         bad = [(r.name, r.status, r.message[:200]) for r in results if r.status not in ("passed", "not graded here")]
@@ -215,6 +216,21 @@ def build(dest: str | Path, stems: list[str] | None = None, force: bool = False)
     if leaks:
         raise RuntimeError(f"solution text in the release: {leaks[:5]}")
     return dest
+
+
+def _student_headers(exercises: Path) -> None:
+    """The stubs' header names the maintainer's generator and solutions/; in the copy it says only what to do."""
+    from . import sync
+    for path in sorted(exercises.glob("l[0-9][0-9]_*.py")):
+        num = path.name[1:3]
+        text = path.read_text()
+        generated = sync.HEADER.format(num=num, name=path.name)
+        if text.startswith(generated):
+            path.write_text(STUB_HEADER.format(num=num) + text[len(generated):])
+
+
+STUB_HEADER = ("# Lesson {num} exercises: replace each `raise NotImplementedError` with your code.\n"
+               "# Check your work with `course check {num}`; keep the names and signatures.\n")
 
 
 def leaked_solution_text(dest: Path) -> list[str]:

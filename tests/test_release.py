@@ -195,3 +195,11 @@ def test_release_force_ships_them_and_says_which(dirty_tree, tmp_path):
     assert (out / "exercises" / "l02_kv_cache.py").read_text().endswith("# my own note\n")
     assert release.notebooks_with_outputs(out) == [out / "lessons" / "l03_continuous_batching.ipynb"]
     assert leaked_solution_text(out) == []
+
+
+def test_copy_stubs_say_what_to_do_and_not_where_they_came_from(copy):
+    """A stub's header in the copy names the check command, not the maintainers' generator or solutions/."""
+    for path in sorted((copy / "exercises").glob("l[0-9][0-9]_*.py")):
+        head = "".join(path.read_text().splitlines(keepends=True)[:3])
+        assert f"course check {path.name[1:3]}" in head, path
+        assert "solutions" not in head and "course sync" not in head, (path, head)
