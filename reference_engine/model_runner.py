@@ -16,6 +16,14 @@ def raw_view(cache: torch.Tensor) -> torch.Tensor:
     return cache.view(torch.uint8) if cache.element_size() == 1 else cache
 
 
+def zeros_cache(shape, dtype: torch.dtype, device) -> torch.Tensor:
+    """torch.zeros, but a 1-byte (float8) cache is zeroed as uint8 and viewed as its dtype: the same bytes
+    (0x00 is +0.0 in E4M3), and older CPU torch (2.2) has no fill for float8."""
+    if dtype.itemsize == 1 and dtype.is_floating_point:
+        return torch.zeros(shape, dtype=torch.uint8, device=device).view(dtype)
+    return torch.zeros(shape, dtype=dtype, device=device)
+
+
 class ModelRunner:
     clock = staticmethod(time.perf_counter)  # LLMEngine sets its own clock, so forward and wall time agree
     last_forward_time: float | None = None  # seconds the last execute() spent in the forward (prepare() excluded)
@@ -29,8 +37,8 @@ class ModelRunner:
         # cache_dtype (default: dtype) may be torch.float8_e4m3fn, with a backend that quantizes (quantization.py).
         kv_heads = model.layers[0].self_attn.num_kv_heads  # this rank's (all of them at tensor_parallel_size 1)
         shape = (c.num_hidden_layers, num_blocks, block_size, kv_heads, c.head_dim)
-        self.k_cache = torch.zeros(shape, dtype=cache_dtype or dtype, device=device)
-        self.v_cache = torch.zeros(shape, dtype=cache_dtype or dtype, device=device)
+        self.k_cache = zeros_cache(shape, cache_dtype or dtype, device)
+        self.v_cache = zeros_cache(shape, cache_dtype or dtype, device)
         for i, layer in enumerate(model.layers):
             layer.self_attn.k_cache, layer.self_attn.v_cache = self.k_cache[i], self.v_cache[i]
             layer.self_attn.backend = backend

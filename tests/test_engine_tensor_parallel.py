@@ -114,6 +114,7 @@ def test_tp2_with_an_fp8_cache_matches_one_process_with_one():
 def test_tp2_with_biases_everywhere_matches_one_process(tmp_path):
     """A model with q/k/v, o and MLP biases: column-parallel biases are sliced with their rows, row-parallel
     ones (o_proj, down_proj) are added once, by rank 0, after the all-reduce would have added them twice."""
+    pytest.importorskip("transformers")  # save_tiny_model builds the model with it
     path, _ = save_tiny_model(tmp_path / "m", "llama", attention_bias=True, mlp_bias=True)
     prompts = [[5, 9, 200, 33, 17][: k] * 3 for k in (1, 3, 5)]
     want = _tokens(LLM(path), prompts)

@@ -5,10 +5,36 @@ since K/V are written before attention) holds positions context_len - n .. conte
 attends to cached positions 0 .. context_len - n + i. With no earlier context this is plain causal
 attention on the chunk's own K/V, which needs no gather.
 """
+import functools
+
 import torch
 import torch.nn.functional as F
 
 from .paged_attention import gather_kv
+
+
+@functools.cache
+def sdpa_has_gqa() -> bool:
+    """Whether this torch's SDPA takes enable_gqa (torch >= 2.5). Probed by a call: SDPA is a builtin with no
+    inspectable signature."""
+    x = torch.zeros(1, 2, 1, 4)
+    try:
+        F.scaled_dot_product_attention(x, x[:, :1], x[:, :1], enable_gqa=True)
+    except TypeError:
+        return False
+    return True
+
+
+def sdpa_gqa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, **kwargs) -> torch.Tensor:
+    """SDPA with q [..., H, n, D] and k/v [..., kv_heads, L, D]: enable_gqa where torch has it; elsewhere
+    (torch < 2.5, e.g. 2.2 on Intel Macs) each KV head repeated for its H / kv_heads query heads, the same
+    pairing enable_gqa makes (query head h reads KV head h // (H / kv_heads))."""
+    if sdpa_has_gqa():
+        return F.scaled_dot_product_attention(q, k, v, enable_gqa=True, **kwargs)
+    group = q.shape[-3] // k.shape[-3]
+    if group > 1:
+        k, v = k.repeat_interleave(group, dim=-3), v.repeat_interleave(group, dim=-3)
+    return F.scaled_dot_product_attention(q, k, v, **kwargs)
 
 
 def prefill_torch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
@@ -28,7 +54,7 @@ def prefill_torch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: to
             vi = gather_kv(v_cache, block_tables[i:i + 1, :nb])[0, :ctx].to(q.dtype)
             qpos = torch.arange(ctx - n, ctx, device=q.device)
             mask, causal = torch.arange(ctx, device=q.device)[None, :] <= qpos[:, None], False
-        oi = F.scaled_dot_product_attention(qi, ki.transpose(0, 1)[None], vi.transpose(0, 1)[None], attn_mask=mask,
-                                            is_causal=causal, scale=scale, enable_gqa=True)
+        oi = sdpa_gqa(qi, ki.transpose(0, 1)[None], vi.transpose(0, 1)[None], attn_mask=mask, is_causal=causal,
+                      scale=scale)
         out[s:e] = oi[0].transpose(0, 1)
     return out
