@@ -124,7 +124,8 @@ def cmd_check(args) -> int:
     jobs = args.jobs if args.jobs is not None else min(2, os.cpu_count() or 1)
     results = _grade(lesson.stem, args.solutions, seed, only=args.only or None, file=args.file, jobs=jobs)
     what = args.file or f"{'solutions' if args.solutions else 'exercises'}/{lesson.stem}.py"
-    print(f"lesson {lesson.number:02d}: {lesson.title}  ({what}, seed {seed})\n")
+    from .oslimits import describe
+    print(f"lesson {lesson.number:02d}: {lesson.title}  ({what}, seed {seed})\n{describe()}\n")
     if in_copy:
         print("Visible cases only: this copy stores their answers; the hidden cases are graded by your "
               "instructor.\n")
@@ -154,6 +155,8 @@ def cmd_grade(args) -> int:
     everything = grade_lessons([lesson.stem for lesson in ready],
                                lambda stem, only=None: _grade(stem, args.solutions, seed, only=only), jobs)
     rows = [(lesson, everything[lesson.stem]) for lesson in ready]
+    from .oslimits import describe
+    print(describe() + "\n")
     print(f"{'lesson':<28} {'score':>11} {'checks passed':>14}  note")
     for lesson, results in rows:
         earned, possible, skipped = report.totals(results)

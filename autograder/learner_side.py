@@ -24,7 +24,7 @@ import struct
 import sys
 import traceback
 
-from . import runtime, wire
+from . import oslimits, runtime, wire
 
 _PKG_DIR = os.path.dirname(os.path.abspath(__file__))
 _BLOCKED = ("solutions",)
@@ -289,4 +289,22 @@ def child_main(sock: socket.socket, spec: dict):
     runtime.limit_threads(1)  # a forked child must not reuse the parent's thread pool
     if spec.get("memory_gb"):
         _limit_memory(spec["memory_gb"], cuda=spec.get("memory_cap") == "data")
+    oslimits.make_dumpable()  # (the zygote is not: a fork inherits that) debuggable as any process of its user
+    if spec.get("sandbox"):
+        _sandbox(spec["sandbox"], spec["capture"])
     Server(sock).serve()
+
+
+def _sandbox(sandbox: dict, capture: str):
+    """Landlock, before any learner code runs (autograder/oslimits.py): the grader asked for it because its
+    kernel has it, so a process that cannot restrict itself serves nothing (exit code 71)."""
+    scratch = sandbox["scratch"]
+    for var in ("TMPDIR", "HOME", "TRITON_CACHE_DIR", "MPLCONFIGDIR"):
+        os.environ[var] = scratch
+    import tempfile
+    tempfile.tempdir = scratch
+    try:
+        oslimits.restrict(oslimits.learner_rules(sandbox.get("target"), scratch, capture, sandbox.get("readable", ())))
+    except Exception as e:  # noqa: BLE001
+        print(f"the grader could not sandbox this process: {e}", flush=True)
+        os._exit(71)

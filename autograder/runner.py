@@ -13,7 +13,9 @@ import dataclasses
 import gc
 import importlib
 import os
+import shutil
 import sys
+import tempfile
 import time
 import zlib
 from pathlib import Path
@@ -126,12 +128,13 @@ def _raised_status(e: LearnerRaised) -> tuple[str, str]:
 class _Session:
     """The learner process of one check, started on first use (a check may need none)."""
 
-    def __init__(self, target: Target, deadline: float):
-        self.target, self.deadline, self.proc = target, deadline, None
+    def __init__(self, target: Target, deadline: float, handoff: str | None = None):
+        self.target, self.deadline, self.proc, self.handoff = target, deadline, None, handoff
 
     def __getattr__(self, name):  # LearnerProcess API, started lazily
         if self.proc is None:
-            self.proc = LearnerProcess.start(self.deadline)
+            self.proc = LearnerProcess.start(self.deadline, target=self.target.path,
+                                             readable=(self.handoff, *self.target.sys_path))
             self.proc.load(self.target.path, self.target.module_name, list(self.target.sys_path))
         return getattr(self.proc, name)
 
@@ -142,7 +145,11 @@ class _Session:
 def run_check(spec: CheckSpec, target: Target, ref, seed: int, cuda: bool, timeout: float,
               visible_only: bool = False) -> CheckResult:
     start = time.monotonic()
-    session = _Session(target, start + timeout)
+    # The files a check writes for the learner's code to read (lesson 11's checkpoints: tempfile, here) go to a
+    # directory of this check's that its learner process may read (it may read no other: autograder/oslimits.py).
+    handoff = tempfile.mkdtemp(prefix="course-handoff-")
+    saved_tempdir, tempfile.tempdir = tempfile.tempdir, handoff
+    session = _Session(target, start + timeout, handoff)
     t = core.Trial(session, ref, check_seed(seed, spec.name), cuda, visible_only=visible_only)
     status = msg = None
     try:
@@ -168,6 +175,8 @@ def run_check(spec: CheckSpec, target: Target, ref, seed: int, cuda: bool, timeo
         msg = f"the check could not use what your code returned ({type(e).__name__}: {e})"
     finally:
         output = session.close()
+        tempfile.tempdir = saved_tempdir
+        shutil.rmtree(handoff, ignore_errors=True)
     seconds = round(time.monotonic() - start, 3)
     parts = [dataclasses.asdict(p) for p in t.parts]
     if status is None:
@@ -204,7 +213,7 @@ def preflight(target: Target, timeout: float = 60.0) -> tuple[str, str] | None:
         return ERROR, f"{target.label or target.path} could not be read: {e}"
     if findings:
         return REJECTED, scan.report(findings, target.label or target.path)
-    proc = LearnerProcess.start(time.monotonic() + timeout)
+    proc = LearnerProcess.start(time.monotonic() + timeout, target=target.path, readable=target.sys_path)
     try:
         proc.load(target.path, target.module_name, list(target.sys_path))
     except (LearnerRaised, LearnerGone) as e:

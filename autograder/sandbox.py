@@ -21,13 +21,14 @@ from __future__ import annotations
 
 import os
 import select
+import shutil
 import signal
 import socket
 import struct
 import tempfile
 import time
 
-from . import runtime, wire, zygote
+from . import oslimits, runtime, wire, zygote
 from .learner_side import recv_exact  # noqa: F401 - framing shared with the learner side
 
 DEFAULT_MEMORY_GB = 6.0
@@ -84,20 +85,29 @@ def _device_map(device: str) -> str:
 class LearnerProcess:
     """One learner process, serving one check."""
 
-    def __init__(self, pid: int, sock: socket.socket, capture: str, zyg: zygote.Zygote, deadline: float):
-        self.pid, self.sock, self.capture, self.zygote = pid, sock, capture, zyg
+    def __init__(self, pid: int, sock: socket.socket, capture: str, zyg: zygote.Zygote, deadline: float,
+                 scratch: str | None = None):
+        self.pid, self.sock, self.capture, self.zygote, self.scratch = pid, sock, capture, zyg, scratch
         self.deadline = deadline
         self.closed = False
         self.output = ""
 
     @classmethod
-    def start(cls, deadline: float, memory_gb: float = DEFAULT_MEMORY_GB) -> "LearnerProcess":
+    def start(cls, deadline: float, memory_gb: float = DEFAULT_MEMORY_GB, target: str | None = None,
+              readable: tuple = ()) -> "LearnerProcess":
+        """target: the one learner file it will load; readable: directories it may read besides (the check's
+        hand-off directory). Both matter only under Landlock (oslimits), where nothing else is readable."""
+        oslimits.make_undumpable()  # (the zygote makes itself so too) no learner process reads our /proc/<pid>/fd
         zyg = zygote.get()
         fd, capture = tempfile.mkstemp(prefix="course-check-", suffix=".out")
         os.close(fd)
         mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         # With CUDA the cap is on private writable memory, not the address space (see learner_side._limit_memory).
         spec = {"capture": capture, "memory_gb": memory_gb, "memory_cap": "data" if runtime.cuda_available() else "address"}
+        scratch = None
+        if oslimits.active():  # its private scratch directory, the only one it may write to
+            scratch = tempfile.mkdtemp(prefix="course-scratch-")
+            spec["sandbox"] = {"scratch": scratch, "target": target, "readable": list(readable)}
         try:
             try:
                 pid = zyg.spawn(theirs.fileno(), spec)
@@ -106,7 +116,7 @@ class LearnerProcess:
                 pid = zyg.spawn(theirs.fileno(), spec)
         finally:
             theirs.close()
-        return cls(pid, mine, capture, zyg, deadline)
+        return cls(pid, mine, capture, zyg, deadline, scratch)
 
     # -- requests ------------------------------------------------------------------------------
     def request(self, req: dict, what: str = "your code"):
@@ -232,6 +242,8 @@ class LearnerProcess:
         except (OSError, RuntimeError):
             pass
         self.output = _read_capture(self.capture)
+        if self.scratch:
+            shutil.rmtree(self.scratch, ignore_errors=True)
         return self.output
 
 

@@ -151,6 +151,8 @@ def serve(ctrl: socket.socket, warm: tuple = (), later: tuple = (), base: bool =
     lesson without tensors, lessons.NO_TORCH) and `warm` are imported before the first request is served,
     `later` between requests, while none is waiting (lessons.WARM and WARM_LATER)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C in a notebook interrupts the grader, not us
+    from .oslimits import make_undumpable
+    make_undumpable()  # no learner process may ptrace us or read our /proc/<pid>/fd (learner_side undoes it)
     gc.disable()  # while importing (full collections of a heap that lives as long as we do: wasted)
     _warm_imports(warm, base)  # once here, while the grader goes on, instead of once per learner process
     _freeze()

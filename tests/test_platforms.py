@@ -29,7 +29,7 @@ def no_triton(tmp_path_factory) -> dict:
     blocker = tmp_path_factory.mktemp("no_triton")
     (blocker / "triton").mkdir()
     (blocker / "triton" / "__init__.py").write_text(
-        'raise ImportError("No module named \'triton\' (blocked for this test)")\n')
+        'raise ModuleNotFoundError("No module named \'triton\' (blocked for this test)", name="triton")\n')
     return {**os.environ, "PYTHONPATH": os.pathsep.join([str(blocker), str(ROOT)])}
 
 

@@ -72,7 +72,7 @@ from autograder.runner import Target, grade_lesson
 from autograder.sandbox import LearnerProcess
 results = grade_lesson("l13_gpu_utilization", Target.for_lesson("l13_gpu_utilization", solutions=True), 1, jobs=2)
 assert all(r.status == "passed" for r in results), results
-proc = LearnerProcess.start(time.monotonic() + 60)
+proc = LearnerProcess.start(time.monotonic() + 60, target={str(tmp_path / "probe.py")!r})
 try:
     proc.load({str(tmp_path / "probe.py")!r}, "probe", [])
     call = lambda name, *args: proc.call(wire.LearnerRef(name), args, {{}}, what=name)[0]
@@ -123,7 +123,7 @@ def test_learner_processes_and_the_grader_compute_with_one_thread_while_grading(
     from autograder import runtime, wire
     from autograder.sandbox import LearnerProcess
     (tmp_path / "threads.py").write_text("import torch\n\ndef n():\n    return torch.get_num_threads()\n")
-    proc = LearnerProcess.start(time.monotonic() + 30)
+    proc = LearnerProcess.start(time.monotonic() + 30, target=str(tmp_path / "threads.py"))
     try:
         proc.load(str(tmp_path / "threads.py"), "threads", [])
         value, _, _ = proc.call(wire.LearnerRef("n"), (), {}, what="n")
@@ -167,7 +167,7 @@ def test_a_zygote_serves_before_its_later_modules_and_imports_them_while_idle(tm
         zygote.get(later=("http.server", "xml.dom.minidom"))
         asks = []
         for _ in range(2):
-            proc = LearnerProcess.start(time.monotonic() + 30)
+            proc = LearnerProcess.start(time.monotonic() + 30, target=str(tmp_path / "mods.py"))
             try:
                 proc.load(str(tmp_path / "mods.py"), "mods", [])
                 asks.append(proc.call(wire.LearnerRef("has"), ("xml.dom.minidom",), {}, what="has")[0])
