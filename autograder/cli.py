@@ -39,6 +39,18 @@ def _refused_in_copy(args) -> str | None:
     return None
 
 
+def _run_seed(args) -> tuple[bool, int | None]:
+    """(in a student's copy, the run's seed): the copy grades at the seed its visible answers were recorded with
+    and refuses what it cannot honour (one line on stderr, seed None)."""
+    from . import reference
+    in_copy = student_copy()
+    refused = _refused_in_copy(args) if in_copy else None
+    if refused:
+        print(refused, file=sys.stderr)
+        return in_copy, None
+    return in_copy, reference.RELEASE_SEED if in_copy else _seed(args)
+
+
 def _check_names(stem: str) -> list[str]:
     """The lesson's check names, loaded as grade_lesson loads them (its zygote started first)."""
     from . import runtime, zygote
@@ -103,13 +115,9 @@ def cmd_check(args) -> int:
     if not lesson.available:
         print(f"lesson {lesson.number:02d} ({lesson.title}) has no checks yet", file=sys.stderr)
         return 2
-    from . import reference
-    in_copy = student_copy()
-    refused = _refused_in_copy(args) if in_copy else None
-    if refused:
-        print(refused, file=sys.stderr)
+    in_copy, seed = _run_seed(args)
+    if seed is None:
         return 2
-    seed = reference.RELEASE_SEED if in_copy else _seed(args)
     start = time.perf_counter()
     if args.file and not Path(args.file).is_file():
         print(f"no file {args.file}", file=sys.stderr)
@@ -139,13 +147,9 @@ def cmd_check(args) -> int:
 
 
 def cmd_grade(args) -> int:
-    from . import reference
-    in_copy = student_copy()
-    refused = _refused_in_copy(args) if in_copy else None
-    if refused:
-        print(refused, file=sys.stderr)
+    in_copy, seed = _run_seed(args)
+    if seed is None:
         return 2
-    seed = reference.RELEASE_SEED if in_copy else _seed(args)
     from .parallel import grade_lessons
     ready = lessons.available()
     from . import zygote
