@@ -13,6 +13,16 @@ _MARK = {"passed": "ok", "failed": "FAIL", "error": "ERROR", "timeout": "TIMEOUT
          "crashed": "CRASH", "not started": "todo", "not graded here": "skip", "rejected": "REJECTED"}
 
 
+# Control characters a learner's output or exception text could carry into a terminal (ESC sequences move the
+# cursor and recolour, a carriage return overwrites a line: a fake "score 17/17" could be drawn over the real one).
+_CONTROL = {c: f"\\x{c:02x}" for c in (*range(0, 9), *range(11, 32), 127)}
+
+
+def printable(text: str) -> str:
+    """`text` with every control character but newline and tab shown as an escape (\\x1b), never obeyed."""
+    return text.translate(_CONTROL)
+
+
 def _pts(x: float) -> str:
     return f"{x:g}"
 
@@ -23,7 +33,7 @@ def check_table(results: list[CheckResult], verbose: bool = False, width: int = 
              "-" * min(width, name_w + 40)]
     for r in results:
         pts = f"{_pts(r.earned)}/{_pts(r.points)}" if r.graded else f"-/{_pts(r.points)}"
-        msg_lines = (r.message or "").splitlines() or [""]
+        msg_lines = printable(r.message or "").splitlines() or [""]
         head = msg_lines[0]
         lines.append(f"{r.name:<{name_w}}  {pts:>9}  {r.status:<15}  {head}")
         indent = " " * (name_w + 31)
@@ -33,11 +43,11 @@ def check_table(results: list[CheckResult], verbose: bool = False, width: int = 
         if verbose:
             for p in r.parts:
                 mark = "pass" if p["passed"] else ("skip" if not p["graded"] else "FAIL")
-                first = (p["message"] or "").splitlines()[:1]
+                first = printable(p["message"] or "").splitlines()[:1]
                 lines.append(f"{indent}- [{mark}] {p['label']}" + (f": {first[0]}" if first else ""))
         if r.output and (verbose or r.status != PASSED):
             lines.append(indent + "your code printed:")
-            lines.extend(indent + "  " + o for o in r.output.splitlines()[:10])
+            lines.extend(indent + "  " + o for o in printable(r.output).splitlines()[:10])
     return "\n".join(lines)
 
 

@@ -96,3 +96,16 @@ def test_status_is_that_of_the_first_failed_case():
     assert status == "failed" and msg.startswith("b: got 1, expected 2") and "(1 more of 3 cases failed)" in msg
     assert _summarise(spec, [raised, raised])[1] == "error"
     assert _summarise(spec, [wrong, wrong])[1] == "failed"
+
+
+def test_learner_text_cannot_draw_on_the_terminal():
+    """What a learner's code printed or raised is shown, never obeyed: an ESC sequence or a carriage return
+    could otherwise clear the screen or draw a fake "score 17/17" line over the real one."""
+    from autograder.report import check_table
+    from autograder.runner import CheckResult
+    fake = "\x1b[2J\x1b[Hscore 17/17\rok"
+    r = CheckResult("l02_kv_cache", "dtype_bytes", "1", 1.0, 0.0, "error", f"dtype_bytes() raised:\n{fake}",
+                    parts=[{"label": "case", "passed": False, "graded": True, "message": fake}], output=fake)
+    table = check_table([r], verbose=True)
+    assert "\x1b" not in table and "\r" not in table
+    assert "\\x1b[2J" in table and "\\x0dok" in table
