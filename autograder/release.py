@@ -87,23 +87,29 @@ def _section(readme: str, title: str) -> str:
 
 
 def _study_install(readme: str) -> tuple[str, str]:
-    """(the Quick start's study install block, its paragraph on the torch pin)."""
+    """(the Quick start's study install block, what follows it up to `course lab`'s paragraph: the CPU-only
+    Linux note and its command), and the Platforms table, as one text."""
     quick = _section(readme, "Quick start")
-    block = re.search(r"^```bash\n(.*?)\n```", quick, flags=re.M | re.S)
+    block = re.search(r"^```bash\n(.*?)\n```\n", quick, flags=re.M | re.S)
     if not block or "pip install" not in block.group(1) or "course lab" not in block.group(1):
         raise RuntimeError("README.md's Quick start no longer opens with the study install command "
                            "(a ```bash block with `pip install` and `course lab`)")
-    pin = next((p.strip() for p in quick.split("\n\n") if p.startswith("`torch==")), "")
-    return block.group(1).strip(), pin
+    after = quick[block.end():]
+    notes = after[:after.index("`course lab NN`")] if "`course lab NN`" in after else ""
+    platforms = re.search(r"^### Platforms\n\n((?:\|.*\n)+)", quick, flags=re.M)
+    if not notes.strip() or not platforms:
+        raise RuntimeError("README.md's Quick start no longer has the CPU-only note after the study command "
+                           "(before `course lab NN`) or a ### Platforms table")
+    return block.group(1).strip(), notes.strip() + "\n\n" + platforms.group(1).strip()
 
 
 def student_readme(readme: str) -> str:
     """The copy's README.md, built from the course's README (`readme`, its text)."""
     title = readme.splitlines()[0].lstrip("# ").strip()
     intro = readme.split("\n\n")[1].strip()
-    install, pin = _study_install(readme)
+    install, platforms = _study_install(readme)
     table = "\n".join(line for line in _section(readme, "Lessons").splitlines() if line.startswith("|"))
-    text = STUDENT_README.format(title=title, intro=intro, install=install, pin=pin, table=table)
+    text = STUDENT_README.format(title=title, intro=intro, install=install, platforms=platforms, table=table)
     found = [w for w in INSTRUCTOR_WORDS if w in text]
     if found:
         raise RuntimeError(f"the student copy's README would mention {found}: reword README.md's introduction, "
@@ -125,14 +131,14 @@ reference engine and the grader.
 {install}
 ```
 
-{pin}
+{platforms}
 
 ## How to study
 
 1. Open a lesson: `course lab 01` runs Jupyter Lab on lesson 01 (anything after
    the lesson number goes to Jupyter, e.g. `course lab 04 --no-browser --port 8890`;
    as root it adds `--allow-root`). `course list` lists the lessons.
-2. Each exercise cell points to a stub in `exercises/lNN_<topic>.py`. Write your
+2. Each exercise cell links to its stub in `exercises/lNN_<topic>.py`. Write your
    code there, keeping the stub's function names and signatures (the notebook
    reloads the file automatically), then run the check cell under it: it grades
    that exercise in place.
@@ -156,7 +162,8 @@ case it failed, or outside any case: the traceback shows your frames);
 **timeout**; **crashed**; **not started** (the stub still raises
 `NotImplementedError`); **rejected** (your module uses something no exercise
 needs, such as `open`, `inspect` or importing the grader; the message names
-each line); **not graded here** (needs a CUDA GPU; not counted in the score).
+each line); **not graded here** (needs a CUDA GPU, or Triton where it does not
+install; not counted in the score).
 Partial credit: you earn the fraction of a check's cases you pass.
 
 ## What to hand in

@@ -155,8 +155,8 @@ def run_check(spec: CheckSpec, target: Target, ref, seed: int, cuda: bool, timeo
     try:
         if spec.requires_cuda and not cuda:
             status, msg = NOT_GRADED, "needs a CUDA GPU"
-        elif spec.requires_triton and core.triton_missing():
-            status, msg = NOT_GRADED, core.triton_missing()
+        elif spec.requires_triton and (missing := core.triton_missing()):
+            status, msg = NOT_GRADED, missing
         else:
             spec.func(t)
     except core.NotStarted as e:

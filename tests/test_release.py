@@ -109,6 +109,8 @@ def test_copy_has_its_own_readme(copy):
     text = (copy / "README.md").read_text()
     assert text != (ROOT / "README.md").read_text()
     assert _study_install_command() in text
+    # How a CPU-only Linux machine gets the CPU build of torch, and which platform grades what.
+    assert "--index-url https://download.pytorch.org/whl/cpu" in text and "| macOS on Apple silicon |" in text
     for needed in ("course lab", "course check", "exercises/", "graded by your instructor", "hand in"):
         assert needed in text, needed
     for word in ("pytest", "course release", "course sync", "nbgrader", "solutions", "--solutions", "mutant"):
