@@ -25,6 +25,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import random
+import re
 from typing import Any, Callable, Iterable
 
 from . import compare as cmp
@@ -100,6 +101,10 @@ class Part:
     message: str = ""
     graded: bool = True
     kind: str = OK
+    # A hidden case's own label as Trial.cases made it ("hidden 2"), "" for a visible case: a report for the
+    # student (nbgrader's feedback) shows a hidden case by this label and how it ended, never its message
+    # (which may hold the case's inputs and expected values), and the check's label (with the inputs) neither.
+    hidden: str = ""
 
 
 class CaseFailed(Exception):
@@ -151,6 +156,40 @@ class LearnerObject:
         return f"<your {self.handle.type} object>"
 
 
+class _Cases(list):
+    """What t.cases returns: the cases, as a list; a loop over it tells its Trial whether it is at a hidden one,
+    so that a case opened in the loop's body is known to be hidden even when its label does not say so."""
+
+    def __init__(self, trial: "Trial", items: list, hidden_at: list[str]):
+        super().__init__(items)
+        self._trial, self._hidden_at = trial, hidden_at
+
+    def __iter__(self):
+        return _CasesIterator(self._trial, list.__iter__(self), self._hidden_at)
+
+
+class _CasesIterator:
+    """Sets trial._at_hidden to the hidden label of the item it hands out ("" for a visible one, and when the
+    loop is done). Left where it is when the loop stops early (a break, an exception): a case opened after that
+    counts as hidden, which hides too much rather than too little."""
+
+    def __init__(self, trial: "Trial", items, hidden_at: list[str]):
+        self._trial, self._items, self._hidden_at, self._i = trial, items, hidden_at, 0
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        try:
+            item = next(self._items)
+        except StopIteration:
+            self._trial._at_hidden = ""
+            raise
+        self._trial._at_hidden = self._hidden_at[self._i] if self._i < len(self._hidden_at) else ""
+        self._i += 1
+        return item
+
+
 def _untrusted_seq_types() -> tuple:
     return (LearnerObject, LearnerFunction)
 
@@ -173,6 +212,11 @@ class Trial:
         self.device = "cuda" if cuda else "cpu"
         self._case_open = False
         self.offered: set[str] = set()  # mistakes that made a difference on some case (see expect)
+        self._hidden_labels: list[str] = []  # the labels t.cases gave hidden cases ("hidden 1", ...)
+        self._at_hidden = ""  # the hidden case a loop over t.cases' list is at ("" at a visible one, or done)
+        # The hidden case open now ("" for a visible one); after the check, the one whose body raised what ended it
+        # (a timeout, a crash, a stub: its message is not for the student).
+        self.stopped_in = ""
 
     @property
     def gen(self):
@@ -189,7 +233,9 @@ class Trial:
         """Visible cases as given, then `n` hidden ones drawn with `hidden(t.rng)` (or taken from an
         iterable). Visible items are returned as they are; hidden ones as (label, case) when the visible
         items are pairs, else bare. In a student's copy (t.visible_only) the hidden ones are left out,
-        but still drawn, so that the visible cases' randomness does not depend on the mode."""
+        but still drawn, so that the visible cases' randomness does not depend on the mode.
+        A case opened for a hidden item is marked hidden (Part.hidden, see _hidden): a report for the student
+        names it, never shows its message."""
         out = list(visible)
         pairs = bool(out) and all(isinstance(v, tuple) and len(v) == 2 and isinstance(v[0], str) for v in out)
         drawn = []
@@ -199,9 +245,26 @@ class Trial:
             drawn = list(hidden)
         if self.visible_only:
             return out
-        for i, case in enumerate(drawn):
-            out.append((f"{label} {i + 1}", case) if pairs else case)
-        return out
+        names = [f"{label} {i + 1}" for i in range(len(drawn))]
+        self._hidden_labels += names
+        hidden_at = [""] * len(out) + names
+        out += [(name, case) if pairs else case for name, case in zip(names, drawn)]
+        return _Cases(self, out, hidden_at)
+
+    def _hidden(self, label: str) -> str:
+        """The hidden case a case labelled `label` belongs to, "" if none: its label holds a label t.cases gave a
+        hidden case ("hidden 2: 4096 FLOPs on ...", "... users, hidden 2, dtype=..."), or it is opened while a
+        loop over t.cases' list is at a hidden case (the bare, unlabelled form)."""
+        for name in self._hidden_labels:
+            if re.search(rf"(?<![\w-]){re.escape(name)}(?![\w.])", label):
+                return name
+        return self._at_hidden
+
+    @property
+    def hidden_now(self) -> str:
+        """The hidden case the check was in when it stopped ("" if none): what the runner reports the check's
+        own message under, for a student."""
+        return self.stopped_in or self._at_hidden
 
     @contextlib.contextmanager
     def case(self, label: str, weight: float = 1.0, requires_cuda: bool = False, requires_triton: bool = False):
@@ -209,26 +272,30 @@ class Trial:
         needs what this machine lacks (a CUDA GPU, Triton) is "not graded here" and its body never runs."""
         missing = "needs a CUDA GPU" if requires_cuda and not self.cuda else \
             triton_missing() if requires_triton else None
+        hidden = self._hidden(label)
         if missing:
-            self.parts.append(Part(label, weight, False, missing, graded=False, kind=SKIPPED))
+            self.parts.append(Part(label, weight, False, missing, graded=False, kind=SKIPPED, hidden=hidden))
             yield False
             return
         self._case_open = True
+        self.stopped_in = hidden  # cleared below when the case ends here, kept when what it raised ends the check
         try:
             yield True
         except CaseFailed as e:
-            self.parts.append(Part(label, weight, False, str(e), kind=WRONG))
+            self.parts.append(Part(label, weight, False, str(e), kind=WRONG, hidden=hidden))
         except LearnerRaised as e:
             if e.info.get("not_implemented"):
                 raise NotStarted(e.info.get("message") or "the stub still raises NotImplementedError") from None
-            self.parts.append(Part(label, weight, False, f"{e.what}() raised:\n{e.tb_text}", kind=RAISED))
+            self.parts.append(Part(label, weight, False, f"{e.what}() raised:\n{e.tb_text}", kind=RAISED,
+                                   hidden=hidden))
         except NotRecorded:
             self.parts.append(Part(label, weight, False, "graded by your instructor (this copy stores the "
-                                   "answers of the visible cases only)", graded=False, kind=SKIPPED))
+                                   "answers of the visible cases only)", graded=False, kind=SKIPPED, hidden=hidden))
         else:
-            self.parts.append(Part(label, weight, True))
+            self.parts.append(Part(label, weight, True, hidden=hidden))
         finally:
             self._case_open = False
+        self.stopped_in = ""
 
     def on_cuda(self, label: str, weight: float = 1.0):
         """A case whose body runs only with a CUDA GPU (timings, bf16/fp8 kernels); on CPU it is recorded

@@ -27,17 +27,43 @@ import traceback
 from . import oslimits, runtime, wire
 
 _PKG_DIR = os.path.dirname(os.path.abspath(__file__))
-_BLOCKED = ("solutions",)
+# What a learner process may not import: the reference solutions, and the grader's checks (their expected values
+# and mistake models). The harness functions that run in a learner process live in autograder/harnesses/.
+_BLOCKED = ("solutions", "autograder.checks")
+
+
+def _blocked(name: str) -> bool:
+    return any(name == b or name.startswith(b + ".") for b in _BLOCKED)
 
 
 class _SolutionsBlocker(importlib.abc.MetaPathFinder):
-    """Refuse to import the reference solutions in a learner process."""
+    """Refuse to import the reference solutions and the grader's checks in a learner process."""
 
     def find_spec(self, fullname, path=None, target=None):
-        if fullname.split(".")[0] in _BLOCKED:
-            raise ImportError(f"`{fullname}` cannot be imported while your code is graded: the solutions "
-                              "are not part of your course copy")
+        if _blocked(fullname):
+            raise ImportError(f"`{fullname}` cannot be imported while your code is graded: the solutions and "
+                              "the grader's checks are not part of what your code may use")
         return None
+
+
+class _EngineImports:
+    """builtins.__import__ for a learner process: the learner's module (and the functions in it) may import of
+    the engine only what its lesson's stub imports (scan.EngineUse: the engine implements several lessons'
+    answers). Imports made by the engine itself and by harnesses go through untouched."""
+
+    def __init__(self, module: str, use, inner):
+        self.module, self.use, self.inner = module, use, inner
+
+    def __call__(self, name, globals=None, locals=None, fromlist=(), level=0):
+        if level == 0 and (name == "reference_engine" or name.startswith("reference_engine.")) \
+                and type(globals) is dict and globals.get("__name__") == self.module:
+            wanted = [(name, n) for n in fromlist] if fromlist else [(name, None)]
+            for module, item in wanted:
+                if not self.use.allows_import(module, item):
+                    what = module if item is None else f"{module}.{item}"
+                    raise ImportError(f"`{what}` cannot be imported in this lesson's exercise: its stub does not "
+                                      "use that part of the engine (it may implement the lesson's answer)")
+        return self.inner(name, globals, locals, fromlist, level)
 
 
 # -- framing -------------------------------------------------------------------------------------
@@ -142,6 +168,11 @@ class Server:
         for p in req.get("sys_path", []):
             if p not in sys.path:
                 sys.path.insert(0, p)
+        if req.get("engine") is not None:
+            import builtins
+
+            from .scan import EngineUse
+            builtins.__import__ = _EngineImports(name, EngineUse.from_dict(req["engine"]), builtins.__import__)
         spec = importlib.util.spec_from_file_location(name, path)
         mod = importlib.util.module_from_spec(spec)
         sys.modules[name] = mod
@@ -173,9 +204,12 @@ class Server:
         return {"value": value}
 
     def op_harness(self, req):
+        """Run a harness function ("module:qualname"). It may come from the learner side of the checks
+        (autograder/harnesses/; never autograder.checks, which a learner process may neither import nor read),
+        or from the engine (reference_engine)."""
         modname, _, qual = req["fn"].partition(":")
-        if not modname.startswith(("autograder.", "reference_engine.")):
-            raise ValueError(f"not a harness function: {req['fn']}")
+        if not modname.startswith(("autograder.harnesses.", "reference_engine.")):
+            raise ValueError(f"not a harness function: {req['fn']} (harnesses live in autograder/harnesses/)")
         fn = importlib.import_module(modname)
         for part in qual.split("."):
             fn = getattr(fn, part)
@@ -284,7 +318,7 @@ def child_main(sock: socket.socket, spec: dict):
     sys.stdin = open(os.devnull)
     os.environ["COURSE_LEARNER_PROCESS"] = "1"
     sys.meta_path.insert(0, _SolutionsBlocker())
-    for name in [m for m in sys.modules if m.split(".")[0] in _BLOCKED]:
+    for name in [m for m in sys.modules if _blocked(m)]:
         del sys.modules[name]
     runtime.limit_threads(1)  # a forked child must not reuse the parent's thread pool
     if spec.get("memory_gb"):
@@ -296,14 +330,22 @@ def child_main(sock: socket.socket, spec: dict):
 
 
 def _sandbox(sandbox: dict, capture: str):
-    """Landlock, before any learner code runs (autograder/oslimits.py): the grader asked for it because its
-    kernel has it, so a process that cannot restrict itself serves nothing (exit code 71)."""
+    """The operating system's limits, before any learner code runs (autograder/oslimits.py): namespaces where the
+    grader found them (this process then forks the PID namespace's init, which goes on to serve, and itself only
+    relays how that one ended), then Landlock. The grader asked for them because its kernel has them, so a
+    process that cannot set them up serves nothing (exit code 71)."""
     scratch = sandbox["scratch"]
     for var in ("TMPDIR", "HOME", "TRITON_CACHE_DIR", "MPLCONFIGDIR"):
         os.environ[var] = scratch
     import tempfile
     tempfile.tempdir = scratch
     try:
+        if sandbox.get("namespaces"):
+            oslimits.enter_namespaces()
+            init = os.fork()
+            if init:
+                oslimits.relay(init)  # (never returns)
+            oslimits.seal_init(scratch)
         oslimits.restrict(oslimits.learner_rules(sandbox.get("target"), scratch, capture, sandbox.get("readable", ())))
     except Exception as e:  # noqa: BLE001
         print(f"the grader could not sandbox this process: {e}", flush=True)

@@ -7,8 +7,9 @@ Each lesson notebook becomes source/<stem>/<stem>.ipynb in which
 - each check cell becomes an autograded test cell worth the check's points,
   calling the same check the `course` command runs on the notebook's own
   functions (in a student's copy: the visible cases). Under `nbgrader autograde`
-  the points come from `autograder.nbgrader_grade.TrustedGrades`, which grades
-  the submission's answer cells outside the kernel and overwrites those outputs.
+  no cell runs in a kernel: the points come from `autograder.nbgrader_grade.TrustedGrades`,
+  which grades the submission's answer cells in the course's sandboxed learner
+  process and writes those outputs.
 """
 from __future__ import annotations
 
@@ -31,21 +32,29 @@ c.CourseDirectory.root = os.path.dirname(os.path.abspath(__file__))
 # Where release_assignment puts assignments and submit puts submissions: a folder every student's account can
 # read and write. nbgrader's default is /srv/nbgrader/exchange; students' nbgrader must use the same one.
 # c.Exchange.root = "/srv/nbgrader/exchange"
-# Lessons run small measurements and many isolated checks: give a cell time.
+# nbgrader still runs your own notebooks (generate_solution; validate on the source): give a cell time.
 c.ExecutePreprocessor.timeout = 600
 c.ClearSolutions.code_stub = {"python": "# YOUR CODE HERE\\nraise NotImplementedError()"}
 
-# Grades come from the course's grader, run outside the student's kernel (a kernel the submission
-# patched must not change its score): TrustedGrades overwrites each test cell's output before
-# nbgrader reads the points from it. The seed comes from the assignment and the student id.
+# No cell of a submission runs in nbgrader: its Execute (a kernel running every cell, as you, with nothing in
+# the way) is left out. nbgrader's sanitize step runs first (its default list, written out here so no other config
+# drops a part): outputs cleared, and locked cells, the test cells among them, given back the source's text and
+# points. Then TrustedGrades grades the answer cells with the course's grader, the student's code in a sandboxed
+# learner process, and writes each test cell's output (the check's row, the points) for SaveAutoGrades.
+# The seed comes from the assignment and the student id.
 from nbconvert.preprocessors import ClearMetadataPreprocessor  # noqa: E402
-from nbgrader.preprocessors import (AssignLatePenalties, CheckCellMetadata, Execute, IgnorePattern,  # noqa: E402
-                                    LimitOutput, SaveAutoGrades)
+from nbgrader.preprocessors import (AssignLatePenalties, CheckCellMetadata, ClearOutput, DeduplicateIds,  # noqa: E402
+                                    OverwriteCells, OverwriteKernelspec, SaveAutoGrades)
 
 from autograder.nbgrader_grade import TrustedGrades  # noqa: E402
 
-c.Autograde.autograde_preprocessors = [Execute, IgnorePattern, ClearMetadataPreprocessor, LimitOutput,
-                                       TrustedGrades, SaveAutoGrades, AssignLatePenalties, CheckCellMetadata]
+c.Autograde.sanitize_preprocessors = [ClearOutput, DeduplicateIds, OverwriteKernelspec, OverwriteCells,
+                                      CheckCellMetadata]
+c.Autograde.autograde_preprocessors = [TrustedGrades, ClearMetadataPreprocessor, SaveAutoGrades,
+                                       AssignLatePenalties, CheckCellMetadata]
+# Without the sandbox (no Landlock: macOS, Linux < 5.13; or COURSE_SANDBOX=off) autograde refuses to grade.
+# WARNING: opting in lets submissions' code run as you with only the source scan in its way; not for high stakes.
+# c.TrustedGrades.allow_unsandboxed = True
 '''
 
 

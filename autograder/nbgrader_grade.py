@@ -1,13 +1,17 @@
-"""Trusted grades for `nbgrader autograde`, computed outside the student's kernel.
+"""Trusted grades for `nbgrader autograde`, computed in the course's sandbox, never in a kernel.
 
-nbgrader executes a submission in a kernel and reads each test cell's points from
-its output, and that kernel runs the student's code: a redefined `grade_cell` or a
-patched grader would print any score it liked. So the course's nbgrader config
-puts `TrustedGrades` just before nbgrader's SaveAutoGrades: it rebuilds the
-student's module from the submission's answer cells (after the lesson's own
-helpers), grades it with `course`'s grader (learner code in its own process,
-hidden cases included) and overwrites every test cell's output with that row and
-the points earned. Whatever the kernel printed is discarded.
+nbgrader's own autograde runs every cell of a submission in a Jupyter kernel, as the instructor, and reads each
+test cell's points from its output: the student's code could print any score, rewrite the gradebook, read the
+solutions or other students' work, or start a process that outlives the grading. The course's nbgrader config
+(autograder/nbgrader_build.py: CONFIG) leaves nbgrader's Execute out, so no cell of the submission runs in
+nbgrader, and puts `TrustedGrades` in its place: it rebuilds the student's module from the submission's answer
+cells (after the lesson's own helpers), grades it with `course`'s grader (learner code in a sandboxed learner
+process, autograder/oslimits.py; hidden cases included), clears every output the submission carried, and writes
+each test cell's output: that check's row of the report for the student (a hidden case's inputs and expected
+values left out, report.student_message) and the points earned, which nbgrader's SaveAutoGrades then reads.
+
+Where the sandbox is not active (no Landlock: macOS, Linux < 5.13; or COURSE_SANDBOX=off) it refuses to grade
+unless the instructor opted in (c.TrustedGrades.allow_unsandboxed = True); every graded cell names the isolation.
 
 The seed comes from the assignment and the student id and is printed in each
 graded cell, so autograding a submission twice gives the same score.
@@ -19,10 +23,10 @@ import tempfile
 import zlib
 
 import nbformat
-from nbconvert.preprocessors import Preprocessor
+from nbconvert.preprocessors import ExecutePreprocessor, Preprocessor
 from traitlets import Bool
 
-from . import report
+from . import oslimits, report
 from .lessons import ROOT
 
 
@@ -70,13 +74,42 @@ def _outputs(text: str, earned: float) -> list:
             nbformat.v4.new_output("execute_result", data={"text/plain": repr(float(earned))}, execution_count=1)]
 
 
+class SandboxRequired(RuntimeError):
+    """Autograde refused: the submission's code would not run in the course's sandbox."""
+
+
+UNSANDBOXED = ("the course grader's sandbox is not active on this machine ({isolation}): Landlock needs Linux 5.13 "
+               "or later, and COURSE_SANDBOX must not be off. A submission's code would then run as you with only "
+               "the source scan in its way. Run `nbgrader autograde` on such a Linux machine (inside a container or "
+               "VM for high stakes) or, to grade here anyway, add `c.TrustedGrades.allow_unsandboxed = True` to "
+               "nbgrader_config.py.")
+EXECUTING = ("nbgrader's Execute is in c.Autograde.autograde_preprocessors: it runs every cell of the submission in "
+             "a kernel, as you, outside the course's sandbox. Use the list `course nbgrader build` writes in "
+             "nbgrader_config.py (TrustedGrades grades the answer cells in the sandbox).")
+
+
 class TrustedGrades(Preprocessor):
-    """Grade the submission outside the kernel; overwrite every test cell's output with the result."""
+    """Grade the submission's answer cells in the course's sandbox; clear every output it carried and write each
+    test cell's: the check's row for the student, and the points."""
 
     enabled = Bool(True)  # nbconvert preprocessors are off unless enabled
+    allow_unsandboxed = Bool(False, help="Grade even where the course's sandbox is not active (no Landlock, or "
+                             "COURSE_SANDBOX=off): submissions' code then runs with only the source scan in its way. "
+                             "Not for high-stakes grading.").tag(config=True)
+
+    def _refuse(self, message: str):
+        self.log.error(message)
+        raise SandboxRequired(message)
 
     def preprocess(self, nb, resources):
         from .runner import Target, grade_lesson
+        if any(isinstance(p, ExecutePreprocessor) and p.enabled for p in getattr(self.parent, "_preprocessors", [])):
+            self._refuse(EXECUTING)
+        if not oslimits.active() and not self.allow_unsandboxed:
+            self._refuse(UNSANDBOXED.format(isolation=oslimits.describe()))
+        for cell in nb.cells:  # what the student's kernel printed is theirs to forge: none of it is kept
+            if cell.cell_type == "code":
+                cell.outputs, cell.execution_count = [], None
         tests = [(c, _test_call(c.source)) for c in nb.cells
                  if c.cell_type == "code" and c.metadata.get("nbgrader", {}).get("grade")
                  and not c.metadata.get("nbgrader", {}).get("solution")]
@@ -91,13 +124,13 @@ class TrustedGrades(Preprocessor):
             target = Target.from_source(submission_source(stem, nb), tmp, f"submission_{stem}",
                                         label=f"{student or 'the'} submission's answer cells")
             results = {r.name: r for r in grade_lesson(stem, target, seed)}
+        header = (f"[graded outside the notebook's kernel: the answer cells, in the course grader's learner process; "
+                  f"{oslimits.describe()}; seed {seed} from assignment {assignment!r} and student {student!r}]\n")
         for cell, (_, name) in tests:
             r = results.get(name)
             if r is None:
-                cell.outputs = _outputs(f"no check named {name!r} in lesson {stem}\n", 0.0)
+                cell.outputs = _outputs(header + f"no check named {name!r} in lesson {stem}\n", 0.0)
                 continue
             earned = r.earned if r.graded else 0.0
-            text = (report.check_table([r]) + f"\n[graded outside the notebook's kernel; seed {seed} from "
-                    f"assignment {assignment!r} and student {student!r}]\n")
-            cell.outputs = _outputs(text, earned)
+            cell.outputs = _outputs(header + report.check_table([r], for_student=True) + "\n", earned)
         return nb, resources

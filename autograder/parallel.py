@@ -3,10 +3,11 @@ graders (`course check`).
 
 A lesson's checks run one after another (each one's learner process beside the grader's reference
 work), which keeps a machine's second core mostly idle. `grade_lessons` forks N graders, each taken
-before anything imports the solutions, so each starts its own zygote as a clean fork (autograder/zygote.py)
-and grades whole lessons, one at a time, as they are handed out. A grader sends back each lesson's
-results as JSON (CheckResult.to_dict): the grader's own verdicts, no learner object crosses. Seeds are
-per lesson and per check, so the scores are the ones a one-at-a-time run gives.
+before anything imports the solutions or the checks (this process never imports the checks: their names
+are read by a forked child), so each starts its own zygote as a clean fork (autograder/zygote.py) and
+grades whole lessons, one at a time, as they are handed out. A grader sends back each lesson's results
+as JSON (CheckResult.to_dict): the grader's own verdicts, no learner object crosses. Seeds are per lesson
+and per check, so the scores are the ones a one-at-a-time run gives.
 
 A check that measures this machine's wall-clock time (`@check(timed=True)`) is graded by this process
 once the workers are done, alone; its lesson's other checks go to the workers. Where forking is not clean
@@ -21,7 +22,7 @@ import select
 import signal
 from collections.abc import Callable
 
-from . import zygote
+from . import lessons, zygote
 from .core import Part
 from .runner import CheckResult, load_checks
 
@@ -31,15 +32,24 @@ def grade_lessons(stems: list[str], grade: Callable[..., list[CheckResult]], job
     grade(stem, only=None) grades the lesson's checks named in `only` (default: all of them)."""
     if jobs <= 1 or len(stems) <= 1 or not zygote.can_fork_clean() or zygote._ZYGOTE is not None:
         return {stem: grade(stem) for stem in stems}
-    specs = {stem: load_checks(stem) for stem in stems}
-    order = {stem: [spec.name for spec in specs[stem]] for stem in stems}
-    timed = {stem: [spec.name for spec in specs[stem] if spec.timed] for stem in stems}
+    if lessons.needs_torch(stems):
+        import torch  # noqa: F401 - imported once, here: every grader forked below (and its zygote) inherits it
+    # The graders first: each starts its zygote (with every lesson's imports: one zygote serves them all) while
+    # the checks' names are read.
+    zygote_args = (lessons.warm_imports(stems), lessons.later_imports(stems), lessons.needs_torch(stems))
+    workers: list[_Worker] = []
+    for _ in range(min(jobs, len(stems))):
+        workers.append(_Worker.start(grade, workers, zygote_args))
+    specs = _check_specs(stems)
+    if specs is None:  # the child that reads them failed: one lesson at a time, here
+        for w in workers:
+            w.close()
+        return {stem: grade(stem) for stem in stems}
+    order = {stem: [name for name, _ in specs[stem]] for stem in stems}
+    timed = {stem: [name for name, is_timed in specs[stem] if is_timed] for stem in stems}
     shared = [(stem, [n for n in order[stem] if n not in timed[stem]]) for stem in stems]
     todo = [task for task in shared if task[1]]
     alone = [(stem, names) for stem, names in timed.items() if names]  # graded here once the workers are done
-    workers: list[_Worker] = []
-    for _ in range(min(jobs, len(todo))):
-        workers.append(_Worker.start(grade, workers))
     done: dict[str, list[CheckResult]] = {stem: [] for stem in stems}
     for w in workers:
         w.give(todo.pop(0) if todo else None)
@@ -62,6 +72,29 @@ def grade_lessons(stems: list[str], grade: Callable[..., list[CheckResult]], job
     return {stem: sorted(done[stem], key=lambda r: order[stem].index(r.name)) for stem in stems}
 
 
+def _check_specs(stems: list[str]) -> dict[str, list[tuple[str, bool]]] | None:
+    """{stem: [(check name, timed), ...] in the lesson's order}, read by a forked child (None if it failed). Not
+    here: no zygote may be forked from a process that imported a check module (zygote.holds_solutions), and this
+    process grades the timed checks at the end with a zygote forked from it. (Importing every lesson's checks
+    takes about 0.25 s, while the graders start their zygotes.)"""
+    r, w = os.pipe()
+
+    def child():  # (zygote._fork: never returns)
+        os.close(r)
+        names = {stem: [(spec.name, spec.timed) for spec in load_checks(stem)] for stem in stems}
+        with os.fdopen(w, "wb") as out:
+            out.write(json.dumps(names).encode())
+    pid = zygote._fork(child)
+    os.close(w)
+    with os.fdopen(r, "rb") as got:
+        data = got.read()
+    os.waitpid(pid, 0)
+    try:
+        return {stem: [(str(name), bool(t)) for name, t in v] for stem, v in json.loads(data).items()}
+    except (ValueError, TypeError):
+        return None
+
+
 class _Worker:
     """One forked grader: tasks (a lesson and the checks to run) arrive as JSON lines, each task's results
     leave as one JSON line."""
@@ -71,7 +104,8 @@ class _Worker:
         self._buf = b""
 
     @classmethod
-    def start(cls, grade, siblings: list[_Worker]) -> _Worker:
+    def start(cls, grade, siblings: list[_Worker], zygote_args: tuple = ((), (), True)) -> _Worker:
+        """zygote_args: zygote.prepare's (warm, later, base), for the zygote it starts before its first task."""
         task_r, task_w = os.pipe()
         res_r, res_w = os.pipe()
 
@@ -82,7 +116,7 @@ class _Worker:
                 w.tasks.close()
                 os.close(w.results)
             try:
-                _serve(grade, os.fdopen(task_r, "rb"), os.fdopen(res_w, "wb"))
+                _serve(grade, os.fdopen(task_r, "rb"), os.fdopen(res_w, "wb"), zygote_args)
             finally:
                 zygote.shutdown()  # its own zygote, and every learner process left
         pid = zygote._fork(worker)
@@ -119,8 +153,9 @@ class _Worker:
         os.waitpid(self.pid, 0)
 
 
-def _serve(grade, tasks, results):
+def _serve(grade, tasks, results, zygote_args: tuple):
     zygote._ZYGOTE = None  # the parent's, if any, is not this process's to use
+    zygote.prepare(*zygote_args)  # now, while it is a clean fork: grading a lesson imports its checks
     for line in tasks:
         stem, names = json.loads(line)
         out = [r.to_dict() for r in grade(stem, only=names)]

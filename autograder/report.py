@@ -1,6 +1,7 @@
 """Plain-text tables of results, for terminals and notebooks alike."""
 from __future__ import annotations
 
+import dataclasses
 import textwrap
 from typing import TYPE_CHECKING
 
@@ -27,13 +28,19 @@ def _pts(x: float) -> str:
     return f"{x:g}"
 
 
-def check_table(results: list[CheckResult], verbose: bool = False, width: int = 100) -> str:
+def check_table(results: list[CheckResult], verbose: bool = False, width: int = 100,
+                for_student: bool = False) -> str:
+    """The results as a table. for_student=True (nbgrader's feedback): a hidden case is shown by its own label
+    ("hidden 2") and how it ended, never by its message or its full label (which may hold its inputs and
+    expected values: student_message), and what the learner's code printed is left out of a check that ran
+    hidden cases (it could print their inputs)."""
     name_w = max([len(r.name) for r in results] + [5])
     lines = [f"{'check':<{name_w}}  {'points':>9}  {'status':<15}  message",
              "-" * min(width, name_w + 40)]
     for r in results:
+        parts = [_part(p) for p in r.parts]
         pts = f"{_pts(r.earned)}/{_pts(r.points)}" if r.graded else f"-/{_pts(r.points)}"
-        msg_lines = printable(r.message or "").splitlines() or [""]
+        msg_lines = printable((student_message(r) if for_student else r.message) or "").splitlines() or [""]
         head = msg_lines[0]
         lines.append(f"{r.name:<{name_w}}  {pts:>9}  {r.status:<15}  {head}")
         indent = " " * (name_w + 31)
@@ -41,13 +48,58 @@ def check_table(results: list[CheckResult], verbose: bool = False, width: int = 
         for extra in rest[:25]:
             lines.append(indent + extra)
         if verbose:
-            for p in r.parts:
+            for p in parts:
                 mark = "pass" if p["passed"] else ("skip" if not p["graded"] else "FAIL")
-                first = printable(p["message"] or "").splitlines()[:1]
-                lines.append(f"{indent}- [{mark}] {p['label']}" + (f": {first[0]}" if first else ""))
+                secret = for_student and p.get("hidden")
+                first = [] if secret else printable(p["message"] or "").splitlines()[:1]
+                label = p["hidden"] if secret else p["label"]
+                lines.append(f"{indent}- [{mark}] {label}" + (f": {first[0]}" if first else ""))
         if r.output and (verbose or r.status != PASSED):
-            lines.append(indent + "your code printed:")
-            lines.extend(indent + "  " + o for o in printable(r.output).splitlines()[:10])
+            if for_student and ran_hidden(r):
+                lines.append(indent + "(what your code printed is not shown: it ran hidden cases)")
+            else:
+                lines.append(indent + "your code printed:")
+                lines.extend(indent + "  " + o for o in printable(r.output).splitlines()[:10])
+    return "\n".join(lines)
+
+
+# How a failed hidden case ended (Part.kind), and how a check that stopped in one ended (its status): all a student
+# is told of a hidden case.
+_HIDDEN_ENDED = {"wrong": "failed", "raised": "your code raised an exception"}
+_HIDDEN_STOPPED = {"timeout": "your code was still running at the check's time limit",
+                   "crashed": "your code crashed its process", "error": "the check stopped with an error there",
+                   "not started": "your code still raises NotImplementedError"}
+HIDDEN_NOTE = "a hidden case's inputs and expected values are not shown"
+
+
+def _part(p) -> dict:
+    """A part as a dict (results read back from a second grader hold core.Part objects)."""
+    return p if isinstance(p, dict) else dataclasses.asdict(p)
+
+
+def ran_hidden(r: CheckResult) -> bool:
+    return bool(r.hidden_case) or any(_part(p).get("hidden") for p in r.parts)
+
+
+def student_message(r: CheckResult) -> str:
+    """`r.message` as a student may see it: the same, unless a hidden case failed or the check stopped in one.
+    Then: each such case by its own label and how it ended; the check's message only if it names no failed
+    hidden case (when it does, the first failed visible case's instead); never a hidden case's message."""
+    failed = [p for p in map(_part, r.parts) if p["graded"] and not p["passed"]]
+    secret = [p for p in failed if p.get("hidden")]
+    if not secret and not r.hidden_case:
+        return r.message
+    lines = []
+    if r.hidden_case:
+        lines.append(f"{r.hidden_case}: {_HIDDEN_STOPPED.get(r.status, r.status)} ({HIDDEN_NOTE})")
+    if secret:
+        lines.append("; ".join(f"{p['hidden']}: {_HIDDEN_ENDED.get(p['kind'], 'failed')}" for p in secret)
+                     + f" ({HIDDEN_NOTE})")
+    names_secret = any(text and text in (r.message or "") for p in secret for text in (p["label"], p["message"]))
+    if not r.hidden_case and not names_secret:
+        lines.append(r.message)
+    elif shown := [p for p in failed if not p.get("hidden")]:
+        lines.append(f"{shown[0]['label']}: {shown[0]['message']}")
     return "\n".join(lines)
 
 

@@ -41,6 +41,7 @@ class CheckResult:
     output: str = ""
     seconds: float = 0.0
     mistakes_tested: list = dataclasses.field(default_factory=list)  # names whose value differed on a case
+    hidden_case: str = ""  # the hidden case the check stopped in ("hidden 2"): `message` is not for the student
 
     @property
     def graded(self) -> bool:
@@ -128,14 +129,15 @@ def _raised_status(e: LearnerRaised) -> tuple[str, str]:
 class _Session:
     """The learner process of one check, started on first use (a check may need none)."""
 
-    def __init__(self, target: Target, deadline: float, handoff: str | None = None):
+    def __init__(self, target: Target, deadline: float, handoff: str | None = None, engine: dict | None = None):
         self.target, self.deadline, self.proc, self.handoff = target, deadline, None, handoff
+        self.engine = engine  # what of the engine the learner's module may import (scan.lesson_engine_use)
 
     def __getattr__(self, name):  # LearnerProcess API, started lazily
         if self.proc is None:
             self.proc = LearnerProcess.start(self.deadline, target=self.target.path,
                                              readable=(self.handoff, *self.target.sys_path))
-            self.proc.load(self.target.path, self.target.module_name, list(self.target.sys_path))
+            self.proc.load(self.target.path, self.target.module_name, list(self.target.sys_path), self.engine)
         return getattr(self.proc, name)
 
     def close(self) -> str:
@@ -149,7 +151,7 @@ def run_check(spec: CheckSpec, target: Target, ref, seed: int, cuda: bool, timeo
     # directory of this check's that its learner process may read (it may read no other: autograder/oslimits.py).
     handoff = tempfile.mkdtemp(prefix="course-handoff-")
     saved_tempdir, tempfile.tempdir = tempfile.tempdir, handoff
-    session = _Session(target, start + timeout, handoff)
+    session = _Session(target, start + timeout, handoff, scan.lesson_engine_use(spec.lesson).to_dict())
     t = core.Trial(session, ref, check_seed(seed, spec.name), cuda, visible_only=visible_only)
     status = msg = None
     try:
@@ -166,7 +168,7 @@ def run_check(spec: CheckSpec, target: Target, ref, seed: int, cuda: bool, timeo
     except LearnerRaised as e:  # outside any case: importing the module, or a lookup
         status, msg = _raised_status(e)
     except core.CaseFailed as e:
-        t.parts.append(Part("check", 1.0, False, str(e), kind=core.WRONG))
+        t.parts.append(Part("check", 1.0, False, str(e), kind=core.WRONG, hidden=t.hidden_now))
     except zygote.ZygoteGone:
         status, msg = CRASHED, ("the grader's process that starts your code's processes was killed while this "
                                 "check ran (does your code kill its parent process, os.getppid()?)")
@@ -187,7 +189,7 @@ def run_check(spec: CheckSpec, target: Target, ref, seed: int, cuda: bool, timeo
     else:
         earned = 0.0
     return CheckResult(spec.lesson, spec.name, spec.section, spec.points, earned, status, msg, parts, output, seconds,
-                       sorted(t.offered))
+                       sorted(t.offered), t.hidden_now if status is not None else "")
 
 
 def _import_failure(e: Exception, target: Target) -> tuple[str, str]:
@@ -204,18 +206,20 @@ def _import_failure(e: Exception, target: Target) -> tuple[str, str]:
     return ERROR, f"{what} could not be imported:\n{e.tb_text}"
 
 
-def preflight(target: Target, timeout: float = 60.0) -> tuple[str, str] | None:
+def preflight(target: Target, timeout: float = 60.0, stem: str | None = None) -> tuple[str, str] | None:
     """Scan the learner's source, then import it once in a learner process: a module that is rejected or
-    does not import fails every check the same way. Returns (status, message) or None when fine."""
+    does not import fails every check the same way. Returns (status, message) or None when fine. With `stem`,
+    the learner's module may use of the engine only what that lesson's stub does (scan.lesson_engine_use)."""
+    engine = scan.lesson_engine_use(stem) if stem else None
     try:
-        findings = scan.scan_file(target.path)
+        findings = scan.scan_file(target.path, engine)
     except OSError as e:
         return ERROR, f"{target.label or target.path} could not be read: {e}"
     if findings:
         return REJECTED, scan.report(findings, target.label or target.path)
     proc = LearnerProcess.start(time.monotonic() + timeout, target=target.path, readable=target.sys_path)
     try:
-        proc.load(target.path, target.module_name, list(target.sys_path))
+        proc.load(target.path, target.module_name, list(target.sys_path), engine.to_dict() if engine else None)
     except (LearnerRaised, LearnerGone) as e:
         return _import_failure(e, target)
     finally:
@@ -244,7 +248,7 @@ def grade_lesson(stem: str, target: Target, seed: int, only: list[str] | None = 
         ref, stored, forced_seed = reference.for_lesson(stem)
         if stored:  # a student's copy: the visible cases, with the seed they were recorded at
             visible_only, seed = True, forced_seed
-    pre = preflight(target)
+    pre = preflight(target, stem=stem)
     if pre is not None:
         return [CheckResult(stem, spec.name, spec.section, spec.points, 0.0, pre[0], pre[1]) for spec in specs]
     from .parallel import run_checks

@@ -65,7 +65,8 @@ class LearnerGone(Exception):
 _SIGNALS = {signal.SIGSEGV: "a segmentation fault (an out-of-bounds pointer or load)",
             signal.SIGKILL: "SIGKILL: the out-of-memory killer, or your code killing its own process",
             signal.SIGABRT: "an abort (a failed assertion inside a C/C++ library)",
-            signal.SIGBUS: "a bus error (a bad memory access)"}
+            signal.SIGBUS: "a bus error (a bad memory access)",
+            signal.SIGXFSZ: "SIGXFSZ: your code wrote a file larger than the sandbox allows (256 MiB)"}
 
 
 def _signal_text(sig: int) -> str:
@@ -107,7 +108,8 @@ class LearnerProcess:
         scratch = None
         if oslimits.active():  # its private scratch directory, the only one it may write to
             scratch = tempfile.mkdtemp(prefix="course-scratch-")
-            spec["sandbox"] = {"scratch": scratch, "target": target, "readable": list(readable)}
+            spec["sandbox"] = {"scratch": scratch, "target": target, "readable": list(readable),
+                               "namespaces": oslimits.namespaces()["available"]}
         try:
             try:
                 pid = zyg.spawn(theirs.fileno(), spec)
@@ -195,9 +197,11 @@ class LearnerProcess:
         return LearnerGone("exit", "the learner process closed its connection")
 
     # -- operations -------------------------------------------------------------------------------
-    def load(self, path: str, name: str, sys_path: list[str] | None = None):
-        return self.request({"op": "load", "path": path, "name": name, "sys_path": sys_path or []},
-                            what=f"importing {os.path.basename(path)}")
+    def load(self, path: str, name: str, sys_path: list[str] | None = None, engine: dict | None = None):
+        """Import the learner's module. engine: scan.EngineUse.to_dict(), what of the engine it may import (its
+        lesson's stub's); None: anything."""
+        return self.request({"op": "load", "path": path, "name": name, "sys_path": sys_path or [],
+                             "engine": engine}, what=f"importing {os.path.basename(path)}")
 
     def lookup(self, name: str) -> dict | None:
         return self.request({"op": "lookup", "name": name}, what=name)

@@ -107,3 +107,4 @@ def write(root: Path = ROOT) -> list[Path]:
         if p in changed:
             p.write_text(text)
     return changed
+

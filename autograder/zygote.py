@@ -1,14 +1,15 @@
-"""The zygote: a process that never imported the solutions, forked once per check to run learner code.
+"""The zygote: a process that never imported the solutions nor the checks, forked once per check to run learner code.
 
 A learner process forked straight from the grader would inherit everything the
-grader holds: the imported `solutions` modules, expected values in memory. So
-learner processes come from a zygote instead, a process with torch, the engine
-and what the lesson needs imported (so a check starts in milliseconds; a lesson
-without tensors, lessons.NO_TORCH, gets neither torch nor the engine) but no
-solutions:
+grader holds: the imported `solutions` modules and check modules, expected values
+in memory. So learner processes come from a zygote instead, a process with torch,
+the engine and what the lesson needs imported (so a check starts in milliseconds;
+a lesson without tensors, lessons.NO_TORCH, gets neither torch nor the engine) but
+no solutions and no checks (holds_solutions):
 
-- on CPU, when nothing under `solutions` has been imported yet (`course check`,
-  a notebook), the zygote is a fork of the grader taken before it imports them;
+- on CPU, when nothing under `solutions` or `autograder.checks` has been imported
+  yet (`course check`, a notebook, each grader of `course grade`), the zygote is a
+  fork of the grader taken before it imports them;
 - otherwise (a test session that imported them, or a machine with a CUDA device,
   where a fork of the grader may be unable to use CUDA) it is a fresh interpreter,
   `python -m autograder.zygote FD`, that imports torch but never touches CUDA.
@@ -300,15 +301,34 @@ class Zygote:
 _ZYGOTE: Zygote | None = None
 
 
+# What a learner process must never hold, so what a process that imported any of it may not be forked into a zygote
+# (every learner process would inherit it): the reference solutions, the tests' mutants (made from them), and the
+# grader's checks (expected values, mistake models, reference code; autograder/harnesses/ is their learner side).
+# The bare package `autograder.checks` (its __init__ is a docstring) does not count: looking a lesson up
+# (lessons.Lesson.available) imports it. A forked zygote drops it (_forget_checks).
+def _never_in_a_zygote(name: str) -> bool:
+    return name in ("solutions", "tests.mutants") or name.startswith(("solutions.", "tests.mutants.",
+                                                                      "autograder.checks."))
+
+
 def holds_solutions() -> bool:
-    """Whether this process has imported anything from `solutions` (a fork of it would hold them)."""
-    return any(m == "solutions" or m.startswith("solutions.") or m.startswith("tests.mutants")
-               for m in list(sys.modules))
+    """Whether this process has imported anything from `solutions`, the tests' mutants or a module of the grader's
+    checks (`autograder.checks.*`): a fork of it would hold them."""
+    return any(_never_in_a_zygote(m) for m in list(sys.modules))
+
+
+def _forget_checks():
+    """In a zygote forked from the grader: drop the bare `autograder.checks` package (holds_solutions allows it, and
+    nothing of a check is in it), so that no learner process finds it in sys.modules or on `autograder`."""
+    sys.modules.pop("autograder.checks", None)
+    pkg = sys.modules.get("autograder")
+    if pkg is not None and "checks" in vars(pkg):
+        delattr(pkg, "checks")
 
 
 def can_fork_clean() -> bool:
-    """A fork of this process can be the zygote: forking is safe here (fork_is_safe) and no solutions are
-    imported."""
+    """A fork of this process can be the zygote: forking is safe here (fork_is_safe) and neither solutions nor
+    checks are imported (holds_solutions)."""
     return fork_is_safe() and not holds_solutions()
 
 
@@ -331,6 +351,7 @@ def _start_forked(warm: tuple, later: tuple, base: bool) -> Zygote:
     def zygote_main():
         parent_sock.close()
         os.setpgid(0, 0)  # out of the terminal's group: a Ctrl-C meant for the grader does not reach it
+        _forget_checks()
         serve(zyg_sock, warm, later, base)
     pid = _fork(zygote_main)
     zyg_sock.close()
@@ -404,7 +425,7 @@ def adopt(pid: int, sock: socket.socket) -> None:
 
 
 def prepare(warm: tuple = (), later: tuple = (), base: bool = True):
-    """Start the zygote now, while it can still be a clean fork (call before importing solutions); warm, later:
+    """Start the zygote now, while it can still be a clean fork (call before importing solutions or checks); warm, later:
     the modules a lesson's learner processes need beside BASE_WARM (lessons.warm_imports); base: whether they
     need BASE_WARM (lessons.needs_torch)."""
     get(warm, later, base)

@@ -9,7 +9,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from autograder.engine_harness import target_path
+from autograder.harnesses.engine import target_path
 from reference_engine import LLM, SamplingParams
 from reference_engine.disagg import DisaggPair, replay_disaggregated, run_disaggregated
 from reference_engine.engine import LLMEngine

@@ -14,6 +14,7 @@ import pytest
 
 from autograder import core, runner, zygote
 from autograder.runner import Target, grade_lesson
+from tests.processes import running
 
 STEM = "l02_kv_cache"
 CHECK = "kv_bytes_per_token"
@@ -207,39 +208,31 @@ def test_forged_replies_on_every_descriptor_get_nothing(tmp_path, isolation):
 
 # -- processes --------------------------------------------------------------------------------------------------
 
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().split(")")[-1].split()[0] != "Z"
-    except OSError:
-        return False
-
-
 @pytest.mark.parametrize("how", ["fork", "popen", "setsid grandchild"])
 def test_no_learner_process_outlives_the_check(tmp_path, isolation, cloned_zygote, how):
+    marker = f"60.{os.getpid()}{time.monotonic_ns() % 10**6}"
+    sleep = f"os.execv('/bin/sleep', ['sleep', '{marker}'])"
     spawn = {
-        "fork": "pid = os.fork()\n    if pid == 0:\n        time.sleep(60); os._exit(0)\n    pids = [pid]",
-        "popen": "import subprocess\n    pids = [subprocess.Popen(['sleep', '60']).pid]",
+        "fork": f"if os.fork() == 0:\n        {sleep}",
+        "popen": f"import subprocess\n    subprocess.Popen(['sleep', '{marker}'])",
         "setsid grandchild": ("pid = os.fork()\n    if pid == 0:\n        os.setsid()\n        if os.fork() == 0:\n"
-                              "            time.sleep(60)\n        os._exit(0)\n    os.waitpid(pid, 0)\n    pids = [pid]"),
+                              f"            {sleep}\n        os._exit(0)\n    os.waitpid(pid, 0)"),
     }[how]
-    body = (f"import os, time\n\ndef kv_bytes_per_token(config, dtype):\n    {spawn}\n"
-            "    print('pids:', *pids, flush=True)\n"  # (its captured output: it may write no file of ours)
-            "    return 0\n")
+    body = f"import os, time\n\ndef kv_bytes_per_token(config, dtype):\n    {spawn}\n    time.sleep(0.2)\n    return 0\n"
     start = time.monotonic()
     r = _bypass_scan(_target(tmp_path, body))
     took = time.monotonic() - start
     assert r.status in ("failed", "error") and r.earned == 0, (r.status, r.message)
     assert took < 15, f"a learner's process holding the connection slowed the check to {took:.1f} s"
-    time.sleep(0.3)
-    pids = [int(x) for line in r.output.splitlines() if line.startswith("pids:") for x in line.split()[1:]]
-    assert pids, r.output
-    survivors = [p for p in pids if _alive(p)]
-    # Grandchildren that escaped with setsid are found as the zygote's (a subreaper's) orphans. (The forked
-    # zygote's clone is its child too, and is no learner's.)
+    deadline = time.monotonic() + 3
+    while running(marker) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not running(marker), f"{len(running(marker))} process(es) outlived the check"
+    # Nor anything else: the zygote (a subreaper) holds no orphan of the check. (The forked zygote's clone is its
+    # child too, and is no learner's.)
     leftovers = [p for p in zygote._children_of(zygote.get().pid) if p != cloned_zygote.pid] \
         if zygote.get().alive() else []
-    assert not survivors and not leftovers, (survivors, leftovers)
+    assert not leftovers, leftovers
 
 
 # -- the grader stays up --------------------------------------------------------------------------------------------

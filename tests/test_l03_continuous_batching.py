@@ -9,7 +9,7 @@ import pytest
 from autograder.checks import l03_continuous_batching as checks
 from autograder.compare import compare
 from autograder.core import Trial
-from autograder.engine_harness import run_engine
+from autograder.harnesses.engine import run_engine
 from solutions import l03_continuous_batching as S
 
 R = S.Request

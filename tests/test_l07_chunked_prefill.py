@@ -6,8 +6,9 @@ import random
 import pytest
 
 from autograder.checks import l07_chunked_prefill as checks
+from autograder.checks._engine import stopped
 from autograder.compare import compare
-from autograder.engine_harness import run_engine, stopped
+from autograder.harnesses.engine import run_engine
 from solutions import l07_chunked_prefill as S
 
 
@@ -153,7 +154,7 @@ def test_short_prompts_behind_a_long_one_get_their_first_token_sooner():
     kwargs = dict(num_blocks=64, max_num_seqs=4, max_num_batched_tokens=48)
 
     def first_token_steps(make):
-        from autograder.engine_harness import build_llm
+        from autograder.harnesses.engine import build_llm
         from reference_engine import SamplingParams
         engine = build_llm(kwargs, make).engine
         ids = [engine.add_request(p, SamplingParams(temperature=0, max_tokens=2, ignore_eos=True)) for p in prompts]

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from autograder.checks import l08_tail_latency as checks
+from autograder.harnesses import l08_tail_latency as harness
 from reference_engine import faults, router
 from reference_engine import trace as tr
 from reference_engine.gpu_model import H100
@@ -292,18 +293,18 @@ def test_fault_spec_refuses_unknown_causes():
 
 def test_columns_give_back_the_very_records():
     data = checks.replay("preemption", checks.VISIBLE_SEED)
-    requests, steps = checks.from_columns(checks.to_columns(data))
+    requests, steps = harness.from_columns(harness.to_columns(data))
     assert requests == data["requests"] and steps == data["steps"]
     assert [list(r) for r in requests[:3]] == [list(r) for r in data["requests"][:3]]  # same key order
 
 
 def test_call_on_replay_matches_direct_calls_and_flags_edits():
     data = checks.replay("host_stall", checks.VISIBLE_SEED)
-    cols, rs, st = checks.to_columns(data), data["requests"], data["steps"]
+    cols, rs, st = harness.to_columns(data), data["requests"], data["steps"]
     picked = checks.pick_requests(rs)
-    got = checks.call_on_replay(S.attribute_request, cols, [[["$request", i], ["$steps_of", i]] for i in picked])
+    got = harness.call_on_replay(S.attribute_request, cols, [[["$request", i], ["$steps_of", i]] for i in picked])
     assert got == [[S.attribute_request(rs[i], st[rs[i]["replica"]]), None] for i in picked]
-    assert checks.call_on_replay(S.tail_shares, cols, [[["$requests"], ["$steps"], 95]]) == [[S.tail_shares(rs, st, 95), None]]
+    assert harness.call_on_replay(S.tail_shares, cols, [[["$requests"], ["$steps"], 95]]) == [[S.tail_shares(rs, st, 95), None]]
 
     def edits_steps(requests, steps_by_replica):
         steps_by_replica[0].pop()
@@ -313,8 +314,8 @@ def test_call_on_replay_matches_direct_calls_and_flags_edits():
         request["token_times"].append(0.0)
         return {}
 
-    assert checks.call_on_replay(edits_steps, cols, [[["$requests"], ["$steps"]]] * 2) == [["none", 1]] * 2
-    assert checks.call_on_replay(edits_request, cols, [[["$request", 0], ["$steps_of", 0]]]) == [[{}, 0]]
+    assert harness.call_on_replay(edits_steps, cols, [[["$requests"], ["$steps"]]] * 2) == [["none", 1]] * 2
+    assert harness.call_on_replay(edits_request, cols, [[["$request", 0], ["$steps_of", 0]]]) == [[{}, 0]]
 
 
 @pytest.mark.slow

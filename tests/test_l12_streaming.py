@@ -10,7 +10,7 @@ import pytest
 
 import solutions.l12_streaming as sol
 from autograder.checks import l12_streaming as chk
-from autograder.server_harness import drive_buffer, drive_cache, drive_framer, drive_resume, drive_watcher
+from autograder.harnesses.server import drive_buffer, drive_cache, drive_framer, drive_resume, drive_watcher
 from reference_engine.server import interfaces
 from reference_engine.server.interfaces import Generation, ResumePlan
 
@@ -227,7 +227,7 @@ def test_the_retry_case_is_not_graded_only_when_the_machine_outran_the_scenario(
 def test_the_server_harness_tells_a_contract_drop_from_an_early_one():
     """A retry attempt dropped as a slow reader is 'not graded: the machine was too slow' only when every reader
     the buffer gave up was one the contract allowed (more than high_water waiting, or older than max_lag_s)."""
-    from autograder.server_harness import _Recording
+    from autograder.harnesses.server import _Recording
     from solutions.l12_streaming import CoalescingBuffer
 
     class Eager(CoalescingBuffer):
@@ -249,7 +249,8 @@ def test_the_server_harness_tells_a_contract_drop_from_an_early_one():
 def test_the_expected_answers_are_what_the_reference_server_streams():
     """The retry, resume and polite cases judge whole answers against the engine's offline greedy answers: a
     server with its own defaults streams exactly those."""
-    from autograder.server_harness import RESUME_TOKENS, expected_answers, run_server
+    from autograder.checks.l12_streaming import expected_answers
+    from autograder.harnesses.server import RESUME_TOKENS, run_server
     from reference_engine.server.streaming import (
         BoundedStreamBuffer,
         ContinueResumePolicy,

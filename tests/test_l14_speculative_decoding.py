@@ -317,7 +317,7 @@ def test_verify_rule_makes_the_engines_draws_and_its_mistakes_differ():
 
 @pytest.fixture(scope="module")
 def engine_runs():
-    from autograder.engine_harness import run_speculative
+    from autograder.harnesses.engine import run_speculative
     torch.set_num_threads(1)
     prompts = checks._engine_prompts()
     runs = {"plain": run_speculative(prompts, checks.GREEDY_PARAMS, None, checks.ENGINE_K, checks.ENGINE_KW)}

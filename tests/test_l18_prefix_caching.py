@@ -9,6 +9,7 @@ import sys
 import pytest
 
 from autograder.checks import l18_prefix_caching as checks
+from autograder.harnesses import l18_prefix_caching as harness
 from autograder.runner import Target, grade_lesson
 from reference_engine import trace
 from solutions import l18_prefix_caching as S
@@ -304,7 +305,7 @@ def test_brute_trie_evict_variants():
 
 
 def test_lpm_stand_in_tree_and_harness():
-    stand_in = checks.LookupOnly(checks._build(2, [[1, 2, 3, 4]]))
+    stand_in = harness.LookupOnly(checks._build(2, [[1, 2, 3, 4]]))
     assert stand_in.match_prefix([1, 2, 9])[0] == [0] and stand_in.page_size == 2
     with pytest.raises(AttributeError, match="match_prefix"):
         stand_in.root  # noqa: B018 - the attribute access is what is tested
@@ -314,7 +315,7 @@ def test_lpm_stand_in_tree_and_harness():
         waiting.sort()
         return order
 
-    out = checks.lpm_harness(reorders, 2, [[1, 2, 3, 4]], [[9, 9], [1, 2, 3]])
+    out = harness.lpm_harness(reorders, 2, [[1, 2, 3, 4]], [[9, 9], [1, 2, 3]])
     assert out["order"] == [1, 0] and out["lookups"] == [[9, 9], [1, 2, 3]] and out["waiting"] == [[1, 2, 3], [9, 9]]
 
 
@@ -340,7 +341,7 @@ def test_judge_names_one_unrefuted_mistake():
 def test_visible_engine_workloads_hit_evict_and_keep_the_tokens(label, case):
     """Each visible workload of tree_in_engine makes the engine find cached prefixes and evict from the tree,
     and with the reference tree it generates what it generates without a cache."""
-    from autograder.engine_harness import run_engine
+    from autograder.harnesses.engine import run_engine
     prompts, lens = case
     ref = checks._cached_reference(S, prompts, lens)
     plain = run_engine(prompts, lens, checks.ENGINE_KW, model=checks.ENGINE_MODEL)
@@ -358,7 +359,7 @@ def test_engine_chat_resends_the_engines_own_answers():
     rows = trace.scale_to_context(trace.load("conv"), 512)
     calls = S.multi_turn_workload(12, seed=3, mean_turns=100.0, trace_name=rows)  # nearly all turns continue
     assert sum(c.after >= 0 for c in calls) >= 6
-    from autograder.engine_harness import DRAFT
+    from autograder.harnesses.engine import DRAFT
     eng = LLMEngine(str(DRAFT), dtype=torch.float32, enable_prefix_caching=True,
                     prefix_cache=S.RadixTree, clock=S.SkipIdleClock(), num_blocks=512, block_size=16)
     sent = []

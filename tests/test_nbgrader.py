@@ -1,13 +1,21 @@
 """The classroom flow of README's "Teaching with it (nbgrader)", run with nbgrader's own commands in a temporary
 directory: build, generate_assignment, release_assignment, (students) fetch_assignment and submit, collect,
 autograde, generate_feedback, release_feedback / fetch_feedback, export, then a second autograde (skipped
-without --force) and a forced re-grade."""
+without --force), a forced re-grade, and autograde without the sandbox (refused, then opted in).
+
+Among the submissions, some hold code that would attack the instructor if anything ran it (nbgrader's kernel did):
+none of it runs, in an answer cell (graded in the sandbox, where the source scan rejects it) or in any other cell
+(never graded). A wrong answer's feedback names its failed hidden cases but shows none of their expected values."""
 import csv
+import dataclasses
+import html
 import os
 import re
 import shutil
 import subprocess
 import sys
+import tempfile
+import textwrap
 import time
 from pathlib import Path
 
@@ -16,8 +24,11 @@ import pytest
 
 pytest.importorskip("nbgrader")
 
+from autograder import compare as cmp  # noqa: E402
+from autograder import core, oslimits, report  # noqa: E402
 from autograder.nbgrader_build import build  # noqa: E402
-from autograder.runner import load_checks  # noqa: E402
+from autograder.nbgrader_grade import seed_for, submission_source  # noqa: E402
+from autograder.runner import Target, grade_lesson, load_checks  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 STEM = "l01_roofline"
@@ -28,8 +39,60 @@ CHEATS = {
     "patches_the_grader": ("import autograder.core\n"
                            "autograder.core.Trial.expect = lambda *a, **k: None\n"),
 }
+# Code that attacks the instructor when run in nbgrader's kernel: in the first answer cell, or in cells that are not
+# answer cells (a lesson code cell rewritten and a cell the student added). Named to be graded last (autograde goes
+# by student id): a gradebook they zeroed would stay so.
+ATTACKS = {"x_attacks_in_an_answer": "answer", "x_attacks_in_other_cells": "other cells"}
+WRONG = "wrong"  # every exercise solved, but matmul_cost right on its visible cases only (a multiply-add as one FLOP)
 THROUGH_EXCHANGE = ["solved", "untouched"]  # fetch_assignment and submit, then collect
-STUDENTS = [*THROUGH_EXCHANGE, *CHEATS]  # the cheats are handed in another way: put into submitted/ by hand
+HANDED_IN = [*CHEATS, *ATTACKS, WRONG]  # handed in another way: put into submitted/ by hand
+STUDENTS = [*THROUGH_EXCHANGE, *HANDED_IN]
+# A detached process: sleeps 60 s, then (after autograde) zeroes every grade in the gradebook.
+SLEEPER = ("import sqlite3, sys, time; time.sleep(60); db = sqlite3.connect(sys.argv[1]); "
+           "db.execute('UPDATE grade SET auto_score = 0'); db.commit()")
+
+
+def _attack(token: str, outside: Path, course: Path) -> str:
+    """Code that, wherever it runs, leaves `outside`/TOKEN.marker, prints the solutions (into the feedback), zeroes
+    every grade in gradebook.db, and starts a detached process (double fork, setsid) with TOKEN in its command line
+    that writes its pid to `outside` and to the temporary directory, sleeps 60 s and zeroes the grades again."""
+    db, sleeper = str(course / "gradebook.db"), [SLEEPER, str(course / "gradebook.db"), token]
+    return textwrap.dedent(f"""\
+        import os, sqlite3, sys, tempfile
+        open({str(outside / (token + ".marker"))!r}, "w").write("ran")
+        print(open({str(ROOT / "solutions" / f"{STEM}.py")!r}).read())
+        db = sqlite3.connect({db!r})
+        db.execute("UPDATE grade SET auto_score = 0")
+        db.commit()
+        if os.fork() == 0:
+            os.setsid()
+            if os.fork() == 0:
+                for folder in ({str(outside)!r}, tempfile.gettempdir()):
+                    open(os.path.join(folder, {token + ".pid"!r}), "w").write(str(os.getpid()))
+                null = os.open(os.devnull, os.O_RDWR)
+                for fd in (0, 1, 2):
+                    os.dup2(null, fd)
+                os.execv(sys.executable, [sys.executable, "-c", *{sleeper!r}])
+            os._exit(0)
+        os.wait()
+        """)
+
+
+def _alive(token: str) -> list[int]:
+    """The processes whose command line holds `token`."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            if entry.name.isdigit() and int(entry.name) != os.getpid() and token.encode() in (entry / "cmdline").read_bytes():
+                found.append(int(entry.name))
+        except OSError:
+            pass
+    return found
+
+
+def _text(path: Path) -> str:
+    """An HTML file's text, as a reader sees it: tags left out, entities decoded."""
+    return html.unescape(re.sub(r"<[^>]+>", "", path.read_text()))
 
 
 class Flow:
@@ -40,12 +103,12 @@ class Flow:
         self.course, self.exchange = base / "course", base / "exchange"
         self.runs: list[tuple[str, subprocess.CompletedProcess, float]] = []
 
-    def nbgrader(self, cwd: Path, *args: str) -> subprocess.CompletedProcess:
+    def nbgrader(self, cwd: Path, *args: str, env: dict | None = None, ok: bool = True) -> subprocess.CompletedProcess:
         start = time.monotonic()
         r = subprocess.run([sys.executable, "-m", "nbgrader", *args], cwd=cwd, capture_output=True, text=True,
-                           timeout=1200)
+                           timeout=1200, env=env)
         self.runs.append((args[0], r, time.monotonic() - start))
-        assert r.returncode == 0, " ".join(args) + "\n" + r.stdout[-3000:] + r.stderr[-3000:]
+        assert (r.returncode == 0) == ok, " ".join(args) + "\n" + r.stdout[-3000:] + r.stderr[-3000:]
         return r
 
     def student(self, name: str, *args: str) -> subprocess.CompletedProcess:
@@ -59,8 +122,9 @@ class Flow:
         return [r.stdout + r.stderr for name, r, _ in self.runs if name == command]
 
 
-def _fill(nb, answers: dict[str, str] | None = None, first: str | None = None):
-    """The notebook with solution cells replaced: by grade_id from `answers`, or only the first by `first`."""
+def _fill(nb, answers: dict[str, str] | None = None, first: str | None = None, other: str | None = None):
+    """The notebook with solution cells replaced: by grade_id from `answers`, or only the first by `first`; with
+    `other`, the first code cell that is not an nbgrader cell replaced by it and a cell of it added after it."""
     out = nbformat.from_dict(nb)
     solution_cells = [c for c in out.cells if c.metadata.get("nbgrader", {}).get("solution")]
     for cell in solution_cells:
@@ -68,7 +132,18 @@ def _fill(nb, answers: dict[str, str] | None = None, first: str | None = None):
             cell.source = answers[cell.metadata["nbgrader"]["grade_id"]]
     if first is not None:
         solution_cells[0].source = first
+    if other is not None:
+        i = next(i for i, c in enumerate(out.cells) if c.cell_type == "code" and "nbgrader" not in c.metadata)
+        out.cells[i].source = other
+        out.cells.insert(i + 1, nbformat.v4.new_code_cell(other))
     return out
+
+
+def _solutions_lines() -> list[str]:
+    """Lines of solutions/<stem>.py that are in neither the exercise file nor the release: the answers."""
+    given = (ROOT / "exercises" / f"{STEM}.py").read_text()
+    return [line.strip() for line in (ROOT / "solutions" / f"{STEM}.py").read_text().splitlines()
+            if len(line.strip()) > 24 and line.strip() not in given]
 
 
 def _scores(course: Path) -> dict:
@@ -88,9 +163,16 @@ def flow(tmp_path_factory):
     course = f.course
     build(course, [STEM])
     f.exchange.mkdir()
+    f.outside = f.base / "outside"  # where an attack that ran would leave its traces
+    f.outside.mkdir()
     config = course / "nbgrader_config.py"  # the exchange: here a temporary folder, not /srv/nbgrader/exchange
     config.write_text(config.read_text().replace('# c.Exchange.root = "/srv/nbgrader/exchange"',
                                                  f'c.Exchange.root = "{f.exchange}"'))
+    sandboxed = config.read_text()
+    opted_in = sandboxed.replace("# c.TrustedGrades.allow_unsandboxed = True", "c.TrustedGrades.allow_unsandboxed = True")
+    assert opted_in != sandboxed
+    if not oslimits.active():  # no Landlock here (macOS, an old kernel): the flow runs as an instructor opted in
+        config.write_text(opted_in)
     f.nbgrader(course, "generate_assignment", STEM)
     f.nbgrader(course, "release_assignment", STEM)
     source = nbformat.read(course / "source" / STEM / f"{STEM}.ipynb", as_version=4)
@@ -105,17 +187,33 @@ def flow(tmp_path_factory):
         if student == "solved":  # a student who solved every exercise: each solution cell filled in
             nbformat.write(_fill(fetched[student], answers), path)
         f.student(student, "submit", STEM, f"--student={student}")  # every student here is this test's user
-    for student, code in CHEATS.items():  # cheats, each in an answer cell of an otherwise untouched release
+    handed_in = {student: _fill(release, first=code) for student, code in CHEATS.items()}  # in an answer cell
+    f.tokens = {student: f"course-attack-{os.getpid()}-{student}" for student in ATTACKS}
+    for student, where in ATTACKS.items():
+        code = _attack(f.tokens[student], f.outside, course)
+        handed_in[student] = _fill(release, first=code) if where == "answer" else _fill(release, other=code)
+    wrong = dict(answers, exercise_matmul_cost=answers["exercise_matmul_cost"].replace(
+        '"flops": 2 * m * n * k', '"flops": (2 if m in (1, 2000) else 1) * m * n * k'))
+    assert wrong != answers
+    handed_in[WRONG] = _fill(release, wrong)
+    for student, nb in handed_in.items():
         path = course / "submitted" / student / STEM / f"{STEM}.ipynb"
         path.parent.mkdir(parents=True)
-        nbformat.write(_fill(release, first=code), path)
+        nbformat.write(nb, path)
+    f.handed_in = handed_in
     f.nbgrader(course, "collect", STEM, "--ExchangeCollect.check_owner=False")
     f.nbgrader(course, "autograde", STEM)
+    f.autograded_at = time.monotonic()
+    f.alive = {"after autograde": {s: _alive(token) for s, token in f.tokens.items()}}
     f.first_scores = _scores(course)
     f.nbgrader(course, "generate_feedback", STEM)
-    f.nbgrader(course, "release_feedback", STEM, f"--CourseDirectory.student_id_exclude={','.join(CHEATS)}")
+    f.alive["after generate_feedback"] = {s: _alive(token) for s, token in f.tokens.items()}
+    f.nbgrader(course, "release_feedback", STEM, f"--CourseDirectory.student_id_exclude={','.join(HANDED_IN)}")
     f.student("solved", "fetch_feedback", STEM, "--student=solved")
     f.nbgrader(course, "export")
+    time.sleep(max(0.0, 65 - (time.monotonic() - f.autograded_at)))  # a process autograde started has woken by now
+    f.alive["65 s after autograde"] = {s: _alive(token) for s, token in f.tokens.items()}
+    f.woken_scores = _scores(course)
     graded = {s: course / "autograded" / s / STEM / f"{STEM}.ipynb" for s in STUDENTS}
     f.graded_mtimes = {s: p.stat().st_mtime_ns for s, p in graded.items()}
     f.nbgrader(course, "autograde", STEM)  # again, without --force: skips every submission
@@ -123,6 +221,15 @@ def flow(tmp_path_factory):
     f.nbgrader(course, "autograde", STEM, "--force")  # the re-grade
     f.forced_mtimes = {s: p.stat().st_mtime_ns for s, p in graded.items()}
     f.second_scores = _scores(course)
+    # Without the sandbox (COURSE_SANDBOX=off): refused, unless the config opts in.
+    unsandboxed = {**os.environ, "COURSE_SANDBOX": "off"}
+    config.write_text(sandboxed)
+    f.refused = f.nbgrader(course, "autograde", STEM, "--student=untouched", "--force", env=unsandboxed, ok=False)
+    config.write_text(opted_in)
+    f.nbgrader(course, "autograde", STEM, "--student=untouched", "--force", env=unsandboxed)
+    f.unsandboxed = nbformat.read(course / "autograded" / "untouched" / STEM / f"{STEM}.ipynb", as_version=4)
+    config.write_text(sandboxed if oslimits.active() else opted_in)
+    f.alive["at the end"] = {s: _alive(token) for s, token in f.tokens.items()}
     f.release, f.fetched = release, fetched
     yield f
     durations = ", ".join(f"{name} {seconds:.1f}s" for name, _, seconds in f.runs)
@@ -175,6 +282,7 @@ def test_feedback_shows_each_student_the_trusted_grades(flow):
         html = (flow.course / "feedback" / student / STEM / f"{STEM}.html").read_text()
         score, max_score = flow.first_scores[student]
         assert "graded outside the notebook" in html, student
+        assert oslimits.describe() in html, student  # the isolation it was graded under
         assert f"Score: {float(score)} / {float(max_score)}" in html, student
     fetched = list((flow.base / "homes" / "solved" / STEM / "feedback").glob(f"*/{STEM}.html"))
     assert len(fetched) == 1, fetched
@@ -227,3 +335,137 @@ def test_the_config_names_the_course_directory_wherever_it_is(tmp_path):
                        env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert r.returncode == 0, r.stderr[-2000:]
     assert r.stdout.strip() == str(tmp_path / "b")
+
+
+# -- nothing of a submission runs outside the sandbox ----------------------------------------------------------------
+
+@pytest.mark.parametrize("student", list(ATTACKS))
+def test_a_submissions_code_never_runs_in_nbgrader(flow, student):
+    """In an answer cell (graded in the sandbox: the scan rejects it there) or in cells that are not answer cells
+    (never run): no marker outside, no pid file, no detached process, now or after autograde."""
+    token = flow.tokens[student]
+    assert not (flow.outside / f"{token}.marker").exists()
+    assert not (flow.outside / f"{token}.pid").exists()
+    assert not list(Path(tempfile.gettempdir()).glob(f"{token}.pid"))
+    for when, alive in flow.alive.items():
+        assert not alive[student], (when, alive)
+
+
+@pytest.mark.parametrize("student", list(ATTACKS))
+def test_an_attacking_submission_scores_no_more_than_a_blank_one(flow, student):
+    assert flow.first_scores[student][0] <= flow.first_scores["untouched"][0], flow.first_scores[student + "/cells"]
+
+
+def test_the_gradebook_keeps_every_students_scores(flow):
+    """An attack that zeroes the gradebook, at once or from a process woken 60 s later, changed nothing."""
+    assert flow.woken_scores == flow.first_scores
+    score, max_score = flow.first_scores["solved"]
+    assert score == max_score > 0 and 0 < flow.first_scores[WRONG][0] < max_score
+
+
+def test_no_feedback_holds_the_solutions(flow):
+    lines = _solutions_lines()
+    assert len(lines) > 20
+    for student in STUDENTS:
+        if student in ("solved", WRONG):  # their answer cells are the solutions
+            continue
+        text = _text(flow.course / "feedback" / student / STEM / f"{STEM}.html")
+        assert not [line for line in lines if line in text], student
+
+
+def test_only_the_answer_cells_are_graded_and_no_output_is_kept(flow):
+    """The attack in cells that are not answer cells changes nothing: the submission grades as a blank one, and no
+    cell of the autograded notebook but a test cell has an output."""
+    assert flow.first_scores["x_attacks_in_other_cells/cells"] == flow.first_scores["untouched/cells"]
+    nb = nbformat.read(flow.course / "autograded" / "x_attacks_in_other_cells" / STEM / f"{STEM}.ipynb", as_version=4)
+    assert sum(flow.tokens["x_attacks_in_other_cells"] in c.source for c in nb.cells) == 2
+    for cell in nb.cells:
+        if cell.cell_type == "code" and not cell.metadata.get("nbgrader", {}).get("grade"):
+            assert not cell.outputs, cell.source[:200]
+
+
+def test_feedback_names_failed_hidden_cases_but_not_their_values(flow, monkeypatch, tmp_path):
+    """The wrong answer, graded again here with the seed autograde used: each failed hidden case is named in the
+    feedback, and neither its full label (its inputs), its message, nor its expected values (from solutions.<stem>,
+    recorded as the check compares) are; the instructor's report shows them."""
+    seen = []  # (trial, index of the case's part, expected value)
+    compare = core.Trial.expect
+
+    def recording(t, got, want, *args, **kwargs):
+        if t.stopped_in:  # inside a hidden case
+            seen.append((t, len(t.parts), want))
+        return compare(t, got, want, *args, **kwargs)
+
+    monkeypatch.setattr(core.Trial, "expect", recording)
+    source = submission_source(STEM, flow.handed_in[WRONG])
+    results = grade_lesson(STEM, Target.from_source(source, tmp_path, "wrong_again"), seed_for(STEM, WRONG))
+    parts = [p for r in results for p in r.parts if p["hidden"] and not p["passed"]]
+    (matmul,) = [r for r in results if r.name == "matmul_cost"]
+    assert matmul.status == "failed" and matmul.message.startswith("hidden 1: ")  # the instructor's first failure
+    expected = [want for t, i, want in seen if not t.parts[i].passed]  # the failed hidden cases'
+    values = {form for want in expected for v in (want.values() if isinstance(want, dict) else [want])
+              if isinstance(v, (int, float)) for form in (str(v), cmp.fmt(v)) if len(form) >= 6}
+    assert values
+    instructors = report.check_table(results, verbose=True)  # `course check -v`: every case, in full
+    assert any(v in instructors for v in values) and all(p["label"] in instructors for p in parts)
+    text = _text(flow.course / "feedback" / WRONG / STEM / f"{STEM}.html")
+    for p in parts:
+        assert f"{p['hidden']}: failed" in text
+        assert p["label"] not in text and p["message"].splitlines()[0] not in text
+    assert not [v for v in values if v in text]
+
+
+def test_without_the_sandbox_autograde_refuses_unless_the_config_opts_in(flow):
+    out = flow.refused.stdout + flow.refused.stderr
+    assert "sandbox is not active" in out and "c.TrustedGrades.allow_unsandboxed = True" in out, out[-3000:]
+    outputs = [o.get("text", "") for c in flow.unsandboxed.cells for o in c.get("outputs", [])]
+    assert any("isolation: source scan only" in o for o in outputs), outputs
+
+
+def test_a_hidden_case_is_known_by_its_label_or_by_the_loop_it_is_opened_in():
+    """Trial marks the parts of hidden cases, labelled (pairs) or bare; the report for the student names them and
+    shows none of their inputs or expected values, the instructor's shows them all."""
+    from autograder.runner import CheckResult
+    t = core.Trial(None, None, seed=1, cuda=False)
+    draw = lambda rng: rng.randint(10**6, 10**7)  # noqa: E731
+    for label, x in t.cases([("visible", 11)], draw, n=2):
+        with t.case(f"{label}: x={x}"):
+            t.fail(f"expected {2 * x}")
+    for x in t.cases([12], draw, n=1):  # the bare form: the label is the check's own
+        with t.case(f"x={x}"):
+            t.fail(f"expected {2 * x}")
+    with t.case("a case of no t.cases"):
+        pass
+    assert [p.hidden for p in t.parts] == ["", "hidden 1", "hidden 2", "", "hidden 1", ""]
+    secrets = [str(v) for p in t.parts if p.hidden for v in re.findall(r"\d{7,}", p.label + p.message)]
+    r = CheckResult(STEM, "toy", "", 2.0, 0.0, "failed", f"{t.parts[0].label}: {t.parts[0].message}\n(more failed)",
+                    [dataclasses.asdict(p) for p in t.parts], output=f"{secrets[0]}\n")
+    full, student = report.check_table([r], verbose=True), report.check_table([r], verbose=True, for_student=True)
+    assert all(s in full for s in secrets) and not [s for s in secrets if s in student]
+    assert "hidden 1: failed; hidden 2: failed; hidden 1: failed" in student and "expected 22" in student
+
+
+def test_the_config_runs_no_kernel_and_keeps_the_sanitize_step(tmp_path):
+    build(tmp_path, [STEM])
+    code = ("from traitlets.config.loader import PyFileConfigLoader as L; "
+            "c = L('nbgrader_config.py', path='.').load_config().Autograde; "
+            "print(*[p.__name__ for p in c.autograde_preprocessors]); "
+            "print(*[p.__name__ for p in c.sanitize_preprocessors])")
+    r = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=120,
+                       env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert r.returncode == 0, r.stderr[-2000:]
+    autograde, sanitize = (line.split() for line in r.stdout.strip().splitlines())
+    assert "Execute" not in autograde and autograde[0] == "TrustedGrades" and "SaveAutoGrades" in autograde
+    assert sanitize == ["ClearOutput", "DeduplicateIds", "OverwriteKernelspec", "OverwriteCells", "CheckCellMetadata"]
+
+
+def test_trusted_grades_refuses_when_a_kernel_would_run_the_submission():
+    from nbconvert.exporters import NotebookExporter
+    from nbgrader.preprocessors import Execute
+
+    from autograder.nbgrader_grade import SandboxRequired, TrustedGrades
+    exporter = NotebookExporter()
+    exporter.register_preprocessor(Execute)
+    exporter.register_preprocessor(TrustedGrades)
+    with pytest.raises(SandboxRequired, match="Execute is in"):
+        exporter._preprocessors[-1].preprocess(nbformat.v4.new_notebook(), {})

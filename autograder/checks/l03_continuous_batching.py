@@ -5,7 +5,7 @@ Simulation cases are small hand-made request sets plus hidden ones drawn from t.
 lengths like a trace: many short, a few long; arrivals bunched and spread). Wrong answers are named
 by running the usual wrong algorithms (variants below) on the same inputs. The engine checks run the
 shipped draft model (the schedule does not depend on the model, and it is three times faster a step)
-with the learner's policy (in the learner's process, `engine_harness.run_engine`) and, at the same
+with the learner's policy (in the learner's process, `harnesses.engine.run_engine`) and, at the same
 time (`t.run_against`), here with the reference one on the same prompts (greedy, few KV blocks so that requests get
 preempted, with and without chunked prefill), and compare the per-step schedule, the tokens, and
 that every KV block is free afterwards; a wrong schedule is named by running the usual wrong
@@ -18,8 +18,9 @@ import random
 from functools import partial
 from typing import NamedTuple
 
+from autograder.checks._engine import POLICY_ERRORS, step_bound, stopped, stub_guard
 from autograder.core import CaseFailed, check
-from autograder.engine_harness import POLICY_ERRORS, run_engine, step_bound, stopped, stub_guard
+from autograder.harnesses.engine import run_engine
 
 # -- request sets -----------------------------------------------------------------------------------
 

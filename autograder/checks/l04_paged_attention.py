@@ -4,21 +4,29 @@ and the cost of swapping or recomputing a preempted sequence.
 The learner's allocator lives in the learner's process: the op-by-op driver sends each operation
 there and runs the same one here on the engine's BlockAllocator, comparing what a caller can
 observe. The engine checks run the shipped target model with the learner's allocator or decode
-function plugged in (`engine_harness.run_engine` and `sample_in_engine`, over there) and here with
-the engine's own, and compare tokens and the block pool afterwards. Wrong attention outputs are
+function plugged in (`run_engine` and `sample_in_engine`, over there: autograder/harnesses/engine.py and
+l04_paged_attention.py) and here with the engine's own, and compare tokens and the block pool afterwards. Wrong attention outputs are
 named by computing the usual wrong answers (`decode_variant`) on the same inputs. The preemption cost
 model is judged key by key against the reference, its wrong answers computed by `preemption_variant`.
 """
 from __future__ import annotations
 
 import random
-import time
 
 import torch
 
-from autograder import engine_harness
 from autograder.checks._configs import non_default
+from autograder.checks._engine import stopped
 from autograder.core import LearnerRaised, check
+from autograder.harnesses.engine import run_engine
+from autograder.harnesses.l04_paged_attention import (
+    call_with_table_view,
+    fork_aliasing,
+    make_decode_case,
+    observe,
+    sample_in_engine,
+    time_decode,
+)
 from reference_engine.block_manager import BlockAllocator
 
 ENGINE_TAIL = "the engine's own BlockAllocator"
@@ -272,36 +280,6 @@ class _Drive:
                         "and it would never return to the pool (or be handed out while counted as held)")
 
 
-def observe(allocator, blocks: list[int], ks: list[int]) -> dict:
-    """(A harness: runs in the learner's process under `t.run`.) What _Drive.check reads after every operation,
-    in one round trip: {"ref_count": per block, "num_free": [one], "can_allocate": per k}, each entry
-    ("ok", value) or ("raised", the exception described as the grader describes a raising call). A value that
-    is not a plain int, bool, float, str or None comes back as its repr, which no check accepts."""
-    from autograder.learner_side import describe_exception
-
-    def ask(fn, *args):
-        try:
-            v = fn(*args)
-        except Exception as e:  # noqa: BLE001 - reported to the grader as that call's failure
-            return "raised", describe_exception(e)
-        return "ok", v if type(v) in (int, bool, float, str, type(None)) else f"<{type(v).__name__} {str(v)[:40]}>"
-    return {"ref_count": [ask(allocator.ref_count, b) for b in blocks], "num_free": [ask(allocator.num_free)],
-            "can_allocate": [ask(allocator.can_allocate, k) for k in ks]}
-
-
-def fork_aliasing(allocator_cls) -> dict:
-    """(A harness: runs in the learner's process under `t.run`.) fork a two-block table, then copy-on-write
-    the child's last block through append_slot, which edits the child's list in place. Returns whether fork
-    returned the parent's own list object and the parent's table afterwards (it must be unchanged)."""
-    a = allocator_cls(4)
-    parent = [a.allocate(), a.allocate()]
-    before = list(parent)
-    child = a.fork(parent)
-    same = child is parent
-    a.append_slot(child)
-    return {"same_object": same, "parent_before": before, "parent_after": list(parent)}
-
-
 SCRIPTS = ["fork, then write into the shared last block (copy-on-write)", "free after fork drops one reference",
            "can_allocate at the boundary; allocate until empty", "freeing or incref'ing a free block raises"]
 
@@ -404,20 +382,6 @@ def engine_workload(rng) -> tuple[list[list[int]], list[list[int]]]:
     return greedy, parallel
 
 
-def sample_in_engine(prompts: list, llm_kwargs: dict, n: int, max_tokens: int, seed: int) -> dict:
-    """(A harness: runs where it is called, in the learner's process under `t.run`.) Seeded sampling of
-    `n` completions per prompt, EOS ignored: after the prompt's prefill the engine forks the sequence,
-    and the children share its blocks until they write. Returns {"tokens": per prompt, per completion,
-    token ids; "num_blocks", "free_blocks", "leak" (None or engine_harness.consistency's message)}."""
-    from reference_engine import SamplingParams
-    llm = engine_harness.build_llm(llm_kwargs)
-    params = SamplingParams(temperature=1.0, seed=seed, n=n, max_tokens=max_tokens, ignore_eos=True)
-    outs = llm.generate(prompts, params)
-    engine = llm.engine
-    return {"tokens": [[list(c.token_ids) for c in o.outputs] for o in outs], "num_blocks": engine.num_blocks,
-            "free_blocks": engine.block_manager.num_free(), "leak": engine_harness.consistency(engine)}
-
-
 def _leak_report(run: dict | None) -> str | None:
     """Why the pool after a finished run is not back to all-free (judged here from its numbers), or None."""
     if run is None or run.get("error") or run.get("finished") is False:
@@ -434,15 +398,15 @@ def allocator_in_engine(t):
     """LLM(..., block_allocator=PagedBlockAllocator): same tokens as the engine's allocator, nothing leaked."""
     greedy, parallel = engine_workload(t.rng)
     mine = {**ENGINE_KW, "block_allocator": t.learner("PagedBlockAllocator")}
-    g_ref = engine_harness.run_engine(greedy, 10, llm_kwargs=ENGINE_KW)
+    g_ref = run_engine(greedy, 10, llm_kwargs=ENGINE_KW)
     p_ref = sample_in_engine(parallel, ENGINE_KW, **SAMPLING)
     pre = sum(s[3] for s in g_ref["schedule"])
     runs: dict = {}
     with t.case(f"greedy, 4 prompts, 10 blocks of 8 tokens ({pre} preemption(s) with {ENGINE_TAIL}): same tokens"):
-        runs["greedy"] = g = t.run(engine_harness.run_engine, greedy, 10, llm_kwargs=mine, catch=True,
+        runs["greedy"] = g = t.run(run_engine, greedy, 10, llm_kwargs=mine, catch=True,
                                    what="the engine, running on your allocator,")
         if g["error"]:
-            t.fail(engine_harness.stopped(g, who="on your allocator"))
+            t.fail(stopped(g, who="on your allocator"))
         t.expect(g["tokens"], g_ref["tokens"], "generated token ids per request",
                  hint="The engine's own allocator gives these tokens; yours changes what attention reads.")
     with t.case("parallel sampling n=2 (forked blocks, copy-on-write): same tokens"):
@@ -523,34 +487,6 @@ def decode_variant(q, k_cache, v_cache, block_tables, context_lens, scale, kv_ma
     return torch.einsum("bhl,blhd->bhd", s.softmax(-1), v[:, :, kv]).to(q.dtype)
 
 
-def make_decode_case(gen, rng, B, H, H_kv, D, bs, lens, dtype=torch.float32, device="cpu", strided=False,
-                     scale=None, q_scale=1.0):
-    """Random q, caches and block tables; each sequence gets distinct shuffled blocks, padded with junk ids.
-
-    strided: the block table is a view into a wider buffer (row stride > width), as an engine's
-    persistent [max_seqs, max_blocks] table sliced to this batch would be. scale: the softmax scale
-    passed (None: 1/sqrt(head_dim), the Llama one); q_scale: larger queries, sharper softmax."""
-    need = [-(-n // bs) for n in lens]
-    width = max(need)
-    num_blocks = sum(need) + 3
-    perm = torch.randperm(num_blocks, generator=gen).tolist()
-    rows, at = [], 0
-    for n in need:
-        rows.append(perm[at:at + n] + [rng.randrange(num_blocks) for _ in range(width - n)])
-        at += n
-    table = torch.tensor(rows, dtype=torch.int32)
-    if strided:
-        wide = torch.randint(0, num_blocks, (B, width + 3), generator=gen, dtype=torch.int32)
-        wide[:, :width] = table
-        table = wide[:, :width]
-    q = torch.randn(B, H, D, generator=gen) * q_scale
-    kc = torch.randn(num_blocks, bs, H_kv, D, generator=gen)
-    vc = torch.randn(num_blocks, bs, H_kv, D, generator=gen)
-    lens_t = torch.tensor(lens, dtype=torch.int32)
-    return (q.to(device, dtype), kc.to(device, dtype), vc.to(device, dtype), table.to(device),
-            lens_t.to(device), D ** -0.5 if scale is None else scale)
-
-
 def decode_mistakes(q, kc, vc, bt, lens, scale, kernel: bool = False) -> dict:
     """The usual wrong answers on these inputs. kernel: the mistakes as a kernel that loops over the
     sequence's blocks makes them (a position past the context is read only inside its last block)."""
@@ -612,12 +548,6 @@ def _decode_configs(t, bf16: bool) -> list:
     return t.cases(visible=visible, hidden=hidden, n=2)
 
 
-def call_with_table_view(fn, q, k_cache, v_cache, wide_tables, width: int, context_lens, scale):
-    """(A harness: runs in the learner's process.) fn with block_tables = wide_tables[:, :width], a view
-    whose row stride exceeds its width: a tensor crosses between processes as a contiguous copy."""
-    return fn(q, k_cache, v_cache, wide_tables[:, :width], context_lens, scale)
-
-
 def _decode_case(t, name: str, label: str, cfg: tuple, kernel: bool):
     B, H, H_kv, D, bs, lens, opts = cfg
     scale = opts.get("scale") or D ** -0.5
@@ -643,35 +573,14 @@ def paged_decode_torch(t):
     greedy, _ = engine_workload(t.rng)
     kw = {"num_blocks": 16, "block_size": 8}
     with t.case("in the engine: LLM(..., attention_backend=DecodeBackend(paged_decode_torch)), same greedy tokens"):
-        expected = engine_harness.run_engine(greedy[:3], 8, llm_kwargs=kw)
-        run = t.run(engine_harness.run_engine, greedy[:3], 8, llm_kwargs=kw, catch=True,
+        expected = run_engine(greedy[:3], 8, llm_kwargs=kw)
+        run = t.run(run_engine, greedy[:3], 8, llm_kwargs=kw, catch=True,
                     make={"attention_backend": (t.learner("DecodeBackend"), t.learner("paged_decode_torch"))},
                     what="the engine, running your paged_decode_torch,")
         if run["error"]:
-            t.fail(engine_harness.stopped(run, who="your paged_decode_torch"))
+            t.fail(stopped(run, who="your paged_decode_torch"))
         t.expect(run["tokens"], expected["tokens"], "generated token ids per request",
                  hint="Every decode step of the engine ran your function; its prefill is the engine's own.")
-
-
-def time_decode(fn, lens: list[int], seed: int, reps: int = 20) -> dict:
-    """(A harness: runs in the learner's process, on CUDA.) Seconds per call of `fn` and of the engine's
-    Triton paged decode on the same bf16 inputs (64 seqs, 32 heads on 8 KV heads, head_dim 128,
-    blocks of 16), built there: copying gigabytes of cache per call would swamp the timing."""
-    from reference_engine.kernels import triton_kernels
-    gen = torch.Generator().manual_seed(seed)
-    args = make_decode_case(gen, random.Random(seed), len(lens), 32, 8, 128, 16, lens, torch.bfloat16, "cuda")
-    return {"mine": _time(lambda: fn(*args), reps),
-            "ref": _time(lambda: triton_kernels().paged_decode_triton(*args), reps)}
-
-
-def _time(fn, reps: int) -> float:
-    fn()
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    for _ in range(reps):
-        fn()
-    torch.cuda.synchronize()
-    return (time.perf_counter() - t0) / reps
 
 
 @check(points=4, section="4.2", timeout=120, cost=0.7, requires_triton=True)

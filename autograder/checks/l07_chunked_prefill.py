@@ -6,7 +6,7 @@ plan_step is driven through whole simulated runs (requests arrive, prefill in ch
 and compared with the reference at every step; its wrong variants below name the usual mistakes.
 The policy runs inside the engine on the shipped draft model (the schedule does not depend on the
 model, and it is three times faster a step), in the learner's process
-(`engine_harness.run_engine`), which records what each schedule() call was given (the budget, the
+(`harnesses.engine.run_engine`), which records what each schedule() call was given (the budget, the
 candidates) and what it picked, as data. Here every recorded call is judged with the reference rule
 on the same inputs, and the usual wrong rules name a wrong pick; the schedule, the generated tokens, the
 budget and the KV pool are compared with a run of the reference policy (`t.reference`).
@@ -17,8 +17,9 @@ import random
 from types import SimpleNamespace
 
 from autograder.checks._configs import non_default
+from autograder.checks._engine import POLICY_ERRORS, step_bound, stopped, stub_guard
 from autograder.core import CaseFailed, check
-from autograder.engine_harness import POLICY_ERRORS, run_engine, step_bound, stopped, stub_guard
+from autograder.harnesses.engine import run_engine
 
 # -- 1.1 plan_step -----------------------------------------------------------------------------------
 

@@ -17,11 +17,13 @@ from collections import deque
 from typing import NamedTuple
 
 from autograder.core import check
+from autograder.harnesses.l10_autoscaling import KPAState, drive_kpa, drive_learner_kpa, simulate_unmodified
 
 INF = math.inf
 
 
 # -- the lesson's records (sent to the learner they become their module's classes of the same name) ------
+# (KPAState is autograder/harnesses/l10_autoscaling.py's: drive_kpa starts there, in the learner's process too)
 
 class Job(NamedTuple):
     arrival: float
@@ -48,12 +50,6 @@ class KPAConfig(NamedTuple):
     max_scale_up_rate: float = 1000.0
     max_scale_down_rate: float = 2.0
     scale_down_delay: float = 0.0
-
-
-class KPAState(NamedTuple):
-    panic_since: float | None = None
-    max_panic: int = 0
-    recent: tuple = ()
 
 
 class UtilConfig(NamedTuple):
@@ -140,39 +136,6 @@ KPA_MISTAKES = {
     "leaves want_stable out of the panic decision (desired = max(want_stable, want_panic, max_panic))":
         dict(panic_ignores_stable=True),
 }
-
-
-def drive_kpa(decide, conc, ready, cfg, tick=2.0):
-    """The decisions of `decide` over a scenario: at tick k (time (k + 1) * tick) the samples so far."""
-    state, samples, out = KPAState(), [], []
-    for k, (c, r) in enumerate(zip(conc, ready)):
-        samples.append(((k + 1) * tick, float(c)))
-        d, state = decide(list(samples), (k + 1) * tick, r, cfg, state)
-        out.append(d)
-    return out
-
-
-def drive_learner_kpa(decide, conc, ready, cfg) -> dict:
-    """(A harness: runs in the learner's process.) drive_kpa with the learner's kpa_decide, every tick in one
-    round trip: {"decisions": [desired per tick], "problem": None}, or decisions None and the problem (a reply
-    that is not a (desired, state) pair, or a call that edited its samples list) at the tick it happened."""
-    def checked(samples, now, r, c, state):
-        before = list(samples)
-        value = decide(samples, now, r, c, state)
-        if samples != before:
-            raise _Problem(f"kpa_decide() modified its argument #1 (the samples) in place at t = {now}; callers "
-                           "still need the original: work on a copy")
-        if not (isinstance(value, tuple) and len(value) == 2):
-            raise _Problem(f"kpa_decide should return (desired, KPAState), got {str(value)[:80]}")
-        return value
-    try:
-        return {"decisions": drive_kpa(checked, conc, ready, cfg), "problem": None}
-    except _Problem as e:
-        return {"decisions": None, "problem": str(e)}
-
-
-class _Problem(Exception):
-    """A reply the check cannot use, found in the learner's process by drive_learner_kpa."""
 
 
 def _kpa_cfg(**kw):
@@ -687,14 +650,6 @@ def fair_traffic(ref, spec) -> bool:
     rep = ref.fleet_report(ref.simulate_fleet(jobs, fleet, ref.tuned_kpa(fleet)), ref.TTFT_SLO_S)
     bound = ref.GPU_HOURS_BOUND * ref.oracle_gpu_hours(jobs, fleet)
     return rep["p99_ttft"] <= 0.9 * ref.TTFT_SLO_S and rep["gpu_hours"] <= 0.9 * bound
-
-
-def simulate_unmodified(simulate_fleet, jobs, fleet, scaler) -> dict:
-    """(A harness: runs in the learner's process.) {"sim": simulate_fleet(jobs, fleet, scaler), "modified":
-    whether the call changed the jobs list} (fleet and scaler are NamedTuples: they cannot change)."""
-    before = list(jobs)
-    sim = simulate_fleet(jobs, fleet, scaler)
-    return {"sim": sim, "modified": list(jobs) != before}
 
 
 def workload(ref, spec) -> list:

@@ -1,6 +1,6 @@
 """Checks for lesson 12: the five streaming defenses, each alone, then all five inside the real server.
 
-Each component runs in the learner's process under a scripted driver (autograder/server_harness.py) and
+Each component runs in the learner's process under a scripted driver (autograder/harnesses/server.py) and
 here with the reference; wrong answers are named by running the usual wrong versions (written below, in
 the grader) through the same driver. The last check starts the real server in the learner's process with
 the learner's five parts, drives it with a vanishing, a stalled, a retrying and a resuming client, and
@@ -13,14 +13,20 @@ from collections import OrderedDict
 from functools import partial
 
 from autograder.core import SKIPPED, LearnerRaised, NotStarted, Part, check
-from autograder.server_harness import (
+from autograder.harnesses.server import (
+    DRAFT,
+    POLITE_PROMPTS,
+    POLITE_TOKENS,
+    RESUME_PROMPT,
+    RESUME_TOKENS,
+    RETRY_PROMPT,
+    RETRY_TOKENS,
     drive_buffer,
     drive_buffer_lists,
     drive_cache,
     drive_framer,
     drive_resume,
     drive_watcher,
-    expected_answers,
     run_server,
 )
 
@@ -551,6 +557,26 @@ def sse_framer(t):
 # to 1.3; a buffer that busy-waits 50 ms per push while its reader is behind: 0.21 to 0.35 (100 ms: lower).
 PACE_RATIO = 0.4
 STEPS_TO_FREE = 30  # engine steps from a vanished client's close to its KV blocks back in the pool (undetected: ~395)
+
+
+def expected_answers(polite_tokens: int = POLITE_TOKENS, retry_tokens: int = RETRY_TOKENS,
+                     resume_tokens: int = RESUME_TOKENS) -> dict:
+    """What every client of run_server that reads to the end must receive: the greedy answers of the same
+    model to the same prompts, generated offline by the engine (no server, no timing), here in the grader.
+    Returns {"polite": [three answers], "retry": answer, "resume": answer}, each as the harness's client
+    reports a whole stream."""
+    import torch
+
+    from reference_engine.llm import LLM
+    from reference_engine.sampling import SamplingParams
+    torch.set_num_threads(1)
+    prompts = [*POLITE_PROMPTS, RETRY_PROMPT, RESUME_PROMPT]
+    lengths = [polite_tokens] * len(POLITE_PROMPTS) + [retry_tokens, resume_tokens]
+    outs = LLM(str(DRAFT), max_num_seqs=8).generate(
+        prompts, [SamplingParams(max_tokens=n, temperature=0, ignore_eos=True) for n in lengths])
+    answers = [{"tokens": list(o.token_ids), "finish_reason": o.outputs[0].finish_reason, "done": True,
+                "error": None} for o in outs]
+    return {"polite": answers[:len(POLITE_PROMPTS)], "retry": answers[-2], "resume": answers[-1]}
 
 
 def _stub_guard(t):

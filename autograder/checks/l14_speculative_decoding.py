@@ -24,12 +24,12 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from functools import lru_cache, partial
-from pathlib import Path
+from functools import partial
 
 import torch
 
 from autograder.core import check
+from autograder.harnesses.l14_speculative_decoding import CKPT, greedy_loop, sample_verify
 
 F64 = torch.float64
 N_CALLS = 1000  # verify calls per case: on a visible case every named mistake is a chi-square noncentrality of 330
@@ -37,7 +37,6 @@ N_CALLS = 1000  # verify calls per case: on a visible case every named mistake i
 # 300, where a wrong rule still passes a case with probability under 1e-9: tests/test_l14_speculative_decoding.py)
 FALSE_ALARM = 1e-6     # the p-value below which a case fails: how often a right verifier fails a case
 MIN_EXPECTED = 5.0     # chi-square bins with a smaller expected count are pooled into one
-CKPT = Path(__file__).resolve().parents[2] / "reference_engine" / "checkpoints"
 
 
 def _t(rows) -> torch.Tensor:
@@ -137,42 +136,6 @@ def random_greedy_case(rng):
     agree = rng.randint(0, k)  # drafts 0 .. agree-1 match, draft `agree` (if any) does not
     drafts = best[:agree] + [(best[agree] + rng.randrange(1, V)) % V for _ in range(k - agree)]
     return _logits(best, V, rng.randrange(2**31)), torch.tensor(drafts)
-
-
-@lru_cache(maxsize=None)
-def shipped_model(name: str):
-    """The shipped target or draft model, loaded once per process (the harnesses only run its forward)."""
-    from reference_engine import train
-    return train.load_checkpoint(CKPT / name)
-
-
-def greedy_loop(verify_fn, prompts: list, gamma: int, max_new: int) -> dict:
-    """(A harness: runs in the learner's process under `t.run`, and here with `greedy_rule`.) Speculative greedy
-    decoding with the shipped draft and target, every forward recomputed from the whole sequence: per step the
-    draft proposes `gamma` argmax tokens, the target scores gamma + 1 positions in one forward, and
-    verify_fn(logits [gamma + 1, V], drafts [gamma]) says what is emitted. Returns {"tokens": per prompt its
-    first max_new new tokens, "problem": None, or what a verify_fn return value broke}."""
-    torch.set_num_threads(1)
-    target, draft = (shipped_model(name) for name in ("target", "draft"))
-    out = []
-    with torch.no_grad():
-        for prompt in prompts:
-            ids = list(prompt)
-            while len(ids) - len(prompt) < max_new:
-                drafts = []
-                for _ in range(gamma):
-                    drafts.append(int(draft(torch.tensor([ids + drafts]))[0, -1].argmax()))
-                logits = target(torch.tensor([ids + drafts]))[0, len(ids) - 1:]
-                emitted = verify_fn(logits, torch.tensor(drafts))
-                if not isinstance(emitted, list) or not all(type(x) is int for x in emitted):
-                    return {"tokens": None, "problem": f"verify_greedy returned {type(emitted).__name__} "
-                                                       f"{str(emitted)[:60]}, not a list of Python ints"}
-                if not 1 <= len(emitted) <= gamma + 1:
-                    return {"tokens": None, "problem": f"verify_greedy returned {len(emitted)} tokens for {gamma} "
-                                                       f"drafts (a step emits 1 to {gamma + 1})"}
-                ids += emitted
-            out.append(ids[len(prompt):len(prompt) + max_new])
-    return {"tokens": out, "problem": None}
 
 
 def _prompts() -> list[list[int]]:
@@ -394,36 +357,6 @@ def chi_square(counts: Counter, law: dict, n: int) -> tuple[float, int, float]:
     return stat, df, pvalue
 
 
-def sample_verify(verify_fn, target_probs, draft_probs, drafts, seed: int) -> dict:
-    """(A harness: runs in the learner's process under `t.run`.) verify_fn(target_probs, draft_probs, drafts[j],
-    generator) for every row j of drafts, one torch.Generator seeded with `seed` for all of them. Returns
-    {"outputs": the return values (None if one is not a list of ints), "problem": None or what is wrong,
-    "deterministic": whether the first 50 calls, rerun with a fresh generator of the same seed, return the
-    same, "modified": whether an argument changed}."""
-    before = (target_probs.clone(), draft_probs.clone(), drafts.clone())
-    changed = lambda: not all(torch.equal(a, b) for a, b in zip(before, (target_probs, draft_probs, drafts)))
-    gen = torch.Generator().manual_seed(seed)
-    outputs = []
-    for row in drafts:
-        try:
-            out = verify_fn(target_probs, draft_probs, row.clone(), gen)
-        except Exception as e:
-            if not changed():
-                raise
-            # the error is a consequence: a later call read the probabilities an earlier call overwrote
-            return {"outputs": None, "problem": f"verify modified its argument target_probs or draft_probs in "
-                    f"place (call {len(outputs) + 1} then raised {type(e).__name__}: {str(e)[:80]}); compute the "
-                    "residual into a new tensor, the caller still needs the probabilities",
-                    "deterministic": True, "modified": True}
-        if not isinstance(out, list) or not all(type(x) is int for x in out):
-            return {"outputs": None, "problem": f"verify returned {type(out).__name__} {str(out)[:60]}, not a list "
-                                                "of Python ints", "deterministic": True, "modified": False}
-        outputs.append(out)
-    gen = torch.Generator().manual_seed(seed)
-    again = [verify_fn(target_probs, draft_probs, row.clone(), gen) for row in drafts[:50]]
-    return {"outputs": outputs, "problem": None, "deterministic": again == outputs[:50], "modified": changed()}
-
-
 VERIFY_CASES = [
     ("visible: V=4, k=2 (q proposes token 3 never at position 1)", (P2, Q2[:2])),
     ("visible: V=5, k=3", ([[0.05, 0.4, 0.3, 0.2, 0.05], [0.3, 0.3, 0.1, 0.1, 0.2], [0.1, 0.1, 0.6, 0.1, 0.1],
@@ -587,7 +520,7 @@ def _engine_prompts() -> list[list[int]]:
 
 def _engine(prompts, params, proposer, greedy_kind=None, verify_kind=None) -> dict:
     """run_speculative here: with the engine's own verifier, or (a kind given) with a rule of this module."""
-    from autograder.engine_harness import run_speculative
+    from autograder.harnesses.engine import run_speculative
     if greedy_kind is None and verify_kind is None:
         return run_speculative(prompts, params, proposer, ENGINE_K, ENGINE_KW)
     return run_speculative(prompts, params, proposer, ENGINE_K, ENGINE_KW,
@@ -597,7 +530,7 @@ def _engine(prompts, params, proposer, greedy_kind=None, verify_kind=None) -> di
 
 def _judge_engine_run(t, run: dict):
     """Fail unless the run finished with every KV block back in the pool."""
-    from autograder.engine_harness import stopped
+    from autograder.checks._engine import stopped
     if run["error"] is not None:
         t.fail(stopped(run, VERIFIER_ERRORS, who="your verifier (YourVerifier: your verify_greedy and verify)"))
     t.expect_true(run["finished"], f"the engine stopped after {run['steps']} steps with requests unfinished")
@@ -638,7 +571,7 @@ def verifier_in_engine(t):
     requests in one batch: greedy requests emit exactly plain greedy decoding's tokens and keep exactly as many
     drafts as with the engine's own verifier; sampled requests emit exactly the engine's own verifier's tokens
     (the same draws, in the same order)."""
-    from autograder.engine_harness import run_speculative
+    from autograder.harnesses.engine import run_speculative
     prompts = _engine_prompts()
     visible = [("visible", (proposer, VISIBLE_PARAMS, VISIBLE_GREEDY)) for proposer in ("draft", "ngram")]
 

@@ -2,18 +2,19 @@
 
 Wrong answers are named by computing the usual wrong versions here on the same inputs (the
 `_*_variant` functions). What only the learner's process can observe (which tensors the absorbed MLA
-builds, how fast a kernel runs on the GPU) comes back from harness functions at the bottom of each
-section, run there by `t.run`, and is judged here.
+builds, how fast a kernel runs on the GPU) comes back from harness functions (autograder/harnesses/
+l15_attention_layouts.py), run there by `t.run`, and is judged here.
 """
 from __future__ import annotations
 
 import math
-import time
 
 import torch
 
 from autograder.checks._configs import shape
 from autograder.core import LearnerRaised, check
+from autograder.harnesses.l15_attention_layouts import gqa_timing_inputs, time_gqa, watch_shapes
+from autograder.harnesses.timing import seconds_per_call
 
 # ---------------------------------------------------------------- 1. bytes per token
 
@@ -294,27 +295,14 @@ def gqa_decode_torch(t):
             _expect_gqa(t, "gqa_decode_torch", _gqa_case(t, *cfg, **opts), kernel_block=None)
 
 
-def time_gqa(fn, lens: list[int], seed: int, reps: int = 20) -> dict:
-    """(A harness: runs in the learner's process, on CUDA.) Seconds per call of `fn` and of a torch GQA
-    decode (float32 scores, K/V repeated per query head: the lesson's reference) on the same bf16 inputs
-    (32 heads on 8 KV heads, head_dim 128, 4096 rows), built there: copying 0.5 GB of inputs per call
-    would swamp the timing."""
-    gen = torch.Generator().manual_seed(seed)
-    q, k, v = (torch.randn(*shape, generator=gen).to("cuda", torch.bfloat16)
-               for shape in ((len(lens), 32, 128), (len(lens), 4096, 8, 128), (len(lens), 4096, 8, 128)))
-    seq_lens = torch.tensor(lens, dtype=torch.int32, device="cuda")
-    return {"mine": _time(lambda: fn(q, k, v, seq_lens), reps),
-            "ref": _time(lambda: _gqa_variant(q, k, v, seq_lens), reps)}
-
-
-def _time(fn, reps: int) -> float:
-    fn()
-    torch.cuda.synchronize()
-    start = time.perf_counter()
-    for _ in range(reps):
-        fn()
-    torch.cuda.synchronize()
-    return (time.perf_counter() - start) / reps
+def _time_reference(lens: list[int], seed: int, reps: int = 20) -> float:
+    """Seconds per call of a torch GQA decode (float32 scores, K/V repeated per query head: the lesson's reference),
+    here in the grader, on the inputs the learner's kernel was timed on (harness time_gqa)."""
+    args = gqa_timing_inputs(lens, seed)
+    seconds = seconds_per_call(lambda: _gqa_variant(*args), reps)
+    args = None  # the inputs' 0.5 GB back to the device before the check goes on
+    torch.cuda.empty_cache()
+    return seconds
 
 
 @check(points=4, section="2.2", timeout=60, cost=0.7, requires_triton=True)
@@ -345,9 +333,9 @@ def gqa_decode_triton(t):
     with t.case("speed: not slower than 1.5x the torch reference (bf16, 32 seqs x 4096)",
                 requires_cuda=True) as on:
         if on:
-            got = t.run(time_gqa, t.learner("gqa_decode_triton"), [t.rng.randint(2048, 4096) for _ in range(32)],
-                        t.rng.randrange(2**31), what="gqa_decode_triton, timed,")
-            mine, ref = got["mine"], got["ref"]
+            lens, seed = [t.rng.randint(2048, 4096) for _ in range(32)], t.rng.randrange(2**31)
+            got = t.run(time_gqa, t.learner("gqa_decode_triton"), lens, seed, what="gqa_decode_triton, timed,")
+            mine, ref = got["mine"], _time_reference(lens, seed)
             if not (type(mine) is float and type(ref) is float and mine > 0 and ref > 0):
                 t.fail(f"the timing of your kernel came back as {mine!r} s per call: it must be a positive time")
             t.expect_true(mine <= 1.5 * ref, f"your kernel takes {mine * 1e3:.3f} ms per call, the torch "
@@ -564,30 +552,6 @@ def _run_mla_attention(t, name: str, absorbed: bool):
 def mla_attention_naive(t):
     """MLA attention from the latent cache, decompressed into per-head K and V."""
     _run_mla_attention(t, "mla_attention_naive", absorbed=False)
-
-
-class _ShapeWatch(torch.overrides.TorchFunctionMode):
-    """Notes every tensor an op returns whose shape has the cache length next to a per-head width."""
-
-    def __init__(self, S: int, widths: set[int]):
-        super().__init__()
-        self.S, self.widths, self.seen = S, widths, []
-
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        for o in (out if isinstance(out, (tuple, list)) else (out,)):
-            if isinstance(o, torch.Tensor) and self.S in o.shape and self.widths & set(o.shape):
-                self.seen.append(tuple(o.shape))
-        return out
-
-
-def watch_shapes(fn, S: int, widths: set, *args) -> dict:
-    """(A harness: runs in the learner's process.) fn(*args) under a _ShapeWatch: returns {"out": its
-    result, "seen": the shapes of the tensors it built with S and one of `widths` in their shape}."""
-    watch = _ShapeWatch(S, set(widths))
-    with watch:
-        out = fn(*args)
-    return {"out": out, "seen": watch.seen[:20]}
 
 
 @check(points=3, section="3.3", timeout=10)

@@ -10,6 +10,7 @@ import torch
 
 from autograder import compare as cmp
 from autograder.core import check
+from autograder.harnesses.l16_quantization import time_w4a16
 
 FP8 = torch.float8_e4m3fn
 E5M2 = torch.float8_e5m2
@@ -355,27 +356,6 @@ def w4a16_kernel(t):
                           "than twice bf16. Load each group's packed bytes once, as a [BLOCK_N, GROUP_SIZE // 2] tile along the row "
                           "(gathering byte k // 2 into a [GROUP_SIZE, BLOCK_N] tile reads every byte twice, strided across "
                           "lanes), and keep the dequantization in registers")
-
-
-def time_w4a16(fn, quantize, seed: int, reps: int = 20) -> dict:
-    """(A harness: runs in the learner's process, on CUDA.) Seconds per call of fn(x, qw) and of x @ W.T in bf16."""
-    import time
-
-    gen = torch.Generator().manual_seed(seed)
-    w = (torch.randn(14336, 4096, generator=gen) * 0.02).cuda()
-    x = torch.randn(16, 4096, generator=gen).cuda().bfloat16()
-    qw = quantize(w, 128, False)
-    wb = w.bfloat16()
-
-    def timed(f):
-        f()
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        for _ in range(reps):
-            f()
-        torch.cuda.synchronize()
-        return (time.perf_counter() - t0) / reps
-    return {"mine": timed(lambda: fn(x, qw)), "bf16": timed(lambda: x @ wb.T)}
 
 
 # ---------------------------------------------------------------- 5. which method

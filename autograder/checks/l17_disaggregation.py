@@ -18,6 +18,7 @@ import torch
 
 from autograder import compare as cmp
 from autograder.core import LearnerRaised, check
+from autograder.harnesses.l17_disaggregation import ENGINE_KW, engine_kw, pack_layout, pair_harness
 
 MODELS = ("llama-3-8b", "llama-3-70b")
 
@@ -206,13 +207,6 @@ def random_pack_case(rng):
             rng.choice([torch.float32, torch.bfloat16, torch.uint8]))
 
 
-def pack_layout(pack, k, v, table, n) -> dict:
-    """(A harness: runs in the learner's process.) What the wire cannot show (it sends a tensor's values, made
-    contiguous): whether pack_kv's buffer is contiguous, as a transport that sends its storage needs."""
-    out = pack(k, v, table, n)
-    return {"contiguous": bool(out.is_contiguous()), "stride": list(out.stride())}
-
-
 @check(points=3, section="2.1")
 def pack_kv(t):
     """[layers, 2, num_tokens, kv_heads, head_dim] from the paged caches, in token order, K first."""
@@ -248,7 +242,7 @@ def unpack_kv(t):
 
 # ---------------------------------------------------------------- 2.3 in the engine
 
-ENGINE_KW = {"block_size": 4, "num_blocks": 48, "max_num_seqs": 8, "max_num_batched_tokens": 32}
+# (the engines' settings, ENGINE_KW and engine_kw, are autograder/harnesses/l17_disaggregation.py's: both sides use them)
 ENGINE_MODEL = "draft"  # the 0.6M model: three times faster a step; pack/unpack do not care which
 
 
@@ -268,58 +262,9 @@ VISIBLE_WORKLOADS = [("visible workload A", engine_workload(random.Random(171)))
                       {**engine_workload(random.Random(173)), "kv_cache_dtype": "fp8"})]
 
 
-def engine_kw(work: dict) -> dict:
-    """ENGINE_KW, with the workload's KV cache dtype when it names one (fp8: the packed buffer is uint8 bytes)."""
-    return {**ENGINE_KW, **({"kv_cache_dtype": work["kv_cache_dtype"]} if "kv_cache_dtype" in work else {})}
-
-
-def pair_harness(pack, unpack, work: dict, scramble: bool = True) -> dict:
-    """(A harness: runs in the learner's process under `t.run`.) The shipped draft model as a prefill engine and
-    a decode engine, the KV shipped with `pack`/`unpack` over the loopback link, two messages per step, the
-    free block lists shuffled first (so block tables are not in order), `work["aborts"]` = {step: [request
-    index]} aborted at that step on both sides. Returns plain data: tokens per request (None if aborted or
-    unfinished), free blocks before/after on both sides, and the pools' consistency."""
-    import torch as _torch
-
-    from autograder.engine_harness import DRAFT
-    from reference_engine import SamplingParams
-    from reference_engine.disagg import DisaggPair
-    from reference_engine.engine import LLMEngine
-    _torch.set_num_threads(1)
-    engines = [LLMEngine(str(DRAFT), dtype=_torch.float32, **engine_kw(work)) for _ in range(2)]
-    if scramble:
-        for i, e in enumerate(engines):
-            random.Random(work["seed"] + i).shuffle(e.block_manager.allocator._free)
-    pair = DisaggPair(*engines, pack=pack, unpack=unpack, messages_per_step=2)
-    before = list(pair.free_blocks())
-    ids = [pair.add_request(p, SamplingParams(temperature=0, max_tokens=m, ignore_eos=True))
-           for p, m in zip(work["prompts"], work["lens"])]
-    done, step, error = {}, 0, None
-    try:
-        while pair.has_unfinished() and step < 2000:
-            for i in work["aborts"].get(step, []):
-                pair.abort(ids[i])
-            for out in pair.step():
-                if out.finished and out.output is not None and out.finish_reason != "abort":
-                    done[out.request_id] = out.output.token_ids
-            step += 1
-    except NotImplementedError:
-        raise
-    except Exception as e:  # noqa: BLE001 - reported as data, judged in the grader
-        error = f"{type(e).__name__}: {e}"
-    leaks = []
-    for side, e in zip(("prefill", "decode"), engines):
-        try:
-            e.block_manager.check_consistency([s for seqs in e.requests.values() for s in seqs])
-        except Exception as exc:  # noqa: BLE001
-            leaks.append(f"{side}: {exc}")
-    return {"tokens": [done.get(i) for i in ids], "before": before, "after": list(pair.free_blocks()),
-            "leaks": leaks, "error": error, "steps": step, "unfinished": pair.has_unfinished()}
-
-
 def _single_engine(work: dict) -> list:
     """Greedy tokens of one plain engine (no transfer) on the same prompts, here in the grader."""
-    from autograder.engine_harness import run_engine
+    from autograder.harnesses.engine import run_engine
     return run_engine(work["prompts"], work["lens"], engine_kw(work), model=ENGINE_MODEL)["tokens"]
 
 

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from functools import partial
 
 from autograder.core import LearnerRaised, check
+from autograder.harnesses.l18_prefix_caching import NODE_FIELDS, lpm_harness, stand_in_tree, tree_view
 
 # ---------------------------------------------------------------- the spec, the slow way
 
@@ -257,62 +258,12 @@ LOCK_MISTAKES = {"lock node only": "leaves matched pages unlocked: lock must add
                             "references, or the first unlock releases the second request's pages",
                  "unlock node only": "releases only `node` itself: unlock must walk from node up to the root, as "
                                      "lock does"}
-NODE_FIELDS = ("tokens", "blocks", "children", "parent", "last_access", "lock_ref")
 FIELDS_NOTE = ("The grader reads your tree through the fields of the given TreeNode (tree.root; each node's "
                f"{', '.join(NODE_FIELDS)}): keep those names if you write your own node class.")
 
 
 # -- the learner's tree as data ----------------------------------------------------------------------
-
-
-def _number(x):
-    """A stamp or lock count as plain data (numpy numbers included); anything else as its repr."""
-    try:
-        return int(x) if int(x) == x else float(x)
-    except (TypeError, ValueError, OverflowError):
-        return repr(x)
-
-
-def tree_view(tree, handles: list) -> dict:
-    """(A harness: runs in the learner's process under `t.run`.) The learner's tree read through the given
-    TreeNode's fields, as plain data: every node reachable from tree.root, parents before children, with
-    its tokens, blocks, last_access and lock_ref, the index of the node whose children hold it and whether
-    its `parent` says so; and for each handle (a node match_prefix returned) the tokens of its path from
-    the root, its node's index and whether walking its parents reaches the root. {"error": why} when the
-    tree cannot be read that way."""
-    root = getattr(tree, "root", None)
-    if root is None:
-        return {"error": "your RadixTree has no `root`"}
-    objs, nodes, index, stack = [], [], {}, [(root, -1)]
-    while stack:
-        node, parent = stack.pop()
-        if id(node) in index:
-            return {"error": "a node is reachable twice from the root (a cycle, or one node in two nodes' children)"}
-        missing = [f for f in NODE_FIELDS if not hasattr(node, f)]
-        if missing:
-            return {"error": f"a node ({type(node).__name__}) has no {', '.join(missing)}"}
-        if not isinstance(node.children, dict):
-            return {"error": f"a node's children is a {type(node.children).__name__}, not a dict"}
-        if len(nodes) >= 20_000:
-            return {"error": "more than 20000 nodes are reachable from the root"}
-        try:
-            record = {"parent": parent, "parent_ok": node.parent is (objs[parent] if parent >= 0 else None),
-                      "tokens": [int(x) for x in node.tokens], "blocks": [int(b) for b in node.blocks],
-                      "last_access": _number(node.last_access), "lock_ref": _number(node.lock_ref)}
-        except (TypeError, ValueError) as e:
-            return {"error": f"a node's tokens or blocks are not lists of ints ({e})"}
-        index[id(node)] = len(nodes)
-        objs.append(node)
-        nodes.append(record)
-        stack.extend((child, len(nodes) - 1) for child in node.children.values())
-    paths = []
-    for h in handles:
-        tokens, n, steps = [], h, 0
-        while n is not None and n is not root and steps <= len(nodes):
-            tokens[:0] = [int(x) for x in getattr(n, "tokens", [])]
-            n, steps = getattr(n, "parent", None), steps + 1
-        paths.append({"tokens": tokens, "node": index.get(id(h), -1), "reaches_root": n is root})
-    return {"nodes": nodes, "handles": paths}
+# (read in the learner's process by tree_view: autograder/harnesses/l18_prefix_caching.py)
 
 
 @dataclass
@@ -1053,6 +1004,7 @@ def radix_lock_evict(t):
 
 
 def _build(page_size: int, cached: list) -> BruteTrie:
+    """The sequences `cached` in a BruteTrie, as the harness's stand_in_tree holds them (the same blocks)."""
     trie = BruteTrie(page_size)
     n = 0
     for seq in cached:
@@ -1062,33 +1014,9 @@ def _build(page_size: int, cached: list) -> BruteTrie:
     return trie
 
 
-class LookupOnly:
-    """The tree lpm_order gets in the checks: match_prefix (each call recorded) and page_size, nothing else."""
-
-    def __init__(self, trie: BruteTrie):
-        self._trie, self.page_size, self.lookups = trie, trie.page_size, []
-
-    def match_prefix(self, tokens):
-        self.lookups.append([int(x) for x in tokens])
-        return self._trie.match_prefix(list(tokens))
-
-    def __getattr__(self, name):
-        raise AttributeError(f"the tree lpm_order gets has match_prefix(tokens) and page_size only, no `{name}`: "
-                             "look each prompt up with match_prefix (a lookup is also an access for LRU)")
-
-
-def lpm_harness(lpm_order, page_size: int, cached: list, waiting: list):
-    """(A harness: runs in the learner's process under `t.run`.) Your lpm_order on a stand-in tree holding
-    `cached`; returns its answer, the prompts it looked up and `waiting` as it left it, as plain data."""
-    tree, queue = LookupOnly(_build(page_size, cached)), [list(w) for w in waiting]
-    out = lpm_order(tree, queue)
-    return {"order": list(out) if isinstance(out, (list, tuple)) else out, "lookups": tree.lookups,
-            "waiting": queue}
-
-
 def _lpm_reference(ref, page_size: int, cached: list, waiting: list):
     """The reference order and lookups (for t.reference: plain data in and out)."""
-    tree = LookupOnly(_build(page_size, cached))
+    tree = stand_in_tree(page_size, cached)
     return {"order": list(ref.lpm_order(tree, [list(w) for w in waiting])), "lookups": tree.lookups}
 
 
@@ -1225,14 +1153,14 @@ VISIBLE_WORKLOADS = [("visible workload A", engine_workload(random.Random(34))),
 
 def _cached_reference(ref, prompts: list, lens: list) -> dict:
     """The engine run with the reference RadixTree as its prefix cache (for t.reference: plain data)."""
-    from autograder.engine_harness import run_engine
+    from autograder.harnesses.engine import run_engine
     return run_engine(prompts, lens, {**ENGINE_KW, "enable_prefix_caching": True, "prefix_cache": ref.RadixTree},
                       catch=True, model=ENGINE_MODEL)
 
 
 def _both_references(t, prompts: list, lens: list) -> tuple[dict, dict]:
     """(the run with the reference tree, the run with no prefix cache): the tokens must not change."""
-    from autograder.engine_harness import run_engine
+    from autograder.harnesses.engine import run_engine
     return t.reference(_cached_reference, prompts, lens), run_engine(prompts, lens, ENGINE_KW, model=ENGINE_MODEL)
 
 
@@ -1245,7 +1173,8 @@ def _first_request_differing(got: list, expected: list) -> str:
 def tree_in_engine(t):
     """LLM(..., enable_prefix_caching=True, prefix_cache=RadixTree): the same tokens as without a cache, the same
     cached tokens per request and the same hits and evictions as with the reference tree, nothing leaked."""
-    from autograder.engine_harness import run_engine, stopped
+    from autograder.checks._engine import stopped
+    from autograder.harnesses.engine import run_engine
     kw = {**ENGINE_KW, "enable_prefix_caching": True, "prefix_cache": t.learner("RadixTree")}
     for label, (prompts, lens) in t.cases(visible=VISIBLE_WORKLOADS, hidden=engine_workload, n=1,
                                            label="random workload"):

@@ -1,26 +1,26 @@
 """Run the reference engine with a learner's component plugged in, and report what a caller can observe.
 
-Checks call these in the learner's process, through `t.run`:
+Learner side (autograder/harnesses/__init__.py): checks call these in the learner's process, through `t.run`:
 
-    obs = t.run(engine_harness.run_engine, prompts, lens,
+    obs = t.run(engine.run_engine, prompts, lens,
                 llm_kwargs={"num_blocks": 8}, make={"scheduler_policy": (t.learner("StaticPolicy"), 4)},
                 what="the engine, running your policy,")
 
-and the same function here, in the grader, with the engine's own component for the expected run.
+and the same function in the grader, with the engine's own component, for the expected run.
 What comes back is plain data (token ids, the per-step schedule, the block pool at the end, and on
 request every scheduler-policy call's inputs and picks); the grader judges it. Nothing here is
 trusted by the grader: it runs next to learner code.
 
-The bottom of the file is the grader's side: `stub_guard()` says "not started" before any engine is
-built, and `stopped()` turns a run that ended in an error into a failure message that names the
-mistake when the engine's error reveals it.
+The grader's side (`stub_guard()`, "not started" before any engine is built; `stopped()`, a run that ended
+in an error as a failure message that names the mistake when the engine's error reveals it; the engine's
+refusals of a policy, POLICY_ERRORS; `step_bound()`) is autograder/checks/_engine.py.
 """
 from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
 
-TARGET = Path(__file__).resolve().parent.parent / "reference_engine" / "checkpoints" / "target"
+TARGET = Path(__file__).resolve().parents[2] / "reference_engine" / "checkpoints" / "target"
 DRAFT = TARGET.parent / "draft"
 
 
@@ -118,7 +118,7 @@ def _not_implemented(e: BaseException) -> bool:
 
 
 def _error(e: Exception) -> dict:
-    from .learner_side import learner_traceback
+    from autograder.learner_side import learner_traceback
     try:
         tb = learner_traceback(e)
     except Exception:  # noqa: BLE001 - an exception whose message cannot be printed
@@ -173,14 +173,6 @@ def run_engine(prompts: list, max_tokens: list[int] | int, llm_kwargs: dict | No
     return out
 
 
-def step_bound(prompts: list, lens: list) -> int:
-    """The most steps a learner's run may take, known before the reference has run (the two run at the
-    same time): a policy that makes progress computes at least one token a step, and a preemption
-    recomputes at most every token once more, so 4x the workload's tokens is more than enough. A policy
-    that schedules nothing at all is stopped earlier by the engine's own no-progress error."""
-    return 4 * (sum(len(p) for p in prompts) + sum(lens)) + 20
-
-
 def _observed(engine, ids: list, done: dict, error) -> dict:
     """What run_engine returns about a run (see its docstring)."""
     finished = error is None and not engine.has_unfinished()
@@ -209,48 +201,7 @@ def _unbuilt(num_prompts: int, error) -> dict:
             "block_size": None, "error": error, "step_cached": [], "cache_stats": None}
 
 
-# -- the grader's side -----------------------------------------------------------------------------------
-
-# What the scheduler's RuntimeErrors say a policy did: (phrase in the message, read after "your code").
-# Facts the engine checked, not guesses, so a check may name them when no usual mistake matches.
-POLICY_ERRORS = [
-    ("> max_num_batched_tokens", "admits more tokens than the budget left after the decodes (budget.tokens)"),
-    ("but chunked prefill is off", "chunks a prompt although budget.chunked_prefill is False"),
-    ("KV blocks, only", "schedules more tokens than the free KV blocks hold (budget.try_take checks them)"),
-    ("admitted past max_num_seqs", "admits more requests than there are free batch slots (budget.slots)"),
-    ("tokens to", "gives a prompt a number of tokens outside 1 .. num_uncomputed_tokens"),
-    ("starved a started prompt", "schedules nothing while a started prompt's next chunk fits and nothing "
-                                 "else runs (candidates with is_waiting False need their next chunk)"),
-    ("admitted nothing", "schedules nothing while nothing runs and requests wait (a prompt larger than "
-                         "the budget left still gets a chunk)"),
-    ("not a candidate or appears twice", "returns a sequence twice, or one that is not a candidate"),
-]
-
-
-def stopped(run: dict, known: list[tuple[str, str]] = (), who: str = "your policy") -> str:
-    """The failure message for a run that ended in an error ("error" set by catch=True): the mistake
-    when a phrase of `known` [(phrase in the error, mistake read after "your code")] is in the error's
-    message, then where it stopped and the traceback."""
-    err = run["error"]
-    named = next((m for phrase, m in known if phrase in err["message"]), None)
-    return (f"Looks like your code {named}.\n" if named else "") + \
-        f"The engine, running {who}, stopped at step {run['steps']}:\n{err['tb']}"
-
-
-def stub_guard(t, cls_name: str, *args):
-    """A policy stub raises as soon as schedule() is called: find that out before an engine is built
-    (seconds), so an untouched exercise is "not started" at once. Anything else this call raises is left
-    to the engine runs, which call the policy as the engine does."""
-    from .core import LearnerRaised, NotStarted
-    try:
-        t.fn(cls_name)(*args).schedule([], None)
-    except LearnerRaised as e:
-        if e.info.get("not_implemented"):
-            raise NotStarted(e.info.get("message") or "the stub still raises NotImplementedError") from None
-
-
 # -- speculative decoding with a learner's verifier (lesson 14) ------------------------------------------------
-
 
 
 class YourVerifier:

@@ -1,10 +1,11 @@
 """Drive a learner's streaming components, alone and inside the real server, and report plain data.
 
-Checks call these in the learner's process through `t.run` / `t.run_against`, with learner classes
-passed as `t.learner("Name")`; the grader runs the same function here with the server's own defaults
-(reference_engine/server/streaming.py) and judges the difference. Nothing here is trusted by the grader:
-it runs next to learner code and returns only what a client or an operator could observe. The answers a
-client must receive are the engine's own greedy answers (`expected_answers`), computed by the grader.
+Learner side (autograder/harnesses/__init__.py): checks call these in the learner's process through `t.run` /
+`t.run_against`, with learner classes passed as `t.learner("Name")`; the grader runs the same function with the
+server's own defaults (reference_engine/server/streaming.py) and judges the difference. Nothing here is trusted
+by the grader: it runs next to learner code and returns only what a client or an operator could observe. The
+answers a client must receive are the engine's own greedy answers to the prompts below, computed by the grader
+(autograder/checks/l12_streaming.py, expected_answers).
 
     drive_buffer / drive_watcher / drive_cache / drive_resume / drive_framer: one component, scripted
     run_server: create_app(engine, components=StreamComponents(<the parts>)) under uvicorn on a free port
@@ -24,7 +25,7 @@ import threading
 import time
 from pathlib import Path
 
-DRAFT = Path(__file__).resolve().parent.parent / "reference_engine" / "checkpoints" / "draft"
+DRAFT = Path(__file__).resolve().parents[2] / "reference_engine" / "checkpoints" / "draft"
 MODEL = "m"
 # The prompts of run_server's clients whose whole answer is judged (greedy, so the answer is a fact of the model).
 POLITE_PROMPTS = [[31, 32, 33], [31, 32, 34], [31, 32, 35]]
@@ -311,25 +312,6 @@ def _aborts(metrics, cause: str) -> float:
 
 
 POLITE_TOKENS, RETRY_TOKENS, RESUME_TOKENS = 24, 112, 40
-
-
-def expected_answers(polite_tokens: int = POLITE_TOKENS, retry_tokens: int = RETRY_TOKENS,
-                     resume_tokens: int = RESUME_TOKENS) -> dict:
-    """What every client of run_server that reads to the end must receive: the greedy answers of the same
-    model to the same prompts, generated offline by the engine (no server, no timing). Returns
-    {"polite": [three answers], "retry": answer, "resume": answer}, each as `_read` reports a whole stream."""
-    import torch
-
-    from reference_engine.llm import LLM
-    from reference_engine.sampling import SamplingParams
-    torch.set_num_threads(1)
-    prompts = [*POLITE_PROMPTS, RETRY_PROMPT, RESUME_PROMPT]
-    lengths = [polite_tokens] * len(POLITE_PROMPTS) + [retry_tokens, resume_tokens]
-    outs = LLM(str(DRAFT), max_num_seqs=8).generate(
-        prompts, [SamplingParams(max_tokens=n, temperature=0, ignore_eos=True) for n in lengths])
-    answers = [{"tokens": list(o.token_ids), "finish_reason": o.outputs[0].finish_reason, "done": True,
-                "error": None} for o in outs]
-    return {"polite": answers[:len(POLITE_PROMPTS)], "retry": answers[-2], "resume": answers[-1]}
 
 
 def run_server(buffer_cls, watcher_cls, cache_cls, plan, framer_cls, high_water: int = 48,
