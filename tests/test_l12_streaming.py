@@ -267,3 +267,22 @@ def test_the_expected_answers_are_what_the_reference_server_streams():
     assert whole and all(p["tokens"] == want["retry"]["tokens"] for p in whole)
     assert run["resume"]["head"] + run["resume"]["tail"]["tokens"] == want["resume"]["tokens"]
     assert run["resume"]["engine_tokens"] == len(want["resume"]["tokens"]) == RESUME_TOKENS
+
+
+@pytest.mark.parametrize("body", ["while True:\n            pass", "time.sleep(3600)"])
+def test_a_watcher_that_never_gives_the_loop_back_fails_in_seconds(tmp_path, body):
+    """A watch() that spins or blocks holds its event loop for good: both checks that run it fail, naming it,
+    in seconds (their deadlines are 30 s and 240 s)."""
+    from autograder.runner import Target, grade_lesson
+    src = open(sol.__file__).read()
+    start = src.index("    async def watch(self, receive, on_disconnect) -> None:")
+    end = src.index("### END SOLUTION", start) + len("### END SOLUTION")
+    src = src[:start] + ("    async def watch(self, receive, on_disconnect) -> None:\n        import time\n        "
+                         + body + "\n") + src[end:]
+    target = Target.from_source(src, tmp_path, "hung_watcher", label="hung_watcher.py")
+    began = time.monotonic()
+    results = grade_lesson("l12_streaming", target, 1, only=["disconnect_watcher", "streaming_server"])
+    took = time.monotonic() - began
+    assert took < 60, f"{took:.0f} s"
+    for r in results:
+        assert r.earned == 0 and "never gave the event loop back" in r.message, (r.name, r.status, r.message)

@@ -195,3 +195,18 @@ def test_code_that_kills_its_zygote_leaves_both_graders_working(tmp_path):
     time.sleep(0.3)
     left = ours() - before
     assert not left, f"processes left behind: {left}"
+
+
+def test_a_line_a_worker_did_not_write_is_its_task_lost_not_a_crash():
+    """Only a grader's own forks write to its result pipes (the sandbox keeps learner processes out of them);
+    a malformed line is read as a worker that died, whose task is graded again, never an exception."""
+    import os
+
+    from autograder.parallel import _Worker
+    for junk in (b"not json\n", b'[{"name": 1}]\n', b'{"a": 1}\n', b"[1, 2]\n"):
+        r, w = os.pipe()
+        os.write(w, junk)
+        os.close(w)
+        worker = _Worker(0, None, r)
+        assert worker.take() is None, junk
+        os.close(r)

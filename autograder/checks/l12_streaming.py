@@ -12,9 +12,10 @@ from __future__ import annotations
 from collections import OrderedDict
 from functools import partial
 
-from autograder.core import SKIPPED, LearnerRaised, NotStarted, Part, check
+from autograder.core import SKIPPED, CaseFailed, LearnerRaised, NotStarted, Part, check
 from autograder.harnesses.server import (
     DRAFT,
+    HUNG_S,
     POLITE_PROMPTS,
     POLITE_TOKENS,
     RESUME_PROMPT,
@@ -233,14 +234,19 @@ def _watcher_ref(ref, messages):
 def disconnect_watcher(t):
     """DisconnectWatcher.watch over scripted ASGI receive channels."""
     for label, messages in t.cases(visible=WATCHER_CASES):
+        got = None
         with t.case(f"{label}: receive() returns {messages}, then waits"):
             # Side by side: a case where the client stays waits out WATCH_S of silence on both sides.
             got, expected = t.run_against(partial(t.reference, _watcher_ref, messages), drive_watcher,
                                           t.learner("DisconnectWatcher"), messages, WATCH_S,
                                           what="your DisconnectWatcher.watch")
+            if _hung(got):
+                t.fail(HUNG)
             t.expect(got, expected, "what watch did (messages read, on_disconnect calls, returned by itself, "
                                     "blocked the event loop)",
                      mistakes={name: watcher_variant(messages, v) for name, v in WATCHER_MISTAKES.items()})
+        if _hung(got):  # every later case would wait as long
+            break
 
 
 # -- 12.3 the idempotency cache -------------------------------------------------------------------------------
@@ -579,6 +585,16 @@ def expected_answers(polite_tokens: int = POLITE_TOKENS, retry_tokens: int = RET
     return {"polite": answers[:len(POLITE_PROMPTS)], "retry": answers[-2], "resume": answers[-1]}
 
 
+HUNG = (f"your DisconnectWatcher.watch never gave the event loop back ({HUNG_S:g} s past the point where it should "
+        "have returned or been waiting): a loop with no `await` in it, or a blocking call such as time.sleep; only "
+        "`await` receive()")
+
+
+def _hung(got) -> bool:
+    """drive_watcher's report of a watcher that never gave its event loop back."""
+    return isinstance(got, dict) and got.get("hung") is True
+
+
 def _stub_guard(t):
     """Any untouched stub makes the check "not started" before a server is built."""
     probes = [("CoalescingBuffer", (4, 1.0), "push", ([1], 0.0)), ("SSEFramer", (1.0,), "done", ()),
@@ -586,7 +602,8 @@ def _stub_guard(t):
     try:
         for cls, args, method, margs in probes:
             getattr(t.fn(cls)(*args), method)(*margs)
-        t.run(drive_watcher, t.learner("DisconnectWatcher"), ["http.disconnect"], WATCH_S)
+        if _hung(t.run(drive_watcher, t.learner("DisconnectWatcher"), ["http.disconnect"], WATCH_S)):
+            raise CaseFailed(HUNG + " (the server cannot run with it)")
         t.run(drive_resume, t.learner("plan_resume"), [_gen([1], [2], 3, "abort", False, 1)])
     except LearnerRaised as e:
         if e.info.get("not_implemented"):

@@ -61,6 +61,7 @@ def drive_buffer_lists(cls) -> dict:
 
 
 BLOCKED_S = 0.02  # every gap between handing watch a message and its next receive() longer than this: blocked
+HUNG_S = 5.0  # how long drive_watcher waits, past its own deadline, for a watcher that never returns
 
 
 def drive_watcher(cls, messages: list, timeout_s: float = 1.0) -> dict:
@@ -121,9 +122,13 @@ def drive_watcher(cls, messages: list, timeout_s: float = 1.0) -> dict:
             box["value"] = asyncio.run(main())
         except BaseException as e:  # noqa: BLE001 - re-raised in the caller's thread
             box["error"] = e
-    thread = threading.Thread(target=run, name="watcher-driver")
+    thread = threading.Thread(target=run, name="watcher-driver", daemon=True)
     thread.start()
-    thread.join()
+    # A watcher that never gives its event loop back (a loop with no await, a blocking call) holds that thread
+    # for good: after HUNG_S more, report it as data (the check then ends; its process goes with it).
+    thread.join(3 * timeout_s + HUNG_S)
+    if thread.is_alive():
+        return {"hung": True}
     if "error" in box:
         raise box["error"]
     return box["value"]
