@@ -300,6 +300,20 @@ def _close_fds_except(sock_fd: int, keep_prefixes: tuple[str, ...] = DRIVER_FILE
     os.closerange(lo, _max_fd())
 
 
+# Environment variables a learner process keeps (by name, or by prefix): what Python, torch, Triton, CUDA and the
+# course read. Anything else the grader's environment holds (a token, a password) is not the learner's to read.
+_ENV_KEEP = ("PATH", "LANG", "LANGUAGE", "TZ", "TERM", "HOME", "TMPDIR", "USER", "LOGNAME", "VIRTUAL_ENV",
+             "LD_LIBRARY_PATH", "SYSTEMROOT")
+_ENV_KEEP_PREFIXES = ("LC_", "PYTHON", "COURSE_", "TORCH", "TRITON_", "CUDA_", "NVIDIA_", "CUBLAS_", "CUDNN_",
+                      "NCCL_", "OMP_", "MKL_", "OPENBLAS_", "KMP_", "MPL", "PYTORCH_")
+
+
+def _scrub_environment() -> None:
+    for name in list(os.environ):
+        if name not in _ENV_KEEP and not name.startswith(_ENV_KEEP_PREFIXES):
+            del os.environ[name]
+
+
 def child_main(sock: socket.socket, spec: dict):
     """Entry of a learner process (forked from the zygote, in a session of its own)."""
     try:
@@ -316,6 +330,7 @@ def child_main(sock: socket.socket, spec: dict):
     os.close(out)
     sys.stdout = sys.stderr = io.TextIOWrapper(open(1, "wb", buffering=0, closefd=False), write_through=True)
     sys.stdin = open(os.devnull)
+    _scrub_environment()
     os.environ["COURSE_LEARNER_PROCESS"] = "1"
     sys.meta_path.insert(0, _SolutionsBlocker())
     for name in [m for m in sys.modules if _blocked(m)]:
@@ -347,6 +362,7 @@ def _sandbox(sandbox: dict, capture: str):
                 oslimits.relay(init)  # (never returns)
             oslimits.seal_init(scratch)
         oslimits.restrict(oslimits.learner_rules(sandbox.get("target"), scratch, capture, sandbox.get("readable", ())))
+        oslimits.deny_syscalls()
     except Exception as e:  # noqa: BLE001
         print(f"the grader could not sandbox this process: {e}", flush=True)
         os._exit(71)

@@ -39,7 +39,8 @@ _CREATE_RULESET, _ADD_RULE, _RESTRICT_SELF = 444, 445, 446
 _CREATE_RULESET_VERSION = 1 << 0
 _RULE_PATH_BENEATH = 1
 _PR_SET_PDEATHSIG, _PR_SET_DUMPABLE, _PR_SET_NO_NEW_PRIVS, _PR_SET_SECUREBITS = 1, 4, 38, 28
-_CLONE_NEWNS, _CLONE_NEWUSER, _CLONE_NEWPID, _CLONE_NEWNET = 0x20000, 0x10000000, 0x20000000, 0x40000000
+_CLONE_NEWNS, _CLONE_NEWIPC, _CLONE_NEWUSER, _CLONE_NEWPID, _CLONE_NEWNET = \
+    0x20000, 0x8000000, 0x10000000, 0x20000000, 0x40000000
 _MS_NOSUID, _MS_NODEV, _MS_REC, _MS_PRIVATE = 2, 4, 1 << 14, 1 << 18
 # SECBIT_NOROOT, SECBIT_NO_SETUID_FIXUP, SECBIT_KEEP_CAPS_LOCKED, SECBIT_NO_CAP_AMBIENT_RAISE, each with its lock
 _SECUREBITS = 0b1 | 0b10 | 0b100 | 0b1000 | 0b100000 | 0b1000000 | 0b10000000
@@ -256,11 +257,12 @@ def _write(path: str, text: str) -> None:
 
 
 def enter_namespaces() -> None:
-    """Move this process into new user, mount and network namespaces, and have its next child start a new PID
+    """Move this process into new user, mount, IPC (System V shared memory, queues, semaphores) and network
+    namespaces, and have its next child start a new PID
     namespace (as its init). It keeps its own uid and gid there (mapped to themselves); the network namespace has
     a loopback interface, brought up. Needs a single-threaded process (a fresh fork) that is dumpable."""
     uid, gid = os.geteuid(), os.getegid()
-    _check(_libc().unshare(_CLONE_NEWUSER | _CLONE_NEWNS | _CLONE_NEWPID | _CLONE_NEWNET), "unshare")
+    _check(_libc().unshare(_CLONE_NEWUSER | _CLONE_NEWNS | _CLONE_NEWIPC | _CLONE_NEWPID | _CLONE_NEWNET), "unshare")
     _write("/proc/self/setgroups", "deny")
     _write("/proc/self/uid_map", f"{uid} {uid} 1")
     _write("/proc/self/gid_map", f"{gid} {gid} 1")
@@ -391,3 +393,67 @@ def _probe_namespaces() -> dict:
     if code in (0, 3):
         return {"available": True, "pid_max": code == 0, "why": ""}
     return {"available": False, "pid_max": False, "why": f"unshare: {why}" if why else "the probe failed"}
+
+
+# -- seccomp ---------------------------------------------------------------------------------------------------
+# System calls no exercise needs, refused with EPERM: Landlock (ABI 7) has no rights for a file's metadata, and the
+# learner is its files' owner (its uid is the grader's), so chmod (a setuid bit on a copy of a shell), chown,
+# utime and extended attributes are refused here; the kernel keyrings (the grader's session keyring);
+# inotify/fanotify (watching the grader's directories); reading or writing another process's memory, ptrace,
+# userfaultfd, perf and bpf. (Not memfd_create: GPU drivers use it; its memory is one that RLIMIT_AS misses.)
+_DENIED = {
+    0xC000003E: {  # AUDIT_ARCH_X86_64
+        "chmod": 90, "fchmod": 91, "fchmodat": 268, "fchmodat2": 452, "chown": 92, "fchown": 93, "lchown": 94,
+        "fchownat": 260, "utime": 132, "utimes": 235, "futimesat": 261, "utimensat": 280, "setxattr": 188,
+        "lsetxattr": 189, "fsetxattr": 190, "removexattr": 197, "lremovexattr": 198, "fremovexattr": 199,
+        "setxattrat": 463, "removexattrat": 466, "add_key": 248, "request_key": 249, "keyctl": 250,
+        "inotify_init": 253, "inotify_init1": 294,
+        "inotify_add_watch": 254, "fanotify_init": 300, "process_vm_readv": 310, "process_vm_writev": 311,
+        "ptrace": 101, "userfaultfd": 323, "perf_event_open": 298, "bpf": 321},
+    0xC00000B7: {  # AUDIT_ARCH_AARCH64 (the generic table)
+        "fchmod": 52, "fchmodat": 53, "fchmodat2": 452, "fchownat": 54, "fchown": 55, "utimensat": 88,
+        "setxattr": 5, "lsetxattr": 6, "fsetxattr": 7, "removexattr": 14, "lremovexattr": 15, "fremovexattr": 16,
+        "setxattrat": 463, "removexattrat": 466, "add_key": 217, "request_key": 218, "keyctl": 219,
+        "inotify_init1": 26, "inotify_add_watch": 27,
+        "fanotify_init": 262, "process_vm_readv": 270, "process_vm_writev": 271, "ptrace": 117, "userfaultfd": 282,
+        "perf_event_open": 241, "bpf": 280},
+}
+_X32_BIT = 0x40000000
+
+
+class _SockFilter(ctypes.Structure):
+    _fields_ = [("code", ctypes.c_uint16), ("jt", ctypes.c_uint8), ("jf", ctypes.c_uint8), ("k", ctypes.c_uint32)]
+
+
+class _SockFprog(ctypes.Structure):
+    _fields_ = [("len", ctypes.c_uint16), ("filter", ctypes.POINTER(_SockFilter))]
+
+
+def _audit_arch() -> int | None:
+    import platform
+    return {"x86_64": 0xC000003E, "aarch64": 0xC00000B7, "arm64": 0xC00000B7}.get(platform.machine())
+
+
+def deny_syscalls() -> bool:
+    """Install the seccomp filter (needs no_new_privs, set here too). Returns False on an architecture it has no
+    table for (nothing installed)."""
+    arch = _audit_arch()
+    if arch is None:
+        return False
+    numbers = sorted(set(_DENIED[arch].values()))
+    LD_W_ABS, JEQ_K, JGE_K, RET_K = 0x20, 0x15, 0x35, 0x06
+    ALLOW, ERRNO_EPERM, KILL = 0x7FFF0000, 0x00050000 | 1, 0x80000000  # (KILL_PROCESS)
+    prog = [(LD_W_ABS, 0, 0, 4),            # seccomp_data.arch
+            (JEQ_K, 1, 0, arch),
+            (RET_K, 0, 0, KILL),            # another architecture's calling convention (int 0x80): refused
+            (LD_W_ABS, 0, 0, 0)]            # seccomp_data.nr
+    if arch == 0xC000003E:
+        prog.append((JGE_K, len(numbers) + 1, 0, _X32_BIT))  # the x32 numbers of the same calls: refused
+    for i, nr in enumerate(numbers):
+        prog.append((JEQ_K, len(numbers) - i, 0, nr))
+    prog += [(RET_K, 0, 0, ALLOW), (RET_K, 0, 0, ERRNO_EPERM)]
+    filters = (_SockFilter * len(prog))(*[_SockFilter(*f) for f in prog])
+    fprog = _SockFprog(len(prog), filters)
+    _check(_libc().prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "prctl(PR_SET_NO_NEW_PRIVS)")
+    _check(_libc().prctl(22, 2, ctypes.byref(fprog), 0, 0), "prctl(PR_SET_SECCOMP)")  # SECCOMP_MODE_FILTER
+    return True

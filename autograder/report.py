@@ -16,7 +16,10 @@ _MARK = {"passed": "ok", "failed": "FAIL", "error": "ERROR", "timeout": "TIMEOUT
 
 # Control characters a learner's output or exception text could carry into a terminal (ESC sequences move the
 # cursor and recolour, a carriage return overwrites a line: a fake "score 17/17" could be drawn over the real one).
-_CONTROL = {c: f"\\x{c:02x}" for c in (*range(0, 9), *range(11, 32), 127)}
+# Also C1 controls (U+009B is a one-character ESC [), the bidirectional overrides (U+202E reverses what follows),
+# and lone surrogates (a terminal cannot encode them: printing one raised, and the report was lost).
+_CONTROL = {c: f"\\x{c:02x}" for c in (*range(0, 9), *range(11, 32), *range(127, 160))}
+_CONTROL.update({c: f"\\u{c:04x}" for c in (*range(0x202A, 0x202F), *range(0x2066, 0x206A), *range(0xD800, 0xE000))})
 
 
 def printable(text: str) -> str:

@@ -132,16 +132,23 @@ class LearnerProcess:
         if self.closed:
             raise LearnerGone("exit", "the learner process has already ended")
         data = wire.encode(req)
+        # Within the check's deadline: a learner process that stops reading would otherwise block this forever.
+        self.sock.settimeout(max(self.deadline - time.monotonic(), 0.001))
         try:
             self.sock.sendall(struct.pack("<Q", len(data)) + data)
+        except TimeoutError:
+            self.kill()
+            raise LearnerGone("timeout", "still running at the check's time limit (it stopped reading)") from None
         except OSError:
             raise self._gone() from None
+        finally:
+            self.sock.settimeout(None)
 
     def receive(self, what: str = "your code"):
         """The second half of `request`: wait for the reply to the last `send` and decode it."""
         reply = self._read()
         try:
-            msg = wire.decode(reply, device_map=_device_map)
+            msg = wire.decode(reply, device_map=_device_map, deadline=self.deadline)
         except wire.WireError as e:
             raise LearnerRaised(what, {"type": "WireError", "mro": ["WireError"], "not_implemented": False,
                                        "message": str(e), "tb": f"the reply could not be read: {e}"}) from None
@@ -155,8 +162,10 @@ class LearnerProcess:
             info["type"] = str(info["type"] or "")
             info["not_implemented"] = info["not_implemented"] is True
             raise LearnerRaised(what, info)
-        if "error" in msg:
-            raise RuntimeError(f"the grader sent a bad request: {msg['error']}")
+        if "error" in msg:  # (only the learner's side answers so, and learner code can make it say anything)
+            raise LearnerRaised(what, {"type": "WireError", "mro": ["WireError"], "not_implemented": False,
+                                       "message": "the learner process refused a request",
+                                       "tb": f"the learner process refused the grader's request: {msg['error']}"})
         return msg.get("ok")
 
     def _read(self) -> bytes:

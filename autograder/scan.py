@@ -80,7 +80,9 @@ BANNED_ATTRS = {
     "__self__", "__func__", "__wrapped__", "open", "read", "write", "pipe", "openpty", "open_code", "FileIO",
     "os", "_os", "sys", "_sys", "builtins", "_bootstrap", "_bootstrap_external",
     "create_subprocess_exec", "create_subprocess_shell", "subprocess_exec", "subprocess_shell",  # (asyncio)
-}
+    "__getattribute__", "attrgetter", "methodcaller", "walk_stack", "walk_tb", "extract_stack", "format_stack",
+    "print_stack", "StackSummary", "currentframe",
+} | set(BANNED_MODULES)  # a banned module reached as an attribute of another (torch.ctypes, torch.importlib)
 # Attribute names that are only a problem on these modules (a tensor's .T or .view is fine).
 _MODULE_ONLY = {"modules", "fork", "system", "popen", "kill", "environ", "remove", "listdir", "walk", "rename",
                 "chdir", "putenv", "unlink", "rmdir", "scandir", "setsid", "dup2", "fdopen", "_exit", "open", "read",
@@ -201,15 +203,21 @@ def scan_source(source: str, filename: str = "<your module>", engine: EngineUse 
                 found.append(Finding(node.lineno, "a relative import", "your module stands alone"))
             elif node.module:
                 _module(found, node.lineno, node.module)
-                if node.module in _MODULE_NAMES:
-                    for alias in node.names:
-                        if alias.name in BANNED_ATTRS or alias.name == "*":
-                            found.append(Finding(node.lineno, f"from {node.module} import {alias.name}",
-                                                 "reaches outside your code"))
+                for alias in node.names:
+                    if (node.module in _MODULE_NAMES and (alias.name in BANNED_ATTRS or alias.name == "*")) \
+                            or alias.name in BANNED_MODULES or alias.name in _MODULE_NAMES \
+                            or (alias.name in BANNED_ATTRS and alias.name not in _MODULE_ONLY):
+                        found.append(Finding(node.lineno, f"from {node.module} import {alias.name}",
+                                             "reaches outside your code"))
         elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in BANNED_CALLS:
             found.append(Finding(node.lineno, f"{node.func.id}()", BANNED_CALLS[node.func.id]))
         elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in ("getattr", "hasattr"):
             _getattr(found, node)
+        elif isinstance(node, ast.Name) and node.id == "getattr" and not _is_called(node, tree):
+            found.append(Finding(node.lineno, "getattr (named, not called)", "attributes named at run time can "
+                                                                             "reach anything"))
+        elif isinstance(node, ast.keyword) and node.arg == "capture_locals":
+            found.append(Finding(getattr(node, "lineno", 0) or 0, "capture_locals=", "reads other frames' variables"))
         elif isinstance(node, ast.Name) and node.id in ("__builtins__", "__loader__", "__spec__"):
             found.append(Finding(node.lineno, node.id, "reaches outside your code"))
         elif isinstance(node, ast.Name) and node.id in _BANNED_NAMES and isinstance(node.ctx, ast.Load) \
@@ -264,16 +272,30 @@ def _dunder_name(s: str) -> bool:
 
 def _module(found: list[Finding], line: int, name: str):
     top = name.split(".")[0]
+    inner = next((part for part in name.split(".")[1:] if part in BANNED_MODULES), None)
     if top in BANNED_MODULES:
         found.append(Finding(line, f"import {name}", BANNED_MODULES[top]))
+    elif inner is not None:  # torch.multiprocessing, torch.utils.cpp_extension's subprocess
+        found.append(Finding(line, f"import {name}", BANNED_MODULES[inner]))
     elif _LESSON_MODULE.match(top):
         found.append(Finding(line, f"import {name}", "a lesson's module by its bare name: the reference solutions "
                                                       "are not yours to import"))
 
 
 def scan_file(path: str, engine: EngineUse | None = None) -> list[Finding]:
-    with open(path, encoding="utf-8", errors="replace") as f:
-        return scan_source(f.read(), path, engine)
+    """The file as Python reads it: a `# coding:` line other than UTF-8 is itself refused (a UTF-7 file reads
+    as one program to Python and as another, comments hiding code, to a scan that assumes UTF-8)."""
+    import io
+    import tokenize
+    with open(path, "rb") as f:
+        raw = f.read()
+    try:
+        encoding, _ = tokenize.detect_encoding(io.BytesIO(raw).readline)
+    except SyntaxError:
+        return [Finding(1, "an encoding declaration Python does not know", "write your module in UTF-8")]
+    if encoding not in ("utf-8", "utf-8-sig"):
+        return [Finding(1, f"# coding: {encoding}", "write your module in UTF-8, with no other encoding declared")]
+    return scan_source(raw.decode(encoding, errors="replace"), path, engine)
 
 
 def report(findings: list[Finding], label: str) -> str:

@@ -24,6 +24,7 @@ import json
 import math
 import struct
 import sys
+import time
 from typing import Any, Callable
 
 # A message's data, either way. Every check's largest message is about 2 MiB (measured over a whole
@@ -253,8 +254,21 @@ def encode(value, on_object: Callable[[Any], Any] | None = None) -> bytes:
 
 class _Decoder:
     def __init__(self, blobs: list[bytes], device_map: Callable[[str], str] | None,
-                 resolve: Callable[[Any], Any] | None, rebuild: Callable[[str, str, Any], Any] | None):
+                 resolve: Callable[[Any], Any] | None, rebuild: Callable[[str, str, Any], Any] | None,
+                 deadline: float | None = None):
         self.blobs, self.device_map, self.resolve, self.rebuild = blobs, device_map, resolve, rebuild
+        self.deadline = deadline
+
+    def hashed(self, pairs, make):
+        """A set or dict built item by item, within the deadline: keys chosen to collide (every one hashing alike)
+        make each insert slower than the last, and 80,000 of them took a minute."""
+        out = make()
+        add = out.add if isinstance(out, set) else (lambda kv: out.__setitem__(*kv))
+        for i, item in enumerate(pairs):
+            if self.deadline is not None and i % 256 == 255 and time.monotonic() > self.deadline:
+                raise WireError("the value took too long to read (a set or dict whose keys all hash alike?)")
+            add(item)
+        return out
 
     def items(self, v) -> list:
         """A JSON array's items, decoded (an array of scalars as it is: JSON's own types are exact builtins)."""
@@ -297,9 +311,9 @@ class _Decoder:
         if tag == "namedtuples":
             return [self.named(x, row) for row in self.rows(x["v"])]
         if tag == "set":
-            return {self.dec(v) for v in x["v"]}
+            return self.hashed((self.dec(v) for v in x["v"]), set)
         if tag == "dict":
-            return {self.dec(k): self.dec(v) for k, v in x["v"]}
+            return self.hashed(((self.dec(k), self.dec(v)) for k, v in x["v"]), dict)
         if tag == "bytes":
             return self.blobs[x["i"]]
         if tag == "tensor":
@@ -325,6 +339,8 @@ class _Decoder:
         if tag in ("Handle", "MethodRef", "LearnerRef"):
             cls = {"Handle": Handle, "MethodRef": MethodRef, "LearnerRef": LearnerRef}[tag]
             obj = cls(**{f.name: x[f.name] for f in dataclasses.fields(cls)})
+            if tag == "Handle":  # (a type name the learner chose is echoed in later requests: keep it short)
+                obj = Handle(obj.id, str(obj.type)[:200], obj.callable)
             return self.resolve(obj) if self.resolve else obj
         raise WireError(f"unknown tag {tag!r}")
 
@@ -369,12 +385,14 @@ def _namedtuple(cls: str, fields: tuple, values: tuple):
 
 
 def decode(message: bytes, device_map: Callable[[str], str] | None = None,
-           resolve: Callable[[Any], Any] | None = None, rebuild: Callable[[str, str, Any], Any] | None = None):
+           resolve: Callable[[Any], Any] | None = None, rebuild: Callable[[str, str, Any], Any] | None = None,
+           deadline: float | None = None):
     """Rebuild a value from `encode`'s bytes using exact builtin types, torch tensors and Records.
 
     `device_map(device)` says where a tensor goes (default: CPU); `resolve(ref)` turns Handles,
     MethodRefs and LearnerRefs into objects, and `rebuild(kind, class_name, values)` NamedTuples and
-    Records into the learner module's own classes (the learner's side uses both).
+    Records into the learner module's own classes (the learner's side uses both). Past `deadline`
+    (time.monotonic()) a set or dict being built raises WireError.
     """
     if len(message) < 8:
         raise WireError("truncated message")
@@ -394,7 +412,7 @@ def decode(message: bytes, device_map: Callable[[str], str] | None = None,
         pos += size
     if pos != len(message):
         raise WireError("message length does not match its blobs")
-    return _Decoder(blobs, device_map, resolve, rebuild).dec(header)
+    return _Decoder(blobs, device_map, resolve, rebuild, deadline).dec(header)
 
 
 def _collect(x, out: list):

@@ -266,3 +266,14 @@ def test_learner_process_environment_marks_it(tmp_path, isolation):
     # Word boundaries: the grader's pid may be a substring of an expected value (840 in 163840).
     assert r.status == "failed" and re.search(r"\bgot \d+", r.message), r.message
     assert not re.search(rf"\b{os.getpid()}\b", r.message), r.message
+
+
+def test_no_text_breaks_or_forges_the_report():
+    """What a learner's code raises or prints reaches the terminal escaped: C0 and C1 controls (U+009B is a one-
+    character ESC [), bidirectional overrides, and lone surrogates (which could not even be printed: the report
+    was lost)."""
+    from autograder.report import printable
+    text = printable("a\x1b[2Jb\x9b2Jc\u202ed\ud800e")
+    text.encode("utf-8")  # (raises on a lone surrogate)
+    assert not any(0xD800 <= ord(ch) < 0xE000 or ord(ch) < 32 or 127 <= ord(ch) < 160 or ch == "\u202e"
+                   for ch in text), text

