@@ -412,7 +412,7 @@ def test_a_file_past_the_cap_is_refused(tmp_path):
 
 def test_setting_up_costs_little(tmp_path):
     """Everything a learner process does to sandbox itself, namespaces (with the fork of their init) and
-    Landlock, takes about 10 ms (measured in a fork: none of it can be undone; the best of five)."""
+    Landlock, takes about 10 ms (measured in a fork: none of it can be undone; the best of seven)."""
     with_namespaces = oslimits.namespaces()["available"]  # (the grader's probe, once: not a learner's cost)
 
     def once() -> float:
@@ -439,7 +439,7 @@ def test_setting_up_costs_little(tmp_path):
 
     # About 10 ms on a quiet 2-core machine (ns 1 ms, the init's fork 6-7 ms, seal 1.5 ms, Landlock 1-2 ms); the
     # target is ~20 ms, and the bound leaves room for a machine busy with other tests.
-    took = min(once() for _ in range(5))
+    took = min(once() for _ in range(7))
     assert took < 0.03, f"{took * 1e3:.1f} ms"
 
 
