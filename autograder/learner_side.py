@@ -355,14 +355,8 @@ def _sandbox(sandbox: dict, capture: str):
     import tempfile
     tempfile.tempdir = scratch
     try:
-        if sandbox.get("namespaces"):
-            oslimits.enter_namespaces()
-            init = os.fork()
-            if init:
-                oslimits.relay(init)  # (never returns)
-            oslimits.seal_init(scratch)
-        oslimits.restrict(oslimits.learner_rules(sandbox.get("target"), scratch, capture, sandbox.get("readable", ())))
-        oslimits.deny_syscalls()
+        oslimits.confine(scratch, oslimits.learner_rules(sandbox.get("target"), scratch, capture,
+                                                         sandbox.get("readable", ())), bool(sandbox.get("namespaces")))
     except Exception as e:  # noqa: BLE001
         print(f"the grader could not sandbox this process: {e}", flush=True)
         os._exit(71)

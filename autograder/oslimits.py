@@ -17,8 +17,9 @@ namespace whose init it is (when it ends, the kernel kills every process it star
 session or not; at most PROCESS_LIMIT of them), a network namespace with only a loopback interface (lesson 12's
 server and its clients talk there; nothing reaches another machine or a port of this one), and a mount namespace
 where its scratch directory is a size-capped tmpfs. (Being its namespace's init, the learner process ignores a
-signal it sends itself that it has no handler for, os.kill(os.getpid(), SIGKILL) say; a real fault still ends it.) Its files are capped at FILE_BYTES each, core dumps are off,
-and it ends up with no capability at all (`no_new_privs`: an exec gains none either).
+signal it sends itself that it has no handler for, os.kill(os.getpid(), SIGKILL) say; a real fault still ends
+it.) Its files are capped at FILE_BYTES each, core dumps are off, and it ends up with no capability at all
+(`no_new_privs`: an exec gains none either). `confine` does all of it, in order.
 
 COURSE_SANDBOX=off turns all of this off, COURSE_SANDBOX=landlock the namespaces only (for debugging); `describe()`
 says which mode grading runs in.
@@ -457,3 +458,16 @@ def deny_syscalls() -> bool:
     _check(_libc().prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "prctl(PR_SET_NO_NEW_PRIVS)")
     _check(_libc().prctl(22, 2, ctypes.byref(fprog), 0, 0), "prctl(PR_SET_SECCOMP)")  # SECCOMP_MODE_FILTER
     return True
+
+
+def confine(scratch: str, rules: dict[str, int], namespaces: bool) -> None:
+    """Everything, in order: namespaces (this process then forks their init, which returns from here and goes on;
+    this one only relays how the init ended, and never returns), Landlock with `rules`, the seccomp filter."""
+    if namespaces:
+        enter_namespaces()
+        init = os.fork()
+        if init:
+            relay(init)
+        seal_init(scratch)
+    restrict(rules)
+    deny_syscalls()

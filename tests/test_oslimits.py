@@ -423,14 +423,7 @@ def once():
         try:
             oslimits.make_dumpable()
             start = time.perf_counter()
-            if with_namespaces:
-                oslimits.enter_namespaces()
-                init = os.fork()
-                if init:
-                    oslimits.relay(init)
-                oslimits.seal_init(scratch)
-            oslimits.restrict(oslimits.learner_rules(solution, scratch, os.devnull))
-            oslimits.deny_syscalls()
+            oslimits.confine(scratch, oslimits.learner_rules(solution, scratch, os.devnull), with_namespaces)
             os.write(w, f"{time.perf_counter() - start:.6f}".encode())
         finally:
             os._exit(0)
