@@ -10,11 +10,22 @@ answers the same questions from that store, so the same check code grades the
 visible cases there. A question the store cannot answer (the check asked something
 only a wrong answer leads to) makes that case "graded by your instructor", never passed.
 
+The grader's own code that computes a lesson's answers (a mistake's value, a
+reference computation) is marked `@answer_code`. While a Recorder or a Replayer
+grades, a call to such a function is a question like `t.ref`'s: recorded at release,
+answered from the store in the copy. The release strips those functions' bodies
+(`strip_answer_code`), so a student's copy holds their names and docstrings, not
+the code that would compute an answer.
+
 The store is data (`autograder/visible/<stem>.bin`, in `autograder.wire`'s format),
 not code.
 """
 from __future__ import annotations
 
+import ast
+import contextlib
+import contextvars
+import functools
 import hashlib
 import importlib
 import importlib.util
@@ -36,6 +47,84 @@ def _key(*parts) -> str:
             return {"ref-object": x._key}
         raise wire.WireError(f"{type(x).__name__} cannot be part of a recorded question")
     return hashlib.sha256(wire.encode(list(parts), on_object=on_object)).hexdigest()[:32]
+
+
+# -- the grader's answer code -------------------------------------------------------------------------
+
+_CHANNEL: contextvars.ContextVar = contextvars.ContextVar("answer_channel", default=None)
+ANSWER_CODE = "answer_code"
+
+
+def answer_code(fn):
+    """Marks a grader function that computes a lesson's answer or a mistake's value. Graded against the
+    solutions it runs as written; while a release records, its result is stored (keyed by its name and
+    arguments, which must be plain data), and in a student's copy, where its body is stripped, the result
+    is read from the store. What it calls runs as written (one question, not one per inner call)."""
+    @functools.wraps(fn)
+    def answered(*args, **kwargs):
+        channel = _CHANNEL.get()
+        if channel is None:
+            return fn(*args, **kwargs)
+        token = _CHANNEL.set(None)
+        try:
+            return channel._answer_code(fn, args, kwargs)
+        finally:
+            _CHANNEL.reset(token)
+    answered.__answer_code__ = True
+    return answered
+
+
+@contextlib.contextmanager
+def answering(ref):
+    """Within it, `@answer_code` calls are recorded (ref a Recorder) or replayed (a Replayer)."""
+    channel = ref if isinstance(ref, (Recorder, Replayer)) else None
+    token = _CHANNEL.set(channel)
+    try:
+        yield
+    finally:
+        _CHANNEL.reset(token)
+
+
+def recording(ref) -> bool:
+    """True while a release records the visible cases (`ref` is a Recorder grading the solutions). A check whose
+    answer code runs only for a wrong answer (an engine run per wrong policy, say) makes every such call up front
+    when this is true, so that a student's copy can name the mistake from its store."""
+    return isinstance(ref, Recorder)
+
+
+def _answer_key(fn, args, kwargs) -> str:
+    return _key("answer", f"{fn.__module__}:{fn.__qualname__}", list(args), dict(kwargs))
+
+
+class AnswerStripped(NotRecorded):
+    """An `@answer_code` function called in a student's copy for a question the store does not hold."""
+
+
+def strip_answer_code(source: str) -> str:
+    """`source` with the body of every function decorated `@answer_code` (by that name, or as an attribute)
+    replaced by its docstring and a `raise AnswerStripped(...)`: what a release ships."""
+    tree = ast.parse(source)
+    spans = []
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and any(
+                (isinstance(d, ast.Name) and d.id == ANSWER_CODE)
+                or (isinstance(d, ast.Attribute) and d.attr == ANSWER_CODE) for d in node.decorator_list):
+            body = node.body
+            doc = body[0] if body and isinstance(body[0], ast.Expr) and isinstance(
+                getattr(body[0], "value", None), ast.Constant) and isinstance(body[0].value.value, str) else None
+            first = body[1] if doc is not None and len(body) > 1 else (None if doc is not None else body[0])
+            if first is None:
+                continue
+            spans.append((first.lineno, first.col_offset, node.end_lineno, node.name))
+    lines = source.splitlines(keepends=True)
+    spans = [s for s in spans if not any(o is not s and o[0] <= s[0] and s[2] <= o[2] for o in spans)]
+    for start, col, end, name in sorted(spans, reverse=True):
+        indent = " " * col
+        lines[start - 1:end] = [f"{indent}from autograder.reference import AnswerStripped\n",
+                                f"{indent}raise AnswerStripped({name!r})  # not in a student's copy\n"]
+    out = "".join(lines)
+    ast.parse(out)
+    return out
 
 
 def _unwrap(x):
@@ -78,6 +167,9 @@ class Recorder:
     def _course_reference(self, fn, args, kwargs):
         key = _key("reference", f"{fn.__module__}:{fn.__qualname__}", list(args), dict(kwargs))
         return self._store(key, fn(self._module, *args, **kwargs))
+
+    def _answer_code(self, fn, args, kwargs):
+        return self._store(_answer_key(fn, args, kwargs), fn(*args, **kwargs))
 
 
 class _RecCallable:
@@ -138,6 +230,9 @@ class Replayer:
         key = _key("reference", f"{fn.__module__}:{fn.__qualname__}", list(args), dict(kwargs))
         return self._answer(key, fn.__qualname__)
 
+    def _answer_code(self, fn, args, kwargs):
+        return self._answer(_answer_key(fn, args, kwargs), fn.__qualname__)
+
 
 class _ReplayCallable:
     def __init__(self, rep: Replayer, path: tuple, owner=None):
@@ -175,11 +270,20 @@ def store_path(stem: str) -> Path:
     return STORE_DIR / f"{stem}.bin"
 
 
-def save(stem: str, entries: dict, seed: int, directory: Path | None = None) -> Path:
+def save(stem: str, entries: dict, seed: int, directory: Path | None = None, engine: dict | None = None) -> Path:
+    """`engine`: what of the engine the lesson's stub imports (scan.EngineUse.to_dict()), recorded so that a
+    copy's grading allows that and no more, whatever its exercise file imports."""
     path = (directory or STORE_DIR) / f"{stem}.bin"
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_bytes(wire.encode({"stem": stem, "seed": seed, "entries": entries}))
+    path.write_bytes(wire.encode({"stem": stem, "seed": seed, "entries": entries, "engine": engine or {}}))
     return path
+
+
+def stored_engine_use(stem: str) -> dict | None:
+    """What the release recorded of the engine the lesson's stub imports; None without a store."""
+    if not store_path(stem).exists():
+        return None
+    return dict(wire.decode(store_path(stem).read_bytes()).get("engine") or {})
 
 
 def load_store(stem: str) -> tuple[dict, int]:

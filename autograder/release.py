@@ -26,7 +26,7 @@ import re
 import shutil
 from pathlib import Path
 
-from . import lessons, reference
+from . import lessons, reference, scan
 
 COPIED = ["README.md", "pyproject.toml", "lessons", "exercises", "reference_engine", "autograder"]
 INSTRUCTOR_ONLY = ["autograder/sync.py", "autograder/nbgrader_build.py",
@@ -213,12 +213,14 @@ def build(dest: str | Path, stems: list[str] | None = None, force: bool = False)
         (dest / rel).unlink(missing_ok=True)
     (dest / "README.md").write_text(readme)
     _student_headers(dest / "exercises")
+    strip_answer_code(dest / "autograder")
     for stem in stems or [lesson.stem for lesson in lessons.available()]:
         entries, results = record(stem)
         bad = [(r.name, r.status, r.message[:200]) for r in results if r.status not in ("passed", "not graded here")]
         if bad:
             raise RuntimeError(f"{stem}: the solutions do not pass their own visible cases: {bad}")
-        reference.save(stem, entries, reference.RELEASE_SEED, dest / "autograder" / "visible")
+        reference.save(stem, entries, reference.RELEASE_SEED, dest / "autograder" / "visible",
+                       engine=scan.lesson_engine_use(stem).to_dict())
     leaks = leaked_solution_text(dest)
     if leaks:
         raise RuntimeError(f"solution text in the release: {leaks[:5]}")
@@ -234,6 +236,20 @@ def _student_headers(exercises: Path) -> None:
         generated = sync.HEADER.format(num=num, name=path.name)
         if text.startswith(generated):
             path.write_text(STUB_HEADER.format(num=num) + text[len(generated):])
+
+
+def strip_answer_code(directory: Path) -> list[Path]:
+    """Strip the body of every `@answer_code` function under `directory` (the copy's grader): the code that
+    computes an answer or a mistake's value. The copy replays those results from its store."""
+    changed = []
+    for path in sorted(directory.rglob("*.py")):
+        text = path.read_text()
+        if reference.ANSWER_CODE in text:
+            stripped = reference.strip_answer_code(text)
+            if stripped != text:
+                path.write_text(stripped)
+                changed.append(path)
+    return changed
 
 
 STUB_HEADER = ("# Lesson {num} exercises: replace each `raise NotImplementedError` with your code.\n"

@@ -312,11 +312,16 @@ def report(findings: list[Finding], label: str) -> str:
 def lesson_engine_use(stem: str) -> EngineUse:
     """What of the engine lesson `stem`'s exercise may use: what its stub imports. The stub is generated from
     solutions/ where they exist (an instructor's copy, whatever its exercises/ hold: an instructor's own answers,
-    say); in a student's copy it is the exercise file itself."""
+    say); in a student's copy, what the release recorded of that stub (the exercise file there is the
+    student's own, and may import more)."""
     from .lessons import ROOT, find
     sol = ROOT / "solutions" / f"{stem}.py"
     if sol.exists():
         from .sync import exercise_source
         return engine_use(exercise_source(sol, find(stem).number))
+    from .reference import stored_engine_use
+    stored = stored_engine_use(stem)
+    if stored is not None:
+        return EngineUse.from_dict(stored)
     stub = ROOT / "exercises" / f"{stem}.py"
     return engine_use(stub.read_text()) if stub.exists() else EngineUse()

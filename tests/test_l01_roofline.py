@@ -93,7 +93,7 @@ def test_check_mistake_formulas_are_built_on_the_right_answer(seed):
     # "mistake" could be the right answer in disguise.
     t = _trial(seed)
     for _, model, chip, ctx, wd, kd, include_kv in checks._crossover_cases(t):
-        assert checks._crossover(t, model, chip, ctx, wd, kd, include_kv) == \
+        assert checks._crossover(S.DTYPE_BITS, model, chip, ctx, wd, kd, include_kv) == \
             S.decode_crossover_batch(model, chip, ctx, wd, kd, include_kv)
     for flops, nbytes in [(3e13, 1.6e10), (1.7e10, 1.6e10)]:
         chip = checks._random_chip(t.rng)
@@ -251,7 +251,7 @@ def test_new_checks_mistake_formulas_default_to_the_right_answer(seed):
     t = _trial(seed)
     for _ in range(5):
         model, chip, batch, ctx, wd, kd, chunk, cc = checks._random_mixed_step(t.rng)
-        got = checks._kernels(t, model, chip, batch, ctx, wd, kd, chunk, cc)
+        got = checks._kernels(S.DTYPE_BITS, model, chip, batch, ctx, wd, kd, chunk, cc)
         want = S.step_kernels(model, chip, batch, ctx, wd, kd, chunk, cc)
         assert list(got) == list(want)
         for name in want:
@@ -262,5 +262,5 @@ def test_new_checks_mistake_formulas_default_to_the_right_answer(seed):
         peak, bw = chip["dense_tflops"] * 1e12, chip["hbm_gb_per_s"] * 1e9
         assert checks._bound(flops, nbytes, peak, bw, overhead) == S.step_bound(flops, nbytes, chip, overhead)
         model, batch, ctx, wd, kd = checks._random_moe(t.rng)
-        got, want = checks._moe(t, model, batch, ctx, wd, kd), S.moe_decode_cost(model, batch, ctx, wd, kd)
+        got, want = checks._moe(S.DTYPE_BITS, model, batch, ctx, wd, kd), S.moe_decode_cost(model, batch, ctx, wd, kd)
         assert got == pytest.approx(want, rel=1e-12)

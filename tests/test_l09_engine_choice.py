@@ -100,7 +100,7 @@ def test_regime_agrees_with_the_checks_and_the_overhead_boundary():
 
 def _workloads(n: int, seed: int):
     rng = random.Random(seed)
-    return [S.Workload(**checks._random_workload(rng)) for _ in range(n)] + [S.Workload(**f) for _, f in checks.RECOMMEND_CASES]
+    return [S.Workload(**checks._random_workload(rng)) for _ in range(n)] + [S.Workload(**f) for _, f in checks.recommend_cases()]
 
 
 def test_checks_table_agrees_with_the_reference():
@@ -111,7 +111,7 @@ def test_checks_table_agrees_with_the_reference():
 
 
 def test_every_row_is_reached_by_the_visible_cases():
-    rows = {S.recommend(S.Workload(**f)).row for _, f in checks.RECOMMEND_CASES}
+    rows = {S.recommend(S.Workload(**f)).row for _, f in checks.recommend_cases()}
     assert rows == {"slo", "prefix", "overhead", "compute", "default"}
 
 

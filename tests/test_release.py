@@ -205,3 +205,198 @@ def test_copy_stubs_say_what_to_do_and_not_where_they_came_from(copy):
         head = "".join(path.read_text().splitlines(keepends=True)[:3])
         assert f"course check {path.name[1:3]}" in head, path
         assert "solutions" not in head and "course sync" not in head, (path, head)
+
+
+# -- the copy grades as the instructor's visible cases do ---------------------------------------------------
+
+GRADE_IN_COPY = """
+import json
+from autograder.runner import Target, grade_lesson
+out = []
+for job in json.load(open(sys.argv[1])):
+    target = Target(path=job["path"], label=job["name"], module_name=job["name"])
+    (r,) = grade_lesson(job["lesson"], target, 0, only=[job["check"]])
+    out.append(r.to_dict())
+json.dump(out, open(sys.argv[2], "w"))
+"""
+
+
+def grade_in_copy(copy: Path, jobs: list[dict], out: Path) -> list[dict]:
+    code = RUN_IN_COPY.format(root=str(ROOT), copy=str(copy)).replace(
+        "from autograder.cli import main\nsys.exit(main(sys.argv[1:]))", GRADE_IN_COPY)
+    spec = out.with_suffix(".jobs.json")
+    spec.write_text(json.dumps(jobs))
+    r = subprocess.run([sys.executable, "-c", code, str(spec), str(out)], cwd=copy, capture_output=True, text=True,
+                       timeout=1800, env={**os.environ, "PYTHONPATH": str(copy)})
+    assert r.returncode == 0 and out.exists(), r.stdout[-2000:] + r.stderr[-4000:]
+    return json.loads(out.read_text())
+
+
+# Checks whose named mistakes come from the reference run on the learner's own output (lesson 10's tuned_kpa
+# replays the learner's schedule in the fleet simulator): the store cannot hold those, so a copy grades such a
+# case as "graded by your instructor", never as passed, and names no mistake there.
+NAMED_ONLY_BY_THE_INSTRUCTOR = {("l10_autoscaling", "tuned_kpa")}
+
+
+def copy_disagreements(copy: Path, stem: str, work: Path) -> list[str]:
+    """Each kept wrong answer of `stem`, graded in `copy` and here (the solutions, visible cases, the release's
+    seed): what the copy gets wrong (see the test below). Also for a partial copy: build(dest, [stem], True)."""
+    from autograder.reference import RELEASE_SEED
+    from autograder.runner import grade_lesson
+    from tests.mutants import load
+    from tests.test_mutants import mutant_target
+    mutants = load(stem)
+    jobs, here = [], []
+    for m in mutants:
+        target = mutant_target(m, work)
+        jobs.append({"lesson": stem, "check": m.check, "path": target.path, "name": target.module_name})
+        (r,) = grade_lesson(stem, target, RELEASE_SEED, only=[m.check], visible_only=True)
+        here.append(r)
+    there = grade_in_copy(copy, jobs, work / "copy.json")
+    bad = []
+    for m, r, c in zip(mutants, here, there):
+        if c["earned"] > r.earned + 1e-9:
+            bad.append(f"{m.label}: earns {c['earned']} in the copy, {r.earned} here: {c['message'][:300]}")
+        elif m.message.lower() in r.message.lower() and m.message.lower() not in c["message"].lower() \
+                and (stem, m.check) not in NAMED_ONLY_BY_THE_INSTRUCTOR:
+            bad.append(f"{m.label}: names '{m.message}' here, not in the copy ({c['status']}): {c['message'][:300]}")
+    return bad
+
+
+@pytest.mark.parametrize("stem", READY)
+def test_copy_grades_every_mutant_as_the_visible_cases_do(copy, stem, tmp_path):
+    """Each kept wrong answer, graded in the copy (stored answers, the grader's answer code stripped) and here
+    (the solutions, visible cases, the release's seed): no case the instructor's grading fails passes in the copy,
+    and the mistake it names here is named there. A case the copy cannot judge (a question only that wrong
+    answer asks) may say "graded by your instructor"; it is never passed."""
+    bad = copy_disagreements(copy, stem, tmp_path)
+    assert not bad, "\n".join(bad)
+
+
+def test_copy_allows_only_the_engine_imports_of_the_lesson_stub(copy, tmp_path):
+    """The copy's exercise file is the student's own: what it may import of the engine is what the release
+    recorded of the lesson's stub, not what that file imports. Lesson 14's answer imported from the engine is
+    rejected; lesson 06's stub imports the engine's bytes per token, which stays allowed."""
+    work = tmp_path / "engine"
+    shutil.copytree(copy, work)
+    stub = work / "exercises" / "l14_speculative_decoding.py"
+    stub.write_text(stub.read_text().replace("import torch\n", "import torch\n"
+                                             "from reference_engine.spec_decode import verify_greedy\n", 1))
+    r = course_in(work, "check", "14", "--only", "verify_greedy")
+    assert "rejected" in r.stdout and "reference_engine.spec_decode" in r.stdout, r.stdout + r.stderr
+    shutil.copy(ROOT / "solutions" / "l06_capacity_planning.py", work / "exercises" / "l06_capacity_planning.py")
+    r = course_in(work, "check", "06")
+    assert r.returncode == 0 and "rejected" not in r.stdout, r.stdout + r.stderr
+
+
+# -- no shipped function computes an answer --------------------------------------------------------------
+
+def probe_copy(copy: Path, calls: Path, out: Path) -> list[dict]:
+    """tests/answer_probe.py's probe, run on `copy`'s own modules (the copy first on sys.path)."""
+    code = RUN_IN_COPY.format(root=str(ROOT), copy=str(copy)).replace(
+        "from autograder.cli import main\nsys.exit(main(sys.argv[1:]))",
+        f"sys.path.append({str(ROOT / 'tests')!r})\nimport answer_probe\nsys.exit(answer_probe.main(sys.argv[1:]))")
+    r = subprocess.run([sys.executable, "-c", code, "probe", str(calls), str(out)], cwd=copy, capture_output=True,
+                       text=True, timeout=1800, env={**os.environ, "PYTHONPATH": str(copy)})
+    assert r.returncode == 0 and out.exists(), r.stdout[-2000:] + r.stderr[-4000:]
+    return json.loads(out.read_text())
+
+
+# Lessons whose answers the engine implements (the README's "The engine holds answers"): a function of the
+# engine may reproduce one of these, and the lesson's exercise may not import it.
+ENGINE_ANSWERS = {"l02_kv_cache", "l04_paged_attention", "l12_streaming", "l14_speculative_decoding",
+                  "l16_quantization", "l17_disaggregation", "l18_prefix_caching"}
+
+
+def test_no_function_in_the_copy_reproduces_a_solution(copy, tmp_path):
+    """Every function the copy ships (its grader, harnesses and engine) is called with the inputs the checks give
+    the solutions (visible cases and hidden ones at a seed drawn now) wherever its signature takes them: none of
+    the grader's reproduces an exercise's answers (its answer code is stripped at release), and the engine's
+    that do belong to the lessons the README names, whose exercises cannot import them."""
+    import random
+
+    from autograder import scan
+    from tests import answer_probe
+    seed = random.randrange(1 << 30)
+    calls = tmp_path / "calls.bin"
+    from autograder import wire
+    calls.write_bytes(wire.encode(answer_probe.collect(seed)))
+    found = probe_copy(copy, calls, tmp_path / "found.json")
+    grader = [f for f in found if f["function"].startswith("autograder.")]
+    assert not grader, f"seed {seed}: the copy's grader computes answers: {grader}"
+    for f in found:
+        assert f["lesson"] in ENGINE_ANSWERS, f"seed {seed}: the engine computes {f['lesson']}'s answers: {f}"
+        module = f["function"].rsplit(".", 1)[0]
+        use = scan.lesson_engine_use(f["lesson"])
+        assert module not in use.modules and not any(m == module for m, _ in use.names), (
+            f"{f['lesson']}'s exercise may import {module}, whose {f['function']} computes {f['exercise']}")
+
+
+def test_probe_finds_answer_code_in_the_instructor_tree(tmp_path):
+    """The probe is able to fail: in this tree (answer code not stripped) it finds the grader's mistake variants
+    whose defaults are the rule."""
+    from autograder import wire
+    from tests import answer_probe
+    calls = tmp_path / "calls.bin"
+    calls.write_bytes(wire.encode(answer_probe.collect(3, ["l10_autoscaling"])))
+    r = subprocess.run([sys.executable, "-m", "tests.answer_probe", "probe", str(calls), str(tmp_path / "f.json")],
+                       cwd=ROOT, capture_output=True, text=True, timeout=1200)
+    assert r.returncode == 0, r.stderr[-3000:]
+    found = json.loads((tmp_path / "f.json").read_text())
+    assert any(f["function"] == "autograder.checks.l10_autoscaling.kpa_variant" for f in found), found
+
+
+def test_strip_answer_code_keeps_names_and_docstrings_and_drops_bodies():
+    from autograder import reference
+    src = '''import math
+from autograder.reference import answer_code
+from autograder import reference
+
+
+@answer_code
+def rule(x, flag=False):
+    """The rule, or a mistake."""
+    def inner(y):
+        return math.sqrt(y)
+    return inner(x) + (1 if flag else 0)
+
+
+@reference.answer_code
+def other(x):
+    return x * 2
+
+
+def untouched(x):
+    return x + 1
+'''
+    out = reference.strip_answer_code(src)
+    assert "math.sqrt" not in out and "x * 2" not in out and "return x + 1" in out
+    assert '"""The rule, or a mistake."""' in out and "def rule(x, flag=False):" in out and "def other(x):" in out
+    namespace: dict = {}
+    exec(compile(out, "<stripped>", "exec"), namespace)
+    assert namespace["untouched"](1) == 2
+    for name in ("rule", "other"):
+        with pytest.raises(reference.AnswerStripped):
+            namespace[name](4)
+
+
+def test_answer_code_is_recorded_and_replayed_and_runs_as_written_otherwise():
+    from autograder import reference
+
+    calls = []
+
+    @reference.answer_code
+    def rule(x, scale=2):
+        calls.append(x)
+        return {"value": x * scale}
+
+    assert rule(3) == {"value": 6} and calls == [3]  # no channel: as written
+    rec = reference.Recorder(object())
+    with reference.answering(rec):
+        assert rule(5, scale=3) == {"value": 15}
+    rep = reference.Replayer(rec.entries)
+    with reference.answering(rep):
+        assert rule(5, scale=3) == {"value": 15}
+        assert calls == [3, 5]  # replayed, not run
+        with pytest.raises(reference.NotRecorded):
+            rule(6)  # a question the release never asked

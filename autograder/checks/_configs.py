@@ -21,6 +21,7 @@ from __future__ import annotations
 import dataclasses
 
 from autograder.core import LearnerRaised
+from autograder.reference import answer_code
 
 OPTIONAL = ("num_key_value_heads", "head_dim")
 
@@ -34,6 +35,7 @@ class Shape:
     implied_head_dim: int  # hidden_size // num_attention_heads: what head_dim defaults to
 
 
+@answer_code
 def shape(cfg: dict) -> Shape:
     """The attention shape of `cfg` with the defaults filled in (absent or null: the default)."""
     heads = cfg["num_attention_heads"]

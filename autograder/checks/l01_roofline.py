@@ -12,6 +12,7 @@ import math
 from autograder import compare as cmp
 from autograder.checks._configs import non_default
 from autograder.core import check
+from autograder.reference import answer_code
 
 GiB = 2**30
 
@@ -46,12 +47,13 @@ def _named(t, name: str) -> dict:
     return dict(t.ref.CHIPS[name], name=name)
 
 
-def _nbytes(t, dtype: str) -> float:
-    return t.ref.DTYPE_BITS[dtype] / 8
+def _nbytes(bits: dict, dtype: str) -> float:
+    return bits[dtype] / 8
 
 
-def _kv_per_token(t, model: dict, kv_dtype: str, heads_key: str = "kv_heads", kv_factor: int = 2) -> float:
-    return kv_factor * model["layers"] * model[heads_key] * model["head_dim"] * _nbytes(t, kv_dtype)
+@answer_code
+def _kv_per_token(bits: dict, model: dict, kv_dtype: str, heads_key: str = "kv_heads", kv_factor: int = 2) -> float:
+    return kv_factor * model["layers"] * model[heads_key] * model["head_dim"] * _nbytes(bits, kv_dtype)
 
 
 # ---------------------------------------------------------------- 1. the cost of a forward pass
@@ -67,7 +69,7 @@ def matmul_cost(t):
         label = f"{label}: [{m}, {k}] @ [{k}, {n}] in {dtype}"
         with t.case(label):
             got, expected = t.both("matmul_cost", m, n, k, dtype)
-            f, b, elems = expected["flops"], _nbytes(t, dtype), m * k + k * n + m * n
+            f, b, elems = expected["flops"], _nbytes(t.ref.DTYPE_BITS, dtype), m * k + k * n + m * n
             t.expect(got, expected, f"matmul_cost({m}, {n}, {k}, {dtype!r})", rtol=1e-9, mistakes={
                 "counts a multiply-add as one FLOP (it is two: a multiply and an add)":
                     {"flops": m * n * k, "bytes": expected["bytes"]},
@@ -151,7 +153,7 @@ def forward_bytes(t):
     for label, model, new, cached, wd, kd in cases:
         with t.case(label):
             got, expected = t.both("forward_bytes", model, new, cached, wd, kd)
-            W, K = model["params"] * _nbytes(t, wd), _kv_per_token(t, model, kd)
+            W, K = model["params"] * _nbytes(t.ref.DTYPE_BITS, wd), _kv_per_token(t.ref.DTYPE_BITS, model, kd)
             t.expect(got, expected, f"forward_bytes({model['name']}, {new}, {cached}, {wd!r}, {kd!r})",
                      rtol=1e-9, mistakes={
                          "counts the weights once per token instead of once per pass": new * W + (cached + new) * K,
@@ -159,8 +161,8 @@ def forward_bytes(t):
                          "leaves out writing K and V of the new tokens": W + cached * K,
                          "counts only K, not K and V": W + (cached + new) * K / 2,
                          "sizes the KV cache with the query heads (GQA stores only kv_heads)":
-                             W + (cached + new) * _kv_per_token(t, model, kd, "heads"),
-                         "uses the weight dtype for the KV cache too": W + (cached + new) * _kv_per_token(t, model, wd),
+                             W + (cached + new) * _kv_per_token(t.ref.DTYPE_BITS, model, kd, "heads"),
+                         "uses the weight dtype for the KV cache too": W + (cached + new) * _kv_per_token(t.ref.DTYPE_BITS, model, wd),
                          "uses bits instead of bytes (DTYPE_BITS / 8 is bytes)": 8 * expected,
                      })
 
@@ -168,6 +170,7 @@ def forward_bytes(t):
 # ---------------------------------------------------------------- 2. the roofline
 
 
+@answer_code
 def _ridge(chip: dict) -> float:
     """The ridge point by its definition, for drawing cases near it (the expected value is t.ref's)."""
     return chip["dense_tflops"] * 1e12 / (chip["hbm_gb_per_s"] * 1e9)
@@ -194,6 +197,7 @@ def ridge_point(t):
             })
 
 
+@answer_code
 def _roof(flops, nbytes, peak, bw, *, add_times=False, flip=False, no_cap=False, strict=False) -> dict:
     ai = flops / nbytes
     compute = ai > peak / bw if strict else ai >= peak / bw
@@ -262,7 +266,7 @@ def decode_step_cost(t):
         with t.case(f"{label}: {_fmt_model(model)}, batch {batch}, {ctx} cached, {wd} weights, {kd} KV"):
             got, expected = t.both("decode_step_cost", model, batch, ctx, wd, kd)
             f, b = expected["flops"], expected["bytes"]
-            W, K = model["params"] * _nbytes(t, wd), _kv_per_token(t, model, kd)
+            W, K = model["params"] * _nbytes(t.ref.DTYPE_BITS, wd), _kv_per_token(t.ref.DTYPE_BITS, model, kd)
             t.expect(got, expected, "decode_step_cost(...)", rtol=1e-9, mistakes={
                 "counts the weights once per sequence: the whole batch shares one read of the weights":
                     {"flops": f, "bytes": batch * (W + (ctx + 1) * K)},
@@ -276,16 +280,17 @@ def decode_step_cost(t):
             })
 
 
-def _crossover(t, model, chip, ctx, wd, kd, include_kv, *, flop_factor=2.0, peak_key="dense_tflops",
+@answer_code
+def _crossover(bits, model, chip, ctx, wd, kd, include_kv, *, flop_factor=2.0, peak_key="dense_tflops",
                gb=1e9, byte_scale=1.0, per_seq_weights=False, rounding="ceil"):
     """The crossover batch with one typical error put in (defaults: the right answer)."""
     ridge = chip[peak_key] * 1e12 / (chip["hbm_gb_per_s"] * gb)
-    W = model["params"] * _nbytes(t, wd) * byte_scale
+    W = model["params"] * _nbytes(bits, wd) * byte_scale
     F = flop_factor * model["params"]
     K = 0.0
     if include_kv:  # attention of one new token over ctx + 1 keys: 4 * layers * heads * head_dim per key
         F += flop_factor / 2 * 4 * model["layers"] * model["heads"] * model["head_dim"] * (ctx + 1)
-        K = (ctx + 1) * _kv_per_token(t, model, kd) * byte_scale
+        K = (ctx + 1) * _kv_per_token(bits, model, kd) * byte_scale
     if per_seq_weights:
         K, W = K + W, 0.0  # intensity F / (W + K) does not grow with B
         return None if F < ridge * K else 1
@@ -304,10 +309,10 @@ def _random_crossover(t, include_kv: bool) -> tuple:
         model, chip = _random_model(rng), _random_chip(rng)
         wd, kd = rng.choice(["bf16", "fp8", "int4", "fp32"]), rng.choice(["bf16", "fp8"])
         # Contexts up to 1.5x the longest one that still has a crossover: mostly finite answers.
-        per_ctx = _ridge(chip) * _kv_per_token(t, model, kd) - 4 * model["layers"] * model["heads"] * model["head_dim"]
+        per_ctx = _ridge(chip) * _kv_per_token(t.ref.DTYPE_BITS, model, kd) - 4 * model["layers"] * model["heads"] * model["head_dim"]
         longest = 2 * model["params"] / per_ctx if per_ctx > 0 else 50000
         ctx = rng.randint(0, int(min(1.5 * longest, 100000))) if include_kv else 0
-        x = _crossover(t, model, chip, ctx, wd, kd, include_kv, rounding="real")
+        x = _crossover(t.ref.DTYPE_BITS, model, chip, ctx, wd, kd, include_kv, rounding="real")
         if x is None or (x <= 1e7 and abs(x - round(x)) >= 1e-6 * max(1.0, x)):
             return model, chip, ctx, wd, kd, include_kv
 
@@ -337,7 +342,7 @@ def decode_crossover_batch(t):
             expected = t.ref.decode_crossover_batch(model, chip, ctx, wd, kd, include_kv)
             # include_kv=True is the default: leave it out, as a caller would
             got = t.call("decode_crossover_batch", model, chip, ctx, wd, kd, **non_default(include_kv=(include_kv, True)))
-            args = (t, model, chip, ctx, wd, kd, include_kv)
+            args = (t.ref.DTYPE_BITS, model, chip, ctx, wd, kd, include_kv)
             wrong = {
                 "forgets the factor 2 in the FLOPs (a multiply-add is 2 FLOPs)": _crossover(*args, flop_factor=1.0),
                 "uses the sparse TFLOP/s: dense matmuls never reach it": _crossover(*args, peak_key="sparse_tflops"),
@@ -353,7 +358,7 @@ def decode_crossover_batch(t):
             }
             if include_kv:
                 wrong["ignores the KV cache read (only right for very short contexts)"] = \
-                    _crossover(t, model, chip, ctx, wd, kd, False)
+                    _crossover(t.ref.DTYPE_BITS, model, chip, ctx, wd, kd, False)
             if expected is not None:
                 wrong["counts the weights once per sequence instead of once per step, so batching "
                       "never raises the intensity"] = _crossover(*args, per_seq_weights=True)
@@ -370,7 +375,8 @@ def decode_crossover_batch(t):
 GEMMS = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj", "lm_head")
 
 
-def _kernels(t, model, chip, batch, ctx, wd, kd, chunk, chunk_ctx, *, qkv="gqa", swiglu=True, chunk_in_gemms=True,
+@answer_code
+def _kernels(bits, model, chip, batch, ctx, wd, kd, chunk, chunk_ctx, *, qkv="gqa", swiglu=True, chunk_in_gemms=True,
              per_layer=True, lm_head_layers=False, lm_head_rows="seqs", add_times=False, kv_heads_key="kv_heads",
              write_new=True, whole_batch=True, chunk_sees_context=True) -> dict:
     """The kernels of a step with one typical error put in (defaults: the right answer). The grader's own
@@ -385,9 +391,9 @@ def _kernels(t, model, chip, batch, ctx, wd, kd, chunk, chunk_ctx, *, qkv="gqa",
              "gate_up_proj": (m, (2 if swiglu else 1) * model["intermediate"], h, calls),
              "down_proj": (m, h, model["intermediate"], calls),
              "lm_head": (seqs, model["vocab"], h, layers if lm_head_layers else 1)}
-    b = _nbytes(t, wd)
+    b = _nbytes(bits, wd)
     work = {name: (c * 2 * mm * n * k, c * (mm * k + k * n + mm * n) * b) for name, (mm, n, k, c) in gemms.items()}
-    kv = _kv_per_token(t, model, kd, kv_heads_key) * (1 if per_layer else 1 / layers)
+    kv = _kv_per_token(bits, model, kd, kv_heads_key) * (1 if per_layer else 1 / layers)
     per_pair = 4 * model["heads"] * d * (layers if per_layer else 1)
     seqs_attn = batch if whole_batch else 1
     work["attn_decode"] = (seqs_attn * per_pair * (ctx + 1), seqs_attn * (ctx + (1 if write_new else 0)) * kv)
@@ -464,7 +470,7 @@ def step_kernels(t):
             t.expect(sorted(got), sorted(expected), "the kernel names", hint=(
                 "One entry per GEMM (qkv_proj, o_proj, gate_up_proj, down_proj, lm_head), attn_decode, and "
                 "attn_prefill only when chunk > 0."))
-            args = (t, model, chip, batch, ctx, wd, kd, chunk, cc)
+            args = (t.ref.DTYPE_BITS, model, chip, batch, ctx, wd, kd, chunk, cc)
             wrong = {name: _kernels(*args, **kw) for name, kw in KERNEL_MISTAKES.items()}
             for name in expected:
                 t.expect(got[name], expected[name], f"kernel {name}", rtol=1e-9,
@@ -482,6 +488,7 @@ def _random_overhead_case(rng) -> tuple:
     return flops, nbytes, chip, roof * 10 ** rng.uniform(-1, 1)
 
 
+@answer_code
 def _bound(flops, nbytes, peak, bw, overhead, *, add=False, ignore=False, roof_bound=False, vs_compute=False) -> dict:
     r = _roof(flops, nbytes, peak, bw)
     if ignore:
@@ -522,7 +529,8 @@ def step_bound(t):
 # ---------------------------------------------------------------- 5.2 MoE decode
 
 
-def _moe(t, model, batch, ctx, wd, kd, *, read="uniform", all_expert_flops=False, per_layer=True) -> dict:
+@answer_code
+def _moe(bits, model, batch, ctx, wd, kd, *, read="uniform", all_expert_flops=False, per_layer=True) -> dict:
     """moe_decode_cost with one typical error put in (defaults: the right answer)."""
     e, k, per, layers = model["experts"], model["top_k"], model["expert_params"], model["layers"]
     read_per_layer = {"uniform": e * (1 - (1 - k / e) ** batch), "active": k, "all": e,
@@ -530,9 +538,9 @@ def _moe(t, model, batch, ctx, wd, kd, *, read="uniform", all_expert_flops=False
     dense = model["params"] - layers * e * per
     active = model["params"] if all_expert_flops else dense + layers * k * per
     attn = 4 * layers * model["heads"] * model["head_dim"] * (ctx + 1)
-    weights = (dense + (layers if per_layer else 1) * read_per_layer * per) * _nbytes(t, wd)
+    weights = (dense + (layers if per_layer else 1) * read_per_layer * per) * _nbytes(bits, wd)
     return {"experts_read": read_per_layer, "flops": batch * (2 * active + attn),
-            "bytes": weights + batch * (ctx + 1) * _kv_per_token(t, model, kd)}
+            "bytes": weights + batch * (ctx + 1) * _kv_per_token(bits, model, kd)}
 
 
 def _random_moe(rng) -> tuple:
@@ -557,7 +565,7 @@ def moe_decode_cost(t):
         with t.case(f"{label}: {_fmt_model(model)}, {model['experts']} experts, top {model['top_k']}, "
                     f"batch {batch}, {ctx} cached, {wd} weights, {kd} KV"):
             got, expected = t.both("moe_decode_cost", model, batch, ctx, wd, kd)
-            args = (t, model, batch, ctx, wd, kd)
+            args = (t.ref.DTYPE_BITS, model, batch, ctx, wd, kd)
             t.expect(got, expected, "moe_decode_cost(...)", rtol=1e-9, mistakes={
                 "reads only the top_k experts a token runs, whatever the batch (the batch's tokens pick "
                 "different experts)": _moe(*args, read="active"),

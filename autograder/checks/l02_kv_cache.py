@@ -16,6 +16,7 @@ import torch.nn.functional as F
 from autograder.checks import _attention
 from autograder.checks._configs import NULL_FIELDS_7B, call, describe, non_default, random_config, shape
 from autograder.core import LearnerRaised, check
+from autograder.reference import answer_code
 
 # -- configs ----------------------------------------------------------------------------------
 
@@ -25,6 +26,7 @@ DTYPE_BYTES = {"float32": 4, "fp32": 4, "bfloat16": 2, "bf16": 2, "float16": 2, 
                "float8": 1, "fp8": 1, "fp8_e4m3": 1, "fp8_e5m2": 1}
 
 
+@answer_code
 def kv_mistakes(cfg, nbytes: int) -> dict:
     s = shape(cfg)
     right = 2 * s.layers * s.kv_heads * s.head_dim * nbytes
@@ -54,6 +56,7 @@ EXPLICIT_HEAD_DIM = {"model_type": "mistral", "num_hidden_layers": 40, "num_atte
                      "intermediate_size": 14336, "vocab_size": 131072}
 
 
+@answer_code
 def _width(spec) -> int:
     """Bytes per element of a dtype spec, for drawing cases (the expected values are t.ref's)."""
     if isinstance(spec, torch.dtype):
@@ -222,6 +225,7 @@ def users_per_gpu(t):
 
 # -- 2.4 attention over the cache -------------------------------------------------------------
 
+@answer_code
 def sdpa_reference(q, k, v):
     """Expected output: SDPA over K/V expanded with repeat_interleave, causal mask aligned to the
     end (query i is token S - T + i). SDPA's own is_causal aligns top-left when T != S."""
@@ -235,6 +239,7 @@ def sdpa_reference(q, k, v):
     return out.transpose(0, 1).contiguous()
 
 
+@answer_code
 def attention_variant(q, k, v, scale=True, heads="interleave", mask="end", softmax_over="keys"):
     """The typical wrong versions of decode attention, for naming mistakes."""
     T, H, D = q.shape
@@ -254,6 +259,7 @@ def attention_variant(q, k, v, scale=True, heads="interleave", mask="end", softm
     return torch.einsum("ths,shd->thd", torch.nan_to_num(p), ve)
 
 
+@answer_code
 def attention_mistakes(q, k, v) -> dict:
     T, H, _ = q.shape
     S, H_kv, _ = k.shape

@@ -10,6 +10,10 @@ time (`t.run_against`), here with the reference one on the same prompts (greedy,
 preempted, with and without chunked prefill), and compare the per-step schedule, the tokens, and
 that every KV block is free afterwards; a wrong schedule is named by running the usual wrong
 policies here.
+
+The grader's code that computes an answer or a mistake's value (the variants, the drivers, the closed forms,
+the policies run here) is `@answer_code` (autograder/reference.py): a student's copy holds its name and
+docstring, and replays its results on the visible cases.
 """
 from __future__ import annotations
 
@@ -21,6 +25,7 @@ from typing import NamedTuple
 from autograder.checks._engine import POLICY_ERRORS, step_bound, stopped, stub_guard
 from autograder.core import CaseFailed, check
 from autograder.harnesses.engine import run_engine
+from autograder.reference import answer_code, recording
 
 # -- request sets -----------------------------------------------------------------------------------
 
@@ -53,6 +58,7 @@ def expect_result(t, got, expected, mistakes: dict):
                   f'"total_steps" should be an int, got {type(got["total_steps"]).__name__}')
 
 
+@answer_code
 def _result(finish, slots_used, reqs, B, total=None):
     total = len(slots_used) if total is None else total
     return {"finish": finish, "total_steps": total,
@@ -68,6 +74,7 @@ def random_case(rng):
 
 # -- 1.1 static batching ----------------------------------------------------------------------------
 
+@answer_code
 def static_variant(reqs, B, wait_arrivals=True, own_end=False, busy_slots=False, occ="B", idle=True):
     finish, used, end, busy_steps, slot_steps = [0] * len(reqs), [], 0, 0, 0
     for k in range(0, len(reqs), B):
@@ -111,17 +118,24 @@ STATIC_CASES = [
 ]
 
 
+@answer_code
+def static_mistakes(reqs, B) -> dict:
+    """The usual wrong static-batching results on these inputs, each a whole result dict."""
+    return {name: static_variant(reqs, B, **kw) for name, kw in STATIC_MISTAKES.items()}
+
+
 @check(points=3, section="1.1")
 def simulate_static(t):
     """Finish steps, total steps, slot occupancy and per-step useful slots of static batching."""
     for label, (reqs, B) in t.cases(visible=STATIC_CASES, hidden=random_case, n=3):
         with t.case(f"{label}: {describe(reqs, B)}"):
             got, expected = t.both("simulate_static", reqs, B)
-            expect_result(t, got, expected, {name: static_variant(reqs, B, **kw) for name, kw in STATIC_MISTAKES.items()})
+            expect_result(t, got, expected, static_mistakes(reqs, B))
 
 
 # -- 2.1 / 2.2 continuous batching ------------------------------------------------------------------
 
+@answer_code
 def step_variant(running, waiting, reqs, B, step, variant=""):
     """The reference step (variant "") and its usual wrong versions; the arguments are left as they are."""
     running, waiting = list(running), list(waiting)
@@ -155,6 +169,7 @@ STEP_MISTAKES = {
 }
 
 
+@answer_code
 def drive(reqs, B, variant="", count_last=False, finish_shift=0):
     """simulate_continuous over step_variant; finish_shift=-1 records the step of the last token."""
     running, waiting, finish, used, step = [], list(range(len(reqs))), [0] * len(reqs), [], 0
@@ -170,9 +185,15 @@ def drive(reqs, B, variant="", count_last=False, finish_shift=0):
 
 def reachable_state(rng, reqs, B):
     """Run the (grader's copy of the) reference step a random number of steps: a state the scheduler
-    can really be in. Drawn without t.ref, so hidden cases can be drawn in a student's copy too."""
+    can really be in. Drawn without t.ref (in a student's copy, `state_after` is replayed like t.ref)."""
+    return state_after(reqs, B, rng.randint(1, max(2, sum(r.output_len for r in reqs) // B)))
+
+
+@answer_code
+def state_after(reqs, B, stop: int):
+    """(running, waiting, step): the reference step run from an empty batch for `stop` steps, or until
+    every request is done."""
     running, waiting = [], list(range(len(reqs)))
-    stop = rng.randint(1, max(2, sum(r.output_len for r in reqs) // B))
     for step in range(stop):
         if not (running or waiting):
             return running, waiting, step
@@ -198,6 +219,12 @@ STEP_CASES = [
 ]
 
 
+@answer_code
+def step_mistakes(running, waiting, reqs, B, step) -> dict:
+    """The usual wrong steps on these inputs, each a (running, waiting, retired) tuple."""
+    return {name: step_variant(running, waiting, reqs, B, step, v) for name, v in STEP_MISTAKES.items()}
+
+
 @check(points=3, section="2.1")
 def continuous_step(t):
     """One scheduler step: retire, admit FCFS into free slots (arrived only, at most B), decode."""
@@ -208,7 +235,7 @@ def continuous_step(t):
             t.expect_true(isinstance(got, (tuple, list)) and len(got) == 3,
                           "return a tuple (running, waiting, retired)")
             t.expect(tuple(got), expected, "(running, waiting, retired)",
-                     mistakes={name: step_variant(running, waiting, rq, B, step, v) for name, v in STEP_MISTAKES.items()})
+                     mistakes=step_mistakes(running, waiting, rq, B, step))
 
 
 CONTINUOUS_CASES = [
@@ -218,6 +245,7 @@ CONTINUOUS_CASES = [
 ]
 
 
+@answer_code
 def continuous_mistakes(reqs, B) -> dict:
     mistakes = {name: drive(reqs, B, v) for name, v in STEP_MISTAKES.items()}
     mistakes["counts the last, empty step (it only retires; total_steps = max(finish))"] = \
@@ -250,6 +278,7 @@ def random_pmf_case(rng):
     return random_pmf(rng), rng.choice([2, 4, 8, 16, 32])
 
 
+@answer_code
 def cdf_sum(pmf, B, shift: int):
     """sum over k >= 1 of (1 - F(k - 1 + shift)^B): shift 0 is E[max], shift 1 the off-by-one."""
     top = max(pmf)
@@ -257,6 +286,7 @@ def cdf_sum(pmf, B, shift: int):
     return sum(1 - F(k - 1 + shift) ** B for k in range(1, top + 1))
 
 
+@answer_code
 def dict_order_sum(pmf, B) -> float:
     """The CDF-step sum taken in the dict's own order, as if its keys were sorted."""
     total, cdf, prev = 0.0, 0.0, 0
@@ -267,6 +297,7 @@ def dict_order_sum(pmf, B) -> float:
     return total
 
 
+@answer_code
 def emax_mistakes(pmf, B) -> dict:
     mean = sum(k * p for k, p in pmf.items())
     emin = sum((1 - sum(p for k, p in pmf.items() if k <= j - 1)) ** B for j in range(1, max(pmf) + 1))
@@ -278,6 +309,7 @@ def emax_mistakes(pmf, B) -> dict:
             "computes the expected minimum (1 - (1 - F)^B is the min's CDF; the max's is F^B)": emin}
 
 
+@answer_code
 def gain_mistakes(pmf, B) -> tuple[dict, dict]:
     """The usual wrong "gain" values, and the usual wrong "padding_waste" values."""
     mean, emax = sum(k * p for k, p in pmf.items()), cdf_sum(pmf, B, 0)
@@ -337,6 +369,7 @@ class _Fcfs:
         self.static_slots, self.skip, self.chunk = static_slots, skip, chunk
         self.started, self.starve = started, starve
 
+    @answer_code  # called only inside _variant_run (its engine runs it): never a question of its own
     def schedule(self, candidates, budget):
         empty = self.static_slots is None or budget.slots == self.static_slots
         picked = []
@@ -461,10 +494,14 @@ def policy_check(t, cls_name: str, static: bool, variants: dict):
                                           make={"scheduler_policy": (t.learner(cls_name), *((B,) if static else ()))},
                                           max_steps=step_bound(prompts, lens), catch=True, model=MODEL)
             steps = 4 * expected["steps"] + 20
-            judge_run(t, run, expected, {name: partial(_variant_run, prompts, lens, kw, steps, v(B))
-                                         for name, v in variants.items()})
+            variant_runs = {name: partial(_variant_run, prompts, lens, kw, steps, v(B)) for name, v in variants.items()}
+            if recording(t.ref):  # so that a student's copy can name a wrong policy from its store
+                for make in variant_runs.values():
+                    make()
+            judge_run(t, run, expected, variant_runs)
 
 
+@answer_code
 def _variant_run(prompts, lens, kw, max_steps, policy_kwargs):
     """The engine run, here, with one of the usual wrong policies: _Fcfs(**policy_kwargs)."""
     return run_engine(prompts, lens, kw, max_steps=max_steps, catch=True, model=MODEL,

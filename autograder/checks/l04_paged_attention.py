@@ -8,6 +8,8 @@ function plugged in (`run_engine` and `sample_in_engine`, over there: autograder
 l04_paged_attention.py) and here with the engine's own, and compare tokens and the block pool afterwards. Wrong attention outputs are
 named by computing the usual wrong answers (`decode_variant`) on the same inputs. The preemption cost
 model is judged key by key against the reference, its wrong answers computed by `preemption_variant`.
+The grader's code that computes a mistake's value or a reference is `@answer_code` (autograder/reference.py):
+a student's copy holds its name and docstring, and replays its results on the visible cases.
 """
 from __future__ import annotations
 
@@ -27,6 +29,7 @@ from autograder.harnesses.l04_paged_attention import (
     sample_in_engine,
     time_decode,
 )
+from autograder.reference import answer_code
 from reference_engine.block_manager import BlockAllocator
 
 ENGINE_TAIL = "the engine's own BlockAllocator"
@@ -435,6 +438,7 @@ def _slot_case(rng, n_blocks: int, bs: int, T: int, first: int | None = None):
     return bt, pos
 
 
+@answer_code
 def _slot_mistakes(bt, pos, bs) -> dict:
     b = bt.long()
     out = {"uses the position as the slot (the slot is block_table[p // block_size] * block_size + offset)": pos.clone(),
@@ -467,6 +471,7 @@ def slot_mapping(t):
 # ---------------------------------------------------------------- 4. paged decode
 
 
+@answer_code
 def decode_variant(q, k_cache, v_cache, block_tables, context_lens, scale, kv_map="div", lens=None,
                    tables=None, dtype=torch.float64):
     """Paged decode with one thing changed, to name what a wrong answer did: `kv_map` "mod" (head h reads
@@ -487,6 +492,7 @@ def decode_variant(q, k_cache, v_cache, block_tables, context_lens, scale, kv_ma
     return torch.einsum("bhl,blhd->bhd", s.softmax(-1), v[:, :, kv]).to(q.dtype)
 
 
+@answer_code
 def decode_mistakes(q, kc, vc, bt, lens, scale, kernel: bool = False) -> dict:
     """The usual wrong answers on these inputs. kernel: the mistakes as a kernel that loops over the
     sequence's blocks makes them (a position past the context is read only inside its last block)."""
@@ -618,20 +624,29 @@ def paged_decode_triton(t):
 # ---------------------------------------------------------------- 5. swap or recompute
 
 
+@answer_code
+def _pairs(n: int, pairs: str) -> int:
+    """The (query, key) pairs of attention over n tokens: "causal" n(n+1)/2, and the usual wrong counts
+    "square" n * n, "no_self" n(n-1)/2, "none" 0."""
+    return {"causal": n * (n + 1) // 2, "square": n * n, "no_self": n * (n - 1) // 2, "none": 0}[pairs]
+
+
+@answer_code
 def preemption_variant(model: dict, n: int, kv_bytes: float, pcie: float, flops: float, transfers: int = 2,
-                       tensors: int = 2, attn_heads: str = "heads", pairs=lambda n: n * (n + 1) // 2,
+                       tensors: int = 2, attn_heads: str = "heads", pairs: str = "causal",
                        tie: str = "recompute") -> dict:
     """preemption_cost with one thing changed, to name a wrong answer: `transfers` PCIe copies, `tensors`
-    cached per token (K and V: 2), the heads that do attention's work, the causal (query, key) pairs, and
-    what a tie picks."""
+    cached per token (K and V: 2), the heads that do attention's work, the (query, key) pairs counted
+    (`_pairs`), and what a tie picks."""
     one_way = n * tensors * model["layers"] * model["kv_heads"] * model["head_dim"] * kv_bytes
-    total = 2 * model["params"] * n + 4 * model["layers"] * model[attn_heads] * model["head_dim"] * pairs(n)
+    total = 2 * model["params"] * n + 4 * model["layers"] * model[attn_heads] * model["head_dim"] * _pairs(n, pairs)
     swap_s, recompute_s = transfers * one_way / pcie, total / flops
     cheaper = "swap" if swap_s < recompute_s or (swap_s == recompute_s and tie == "swap") else "recompute"
     return {"transfer_bytes": one_way, "swap_s": swap_s, "recompute_flops": total, "recompute_s": recompute_s,
             "cheaper": cheaper}
 
 
+@answer_code
 def preemption_mistakes(model: dict, n: int, kv_bytes: float, pcie: float, flops: float, defaults: dict) -> dict:
     """The usual wrong answers on these inputs, each a whole result dict."""
     args = (model, n, kv_bytes, pcie, flops)
@@ -643,11 +658,11 @@ def preemption_mistakes(model: dict, n: int, kv_bytes: float, pcie: float, flops
         "uses kv_heads in the attention FLOPs; every query head computes its own scores (GQA shares the K/V, "
         "not the work)": preemption_variant(*args, attn_heads="kv_heads"),
         "counts n * n (query, key) pairs; causal attention has n(n+1)/2 (token i sees the i + 1 keys up to "
-        "itself)": preemption_variant(*args, pairs=lambda n: n * n),
+        "itself)": preemption_variant(*args, pairs="square"),
         "counts n(n-1)/2 (query, key) pairs, leaving out each token's own key: token i sees i + 1 keys, "
-        "n(n+1)/2 in all": preemption_variant(*args, pairs=lambda n: n * (n - 1) // 2),
+        "n(n+1)/2 in all": preemption_variant(*args, pairs="no_self"),
         "leaves out the attention FLOPs (4 x head_dim per (query, key) pair and query head, in every layer)":
-            preemption_variant(*args, pairs=lambda n: 0),
+            preemption_variant(*args, pairs="none"),
         "picks \"swap\" on a tie (a context of 0 costs nothing either way); a tie goes to \"recompute\", which "
         "needs no host memory": preemption_variant(*args, tie="swap"),
         "ignores the kv_bytes argument (bytes per cached element: 1 for an fp8 cache)":

@@ -10,7 +10,9 @@ any order lands on the same float as the reference: a tie stays a tie. The visib
 of each of these, so every mistake named below is tested on every seed.
 
 Wrong answers named in the messages are computed here from the definitions (`_ttft`, `_tpot`,
-`_itl`) with one mistake put in, on the same inputs as the expected values.
+`_itl`) with one mistake put in, on the same inputs as the expected values. That code is `@answer_code`
+(autograder/reference.py): a student's copy holds its name and docstring, and replays its results on the
+visible cases.
 """
 from __future__ import annotations
 
@@ -20,6 +22,7 @@ import random
 from autograder import compare as cmp
 from autograder.checks._configs import non_default
 from autograder.core import check
+from autograder.reference import answer_code
 from autograder.wire import Record
 
 GRID = 2.0 ** -10  # seconds
@@ -57,10 +60,12 @@ def _ref(t, name: str, *args):
     return t.reference(_on_ref, name, *args)
 
 
+@answer_code
 def _ttft(r) -> float:
     return r.token_times[0] - r.arrival
 
 
+@answer_code
 def _tpot(r, end: str = "finish") -> float | None:
     """TPOT by its definition, or (end="last") the usual mistake: up to the last token, not the finish."""
     n = len(r.token_times)
@@ -70,6 +75,7 @@ def _tpot(r, end: str = "finish") -> float | None:
     return (stop - r.arrival - _ttft(r)) / (n - 1)
 
 
+@answer_code
 def _itl(r) -> list[float]:
     ts = r.token_times
     return [b - a for a, b in zip(ts, ts[1:])]
@@ -136,6 +142,18 @@ def _random_request(rng) -> Record:
     return random_request(rng, _on_grid(rng.uniform(1, 900)))
 
 
+@answer_code
+def ttft_mistakes(r, expected: float) -> dict:
+    """The usual wrong TTFTs of request r (`expected`: the reference's)."""
+    first = r.token_times[0]
+    return {"measures from when the request was first scheduled, not from its arrival (the user "
+            "waits through the queue too)": first - r.scheduled,
+            "returns the first token's timestamp, not the time since arrival": first,
+            "measures to the end of the request (that is the end-to-end latency, not TTFT)":
+                r.finish - r.arrival,
+            "returns milliseconds (every function here works in seconds)": 1000 * expected}
+
+
 @check(points=1, section="1.1")
 def ttft(t):
     """First token time - arrival (not - scheduled time)."""
@@ -143,18 +161,12 @@ def ttft(t):
     for label, r in t.cases(visible, _random_request, n=3):
         with t.case(f"{label}: {_describe(r)}"):
             expected = _ref(t, "ttft", r)
-            first = r.token_times[0]
-            wrong = {"measures from when the request was first scheduled, not from its arrival (the user "
-                     "waits through the queue too)": first - r.scheduled,
-                     "returns the first token's timestamp, not the time since arrival": first,
-                     "measures to the end of the request (that is the end-to-end latency, not TTFT)":
-                         r.finish - r.arrival,
-                     "returns milliseconds (every function here works in seconds)": 1000 * expected}
-            t.expect(t.call("ttft", r), expected, "TTFT (s)", mistakes=wrong)
+            t.expect(t.call("ttft", r), expected, "TTFT (s)", mistakes=ttft_mistakes(r, expected))
 
 
 # -- 1.2 TPOT ---------------------------------------------------------------------------------
 
+@answer_code
 def tpot_mistakes(r) -> dict:
     n, latency = len(r.token_times), r.finish - r.arrival
     if n < 2:
@@ -189,6 +201,20 @@ def tpot(t):
 
 # -- 1.3 ITL ----------------------------------------------------------------------------------
 
+@answer_code
+def itl_mistakes(r, expected: list) -> dict:
+    """The usual wrong ITL lists of request r (`expected`: the reference's)."""
+    first = r.token_times[0]
+    return {"includes the TTFT gap (arrival to first token); ITL starts after the first token":
+                [first - r.arrival] + expected,
+            "includes the gap from scheduling to the first token; ITL starts after the first token":
+                [first - r.scheduled] + expected,
+            "returns each token's time since the first token, not the gaps between tokens":
+                [x - first for x in r.token_times[1:]],
+            "counts a gap from the last token to the finish (ITL is between tokens only)":
+                expected + [r.finish - r.token_times[-1]]}
+
+
 @check(points=1, section="1.3")
 def itl(t):
     """The gaps between successive tokens, after the first."""
@@ -196,21 +222,13 @@ def itl(t):
     for label, r in t.cases(visible, _random_request, n=3):
         with t.case(f"{label}: {_describe(r)}"):
             expected = _ref(t, "itl", r)
-            first = r.token_times[0]
-            wrong = {"includes the TTFT gap (arrival to first token); ITL starts after the first token":
-                         [first - r.arrival] + expected,
-                     "includes the gap from scheduling to the first token; ITL starts after the first token":
-                         [first - r.scheduled] + expected,
-                     "returns each token's time since the first token, not the gaps between tokens":
-                         [x - first for x in r.token_times[1:]],
-                     "counts a gap from the last token to the finish (ITL is between tokens only)":
-                         expected + [r.finish - r.token_times[-1]]}
             got = _as_list(t.call("itl", r))
-            t.expect(got, expected, "ITL gaps (s)", mistakes=wrong)
+            t.expect(got, expected, "ITL gaps (s)", mistakes=itl_mistakes(r, expected))
 
 
 # -- 2.1 percentiles --------------------------------------------------------------------------
 
+@answer_code
 def _lerp(s, k):
     """Linear interpolation at fractional position k of s (clamped to the ends)."""
     k = min(max(k, 0.0), len(s) - 1)
@@ -219,6 +237,7 @@ def _lerp(s, k):
     return s[lo] + (k - lo) * (s[hi] - s[lo])
 
 
+@answer_code
 def percentile_mistakes(values, q) -> dict:
     """Indexing without interpolating, interpolating at the wrong position or with the weights swapped."""
     s, n = sorted(float(v) for v in values), len(values)
@@ -278,37 +297,46 @@ def percentile(t):
 
 # -- 2.2 the latency summary ------------------------------------------------------------------
 
-def _row(t, xs, percentiles):
+@answer_code
+def _percentile(xs, q) -> float:
+    """The reference's percentile (numpy's linear interpolation), the same float operations."""
+    s = sorted(float(v) for v in xs)
+    return _lerp(s, (len(s) - 1) * q / 100)
+
+
+@answer_code
+def _row(xs, percentiles):
     if not xs:
         return None
     row = {"count": len(xs), "mean": sum(xs) / len(xs)}
     for q in percentiles:
-        row[f"p{q:g}"] = t.ref.percentile(xs, q)
+        row[f"p{q:g}"] = _percentile(xs, q)
     return row
 
 
-def summary_mistakes(t, requests, percentiles) -> dict[str, dict[str, dict | None]]:
+@answer_code
+def summary_mistakes(requests, percentiles) -> dict[str, dict[str, dict | None]]:
     """For each metric, wrong rows by the mistake that produces them."""
     per_request = [g for g in (_itl(r) for r in requests) if g]
     averaged = None
     if per_request:
         averaged = {"count": len(per_request), "mean": sum(sum(g) / len(g) for g in per_request) / len(per_request)}
         for q in percentiles:
-            averaged[f"p{q:g}"] = sum(t.ref.percentile(g, q) for g in per_request) / len(per_request)
+            averaged[f"p{q:g}"] = sum(_percentile(g, q) for g in per_request) / len(per_request)
     two_plus = [r for r in requests if len(r.token_times) > 1]
     return {
         "ttft": {"measures TTFT from the scheduling time, not the arrival":
-                 _row(t, [r.token_times[0] - r.scheduled for r in requests], percentiles)},
+                 _row([r.token_times[0] - r.scheduled for r in requests], percentiles)},
         "tpot": {"counts one-token requests in TPOT as 0 (vLLM leaves them out)":
-                 _row(t, [_tpot(r) or 0.0 for r in requests], percentiles),
+                 _row([_tpot(r) or 0.0 for r in requests], percentiles),
                  "measures TPOT up to the last token instead of the finish time":
-                 _row(t, [_tpot(r, end="last") for r in two_plus], percentiles)},
+                 _row([_tpot(r, end="last") for r in two_plus], percentiles)},
         "itl": {"averages per-request ITL statistics instead of pooling every gap of every request": averaged,
-                "includes the TTFT gap in ITL": _row(t, [x for r in requests for x in [_ttft(r)] + _itl(r)], percentiles)},
+                "includes the TTFT gap in ITL": _row([x for r in requests for x in [_ttft(r)] + _itl(r)], percentiles)},
         "e2el": {"measures the end-to-end latency from the first token, not the arrival":
-                 _row(t, [r.finish - r.token_times[0] for r in requests], percentiles),
+                 _row([r.finish - r.token_times[0] for r in requests], percentiles),
                  "measures the end-to-end latency to the last token instead of the finish time":
-                 _row(t, [r.token_times[-1] - r.arrival for r in requests], percentiles)},
+                 _row([r.token_times[-1] - r.arrival for r in requests], percentiles)},
     }
 
 
@@ -362,7 +390,7 @@ def latency_summary(t):
             got = t.call("latency_summary", reqs, **non_default(percentiles=(tuple(pcts), default)))
             metrics = list(expected)
             t.expect_true(isinstance(got, dict), f"expected a dict with keys {metrics}, got {type(got).__name__}")
-            wrong = summary_mistakes(t, reqs, pcts)
+            wrong = summary_mistakes(reqs, pcts)
             for metric in metrics:
                 t.expect_true(metric in got, f"missing key {metric!r} (expected keys {metrics})")
                 _expect_row(t, got[metric], expected[metric], metric, wrong[metric], pcts, default)
@@ -370,6 +398,7 @@ def latency_summary(t):
 
 # -- 3.1 SLOs ---------------------------------------------------------------------------------
 
+@answer_code
 def _slo_variants(r, ttft_slo, tpot_slo) -> dict[str, bool]:
     """What plausible wrong versions of meets_slo answer for one request."""
     a, p, last = _ttft(r), _tpot(r), _tpot(r, end="last")
@@ -385,6 +414,7 @@ def _slo_variants(r, ttft_slo, tpot_slo) -> dict[str, bool]:
     }
 
 
+@answer_code
 def _slo_mistakes(reqs, ttft_slo, tpot_slo) -> dict:
     per = [_slo_variants(r, ttft_slo, tpot_slo) for r in reqs]
     return {name: [v[name] for v in per] for name in per[0]} if per else {}
@@ -413,9 +443,16 @@ def slo_trace():
 def _random_slo_case(rng, n: int, one_token_share: float, lowest: int, share: int) -> tuple:
     """A random trace with SLOs equal to some requests' own TTFT and TPOT: exact ties at the SLO."""
     reqs = random_trace(rng, n, one_token_share=one_token_share)
+    ttfts, tpots = _sorted_metrics(reqs)
+    return reqs, rng.choice(ttfts[lowest:]), rng.choice(tpots[len(tpots) // share:])
+
+
+@answer_code
+def _sorted_metrics(reqs) -> tuple[list, list]:
+    """The requests' TTFTs and TPOTs (two+ tokens; [0.02] if none), each sorted: the SLOs are drawn from them."""
     ttfts = sorted(_ttft(r) for r in reqs)
     tpots = sorted(x for x in (_tpot(r) for r in reqs) if x is not None) or [0.02]
-    return reqs, rng.choice(ttfts[lowest:]), rng.choice(tpots[len(tpots) // share:])
+    return ttfts, tpots
 
 
 @check(points=1, section="3.1")
@@ -440,6 +477,7 @@ def meets_slo(t):
 
 # -- 3.2 goodput ------------------------------------------------------------------------------
 
+@answer_code
 def _summary_with(reqs, met: int, duration: float) -> dict:
     """A goodput dict with the given count and duration (the shape of the expected answer)."""
     n = len(reqs)
@@ -449,6 +487,7 @@ def _summary_with(reqs, met: int, duration: float) -> dict:
             "output_tok_s": per_s(sum(len(r.token_times) for r in reqs))}
 
 
+@answer_code
 def goodput_mistakes(reqs, ttft_slo, tpot_slo, expected) -> dict[str, dict]:
     if not reqs:
         return {}
@@ -511,6 +550,7 @@ def goodput(t):
 
 # -- 5.1 open and closed loop -----------------------------------------------------------------
 
+@answer_code
 def client_variant(plan, service, closed_loop: bool, queue: bool = True, closed_send: str = "plan",
                    measured: str = "send") -> dict:
     """client_latencies with one thing changed, to name a wrong answer: `queue` False serves each request
@@ -546,6 +586,12 @@ CLIENT_MISTAKES = {
     "time the request waited in the server's queue": dict(measured="service"),
 }
 
+@answer_code
+def client_mistakes(plan, service, closed_loop: bool) -> dict:
+    """The usual wrong client_latencies results on these inputs, each a whole result dict."""
+    return {name: client_variant(plan, service, closed_loop, **kw) for name, kw in CLIENT_MISTAKES.items()}
+
+
 # The lesson's example: request 1 stalls the server for 2.5 s. Open loop, requests 2 and 3 queue behind
 # it; closed loop, request 1 is sent into an idle server at its planned time, and 2 and 3 late.
 STALL = ([0.0, 1.0, 2.0, 3.0], [0.5, 2.5, 0.5, 0.5])
@@ -580,8 +626,8 @@ def client_latencies(t):
             f"{len(plan)} requests planned from {plan[0]:g} s to {plan[-1]:g} s, service {min(service):g}-{max(service):g} s"
         with t.case(f"{label}: {shown}, closed_loop={closed}"):
             got, expected = t.both("client_latencies", plan, service, closed)
-            mistakes = {name: client_variant(plan, service, closed, **kw) for name, kw in CLIENT_MISTAKES.items()}
-            t.expect_dict(got, expected, "client_latencies", mistakes=mistakes, rtol=1e-9, atol=1e-12,
+            t.expect_dict(got, expected, "client_latencies", mistakes=client_mistakes(plan, service, closed),
+                          rtol=1e-9, atol=1e-12,
                           keys=("send", "finish", "measured", "from_plan"))
     with t.case("lists of different lengths raise ValueError"):
         t.expect_raises(ValueError, "client_latencies", [0.0, 1.0, 2.0], [0.5, 0.5], False,

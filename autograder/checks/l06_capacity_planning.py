@@ -6,6 +6,7 @@ import math
 from autograder.checks import _configs
 from autograder.checks._configs import NULL_FIELDS_7B, call, describe, non_default, shape
 from autograder.core import check
+from autograder.reference import answer_code
 
 GiB = 2**30
 
@@ -38,6 +39,7 @@ def valid_tps(cfg: dict) -> list[int]:
 # ---------------------------------------------------------------- 1.1
 
 
+@answer_code
 def _count(cfg, gqa=True, mlp_mats=3, layer_norms=2, final_norm=True, lm_head=None, head_dim=None):
     """Parameter count with one convention changed: the values of the typical mistakes."""
     h, inter, vocab, layers = (cfg["hidden_size"], cfg["intermediate_size"], cfg["vocab_size"],
@@ -51,6 +53,7 @@ def _count(cfg, gqa=True, mlp_mats=3, layer_norms=2, final_norm=True, lm_head=No
     return layers * (attn + mlp_mats * h * inter + layer_norms * h) + vocab * h + final_norm * h + lm
 
 
+@answer_code
 def _param_mistakes(cfg) -> dict:
     return {"gives K and V as many heads as Q (ignores num_key_value_heads: GQA)": _count(cfg, gqa=False),
             "counts two MLP matrices; SwiGLU has three (gate, up, down)": _count(cfg, mlp_mats=2),
@@ -81,6 +84,7 @@ def param_count(t):
 # ---------------------------------------------------------------- 2.1 / 2.2
 
 
+@answer_code
 def _int4_mistakes(out_f, in_f, g, zp) -> dict:
     groups = out_f * math.ceil(in_f / g)
     zero = 0.5 if zp else 0.0
@@ -139,6 +143,7 @@ def weight_bytes(t):
 # ---------------------------------------------------------------- 3.1
 
 
+@answer_code
 def _kv_mistakes(cfg, tp, whole) -> dict:
     """The usual wrong splits of `whole`, the model's KV bytes per token (the given helper's value)."""
     s = shape(cfg)
@@ -184,6 +189,7 @@ KEYS = ("weight_bytes_per_gpu", "kv_bytes_per_token_per_gpu", "free_kv_bytes_per
 DEFAULTS = {"weight_dtype": "bf16", "kv_dtype": "bf16", "gpu_memory_utilization": 0.9, "reserve_gib": 2.0}
 
 
+@answer_code
 def _free_mistakes(mem, util, w, reserve) -> dict:
     r = reserve * GiB
     return {"does not subtract the runtime reserve": mem * util - w,

@@ -10,6 +10,9 @@ model, and it is three times faster a step), in the learner's process
 candidates) and what it picked, as data. Here every recorded call is judged with the reference rule
 on the same inputs, and the usual wrong rules name a wrong pick; the schedule, the generated tokens, the
 budget and the KV pool are compared with a run of the reference policy (`t.reference`).
+The grader's code that computes an answer or a mistake's value (the rules, the cost model, the variants) is
+`@answer_code` (autograder/reference.py): a student's copy holds its name and docstring, and replays its
+results on the visible cases.
 """
 from __future__ import annotations
 
@@ -20,29 +23,35 @@ from autograder.checks._configs import non_default
 from autograder.checks._engine import POLICY_ERRORS, step_bound, stopped, stub_guard
 from autograder.core import CaseFailed, check
 from autograder.harnesses.engine import run_engine
+from autograder.reference import answer_code
 
 # -- 1.1 plan_step -----------------------------------------------------------------------------------
 
 
+@answer_code
 def _fcfs(queue):
     return sorted(queue, key=lambda r: r["arrival"])
 
 
-def _chunks(order, left, need, zeros=False):
+@answer_code
+def _chunks(order, left, need="remaining", zeros=False):
     """min(need, left) tokens each, in `order`, until the budget is spent (zeros: keep listing prompts
-    that get 0 tokens once it is)."""
+    that get 0 tokens once it is). need: what a prompt asks for, "remaining" (prompt_len - computed) or
+    "prompt_len"."""
     plan = []
     for r in order:
         if left <= 0 and not zeros:
             break
-        n = min(need(r), max(left, 0))
+        n = min(r["prompt_len"] - (r["computed"] if need == "remaining" else 0), max(left, 0))
         plan.append((r["id"], n))
         left -= n
     return plan
 
 
+@answer_code
 def plan_mistakes(decodes, queue, budget) -> dict:
-    remaining = lambda r: r["prompt_len"] - r["computed"]  # noqa: E731
+    def remaining(r):
+        return r["prompt_len"] - r["computed"]
     whole = []
     left = budget - len(decodes)
     for r in _fcfs(queue):
@@ -50,7 +59,7 @@ def plan_mistakes(decodes, queue, budget) -> dict:
             break
         whole.append((r["id"], remaining(r)))
         left -= remaining(r)
-    prefill_first = _chunks(_fcfs(queue), budget, remaining)
+    prefill_first = _chunks(_fcfs(queue), budget)
     spent = sum(n for _, n in prefill_first)
     prefill_first += [(d, 1) for d in decodes[:max(0, budget - spent)]]
     dec = [(d, 1) for d in decodes]
@@ -58,17 +67,17 @@ def plan_mistakes(decodes, queue, budget) -> dict:
         "schedules prefill chunks before the running decodes, so decodes get only what is left and stall":
             prefill_first,
         "ignores the tokens a prompt already has in the KV cache (\"computed\") and prefills them again":
-            dec + _chunks(_fcfs(queue), budget - len(decodes), lambda r: r["prompt_len"]),
+            dec + _chunks(_fcfs(queue), budget - len(decodes), "prompt_len"),
         "forgets that the decode tokens count against the budget (the step overshoots it by one token "
-        "per decode)": dec + _chunks(_fcfs(queue), budget, remaining),
+        "per decode)": dec + _chunks(_fcfs(queue), budget),
         "admits a prompt whole even when it is larger than the budget left (it must be chunked)":
             dec + whole,
         "serves prompts in queue order instead of arrival order (FCFS: sort by \"arrival\")":
-            dec + _chunks(queue, budget - len(decodes), remaining),
+            dec + _chunks(queue, budget - len(decodes)),
         "breaks ties in arrival by id; equal arrivals keep their queue order (sorted() is stable)":
-            dec + _chunks(sorted(queue, key=lambda r: (r["arrival"], r["id"])), budget - len(decodes), remaining),
+            dec + _chunks(sorted(queue, key=lambda r: (r["arrival"], r["id"])), budget - len(decodes)),
         "lists prompts that get 0 tokens once the budget is spent (leave them out of the plan)":
-            dec + _chunks(_fcfs(queue), budget - len(decodes), remaining, zeros=True),
+            dec + _chunks(_fcfs(queue), budget - len(decodes), zeros=True),
     }
 
 
@@ -106,7 +115,7 @@ def plan_queue(reqs, computed, step, rng) -> list[dict]:
               "arrival": float(r["arrive"])} for r in reqs
              if r["arrive"] <= step and computed[r["id"]] < r["prompt_len"]]
     rng.shuffle(queue)
-    if queue == _fcfs(queue) and len({r["arrival"] for r in queue}) > 1:
+    if queue == sorted(queue, key=lambda r: r["arrival"]) and len({r["arrival"] for r in queue}) > 1:
         queue.reverse()
     for arrival in {r["arrival"] for r in queue}:  # ties in descending id order: a tie broken by id shows
         at = [i for i, r in enumerate(queue) if r["arrival"] == arrival]
@@ -198,14 +207,19 @@ def replay(call: dict, block_size: int):
     return seqs, Budget(call["tokens"], call["slots"], _Blocks(call["free_blocks"], block_size), call["chunked"])
 
 
-def rule(candidates, budget, threshold: int, max_long: int, need=lambda s: s.num_uncomputed_tokens,
-         long_by=lambda s: s.num_uncomputed_tokens, skip=False, whole=False, started=True, tokens_only=False,
-         always_chunk=False, no_threshold=False, no_budget_min=False, no_cap=False, count_all=False,
-         stop_at_held=False, long_at_threshold=False, cap_unchunked=False):
+def _tokens(seq, which: str) -> int:
+    return seq.num_uncomputed_tokens if which == "uncomputed" else seq.num_prompt_tokens
+
+
+@answer_code  # its arguments are engine objects: called only inside policy_picks (and by tests), never a question
+def rule(candidates, budget, threshold: int, max_long: int, need="uncomputed", long_by="uncomputed", skip=False,
+         whole=False, started=True, tokens_only=False, always_chunk=False, no_threshold=False, no_budget_min=False,
+         no_cap=False, count_all=False, stop_at_held=False, long_at_threshold=False, cap_unchunked=False):
     """The reference rule (the solution's docstring: with chunked prefill, a long candidate past the cap is
     held back, the others get min(uncomputed, threshold, budget.tokens), FCFS stop at the first that does
     not fit; without, whole or stop) and its usual wrong versions, one keyword each:
-    need (what a prompt asks for), long_by / long_at_threshold (which prompts are long), skip (overtaking),
+    need (what a prompt asks for: "uncomputed" or "prompt" tokens), long_by / long_at_threshold (which prompts
+    are long, by "uncomputed" or "prompt" tokens), skip (overtaking),
     whole (never chunks), started=False (never continues a started prompt), tokens_only (counts tokens itself
     instead of budget.try_take), always_chunk (ignores budget.chunked_prefill), no_threshold / no_budget_min
     (a term missing from the chunk's min), no_cap / count_all / stop_at_held / cap_unchunked (the long cap
@@ -217,13 +231,13 @@ def rule(candidates, budget, threshold: int, max_long: int, need=lambda s: s.num
     for seq in candidates:
         if not started and not seq.is_waiting:
             continue
-        is_long = long_by(seq) >= threshold if long_at_threshold else long_by(seq) > threshold
+        is_long = _tokens(seq, long_by) >= threshold if long_at_threshold else _tokens(seq, long_by) > threshold
         counts = is_long or count_all
         if capped and counts and longs >= max_long:
             if stop_at_held:
                 break
             continue
-        n = need(seq)
+        n = _tokens(seq, need)
         if chunked and not whole:
             n = n if no_threshold else min(n, threshold)
             n = n if no_budget_min else min(n, left if tokens_only else budget.tokens)
@@ -253,7 +267,7 @@ POLICY_MISTAKES = {
     "still go (that is what the cap is for)": dict(stop_at_held=True),
     "decides a prompt is long by num_prompt_tokens; what counts is what it still has to compute "
     "(num_uncomputed_tokens), so a long prompt on its last chunk no longer holds a long slot":
-        dict(long_by=lambda s: s.num_prompt_tokens),
+        dict(long_by="prompt"),
     "counts a prompt with exactly long_prefill_token_threshold tokens left as long; long means more than the "
     "threshold": dict(long_at_threshold=True),
     "holds long prompts back with chunking off too; a prompt scheduled whole finishes its prefill in the step, "
@@ -262,7 +276,7 @@ POLICY_MISTAKES = {
     "long prompt held back by the cap is skipped)": dict(skip=True),
     "asks for a prompt's full length (num_prompt_tokens) instead of what is still uncomputed "
     "(num_uncomputed_tokens), so partly prefilled prompts cannot continue and get prefilled again":
-        dict(need=lambda s: s.num_prompt_tokens),
+        dict(need="prompt"),
     "admits a prompt whole even when it is larger than the threshold or the budget left (with "
     "budget.chunked_prefill, a prompt gets min(num_uncomputed_tokens, threshold, budget.tokens))": dict(whole=True),
     "never continues a started prompt: candidates with is_waiting False (partly prefilled) come first and "
@@ -272,6 +286,15 @@ POLICY_MISTAKES = {
     "chunks a prompt although budget.chunked_prefill is False (with chunking off a prompt is scheduled whole "
     "or waits for a later step)": dict(always_chunk=True),
 }
+
+
+@answer_code
+def policy_picks(call: dict, block_size: int, policy: tuple) -> tuple[list, dict]:
+    """(the reference rule's picks, {mistake: the wrong rule's picks}) on a recorded schedule() call, given
+    without its "picks" (what the call was given, not what the learner's policy returned: a student's copy
+    replays the answers for the calls the reference policy was given)."""
+    expected = rule(*replay(call, block_size), *policy)
+    return expected, {name: rule(*replay(call, block_size), *policy, **kw) for name, kw in POLICY_MISTAKES.items()}
 
 
 def _call_label(i: int, call: dict, policy: tuple) -> str:
@@ -291,8 +314,7 @@ def judge_calls(t, run: dict, policy: tuple):
     for i, call in enumerate(run["policy_calls"]):
         if call["picks"] is None and i == len(run["policy_calls"]) - 1 and run["error"] is not None:
             return  # it raised, or returned no list of pairs: the engine's error says which
-        expected = rule(*replay(call, run["block_size"]), *policy)
-        wrong = {name: rule(*replay(call, run["block_size"]), *policy, **kw) for name, kw in POLICY_MISTAKES.items()}
+        expected, wrong = policy_picks({k: v for k, v in call.items() if k != "picks"}, run["block_size"], policy)
         t.offered.update(name for name, w in wrong.items() if w != expected)
         if call["picks"] == expected:
             continue
@@ -392,12 +414,14 @@ def random_cost(rng) -> dict:
             "per_attn_s": rng.choice([0.0, rng.uniform(1e-9, 1e-7)])}
 
 
+@answer_code
 def cost_model(cost, d, ctx, chunk, start) -> float:
     """The docstring's formula (the grader's copy, for the wrong budgets below)."""
     pairs = d * ctx + chunk * start + chunk * (chunk + 1) // 2
     return cost["overhead_s"] + cost["per_token_s"] * (d + chunk) + cost["per_attn_s"] * pairs
 
 
+@answer_code
 def step_time_mistakes(cost, d, ctx, chunk, start) -> dict:
     o, a, b = cost["overhead_s"], cost["per_token_s"], cost["per_attn_s"]
     causal = chunk * start + chunk * (chunk + 1) // 2
@@ -444,6 +468,7 @@ def step_time(t):
 # -- 2.2 the budget --------------------------------------------------------------------------------
 
 
+@answer_code
 def wrong_choice(cost, slo, P, d, ctx, floor=False, mean=False, no_decodes=False, smallest=False,
                  strict=False, first_only=False, start0=False, ttft_max=False, no_top=False):
     """choose_budget with one usual mistake (None where that version would raise)."""
@@ -477,12 +502,23 @@ BUDGET_MISTAKES = {
     "never tries the largest budget, num_decodes + prompt_len (the whole prompt in one step)": dict(no_top=True),
 }
 
+
+@answer_code
+def budget_mistakes(cost, slo, P, d, ctx) -> dict:
+    """The usual wrong choose_budget results on these inputs (the versions that would raise left out)."""
+    mistakes = {name: wrong_choice(cost, slo, P, d, ctx, **kw) for name, kw in BUDGET_MISTAKES.items()}
+    return {k: v for k, v in mistakes.items() if v is not None}
+
+
 LINEAR = {"overhead_s": 0.01, "per_token_s": 1e-4, "per_attn_s": 0.0}
 ATTN = {"overhead_s": 0.008, "per_token_s": 5e-5, "per_attn_s": 2e-8}
 # Powers of two: every step time is exact in binary floating point, whatever the order of the sum, so
 # an SLO equal to a step time is met exactly (the boundary case), by any correct implementation.
 EXACT = {"overhead_s": 2.0 ** -7, "per_token_s": 2.0 ** -14, "per_attn_s": 2.0 ** -27}
-EXACT_SLO = max(cost_model(EXACT, 4, 256, min(100, 512 - s), s) for s in range(0, 512, 100))  # budget 104's
+# Budget 104's slowest step, max(cost_model(EXACT, 4, 256, min(100, 512 - s), s) for s in range(0, 512, 100)),
+# written out: cost_model's body is not in a student's copy (tests/test_l07_chunked_prefill.py checks that the
+# reference's choose_budget meets it exactly, at budget 104).
+EXACT_SLO = 0.014503434300422668  # 0x1.db3fap-7, exact
 
 BUDGET_CASES = [
     ("visible: linear cost, SLO 30.55 ms, 1000-token prompt, 8 decodes", (LINEAR, 0.03055, 1000, 8, 100)),
@@ -507,9 +543,7 @@ def choose_budget(t):
         with t.case(f"{label} (cost {cost}, slo {slo:.6g} s, prompt {P}, decodes {d}, context {ctx})"):
             got, expected = t.both("choose_budget", cost, slo, P, d, ctx)
             t.expect_true(isinstance(got, dict), f"choose_budget() must return a dict, got {type(got).__name__}")
-            mistakes = {name: wrong_choice(cost, slo, P, d, ctx, **kw) for name, kw in BUDGET_MISTAKES.items()}
-            t.expect(got, expected, "choose_budget result", rtol=1e-6,
-                     mistakes={k: v for k, v in mistakes.items() if v is not None})
+            t.expect(got, expected, "choose_budget result", rtol=1e-6, mistakes=budget_mistakes(cost, slo, P, d, ctx))
     with t.case("an SLO below a decode-only step raises ValueError"):
         t.expect_raises(ValueError, "choose_budget", LINEAR, 0.005, 100, 4, 10,
                         why="no budget meets an SLO that even a decode-only step misses")
@@ -518,6 +552,7 @@ def choose_budget(t):
 # -- 3.1 chunks after a prefix-cache hit -------------------------------------------------------------
 
 
+@answer_code
 def chunks_variant(prompt_len, cached_blocks, block_size, chunk_budget, align, start="blocks", step="largest",
                    lengths=False):
     """prefill_chunks with one thing changed, to name a wrong answer. `start`, where the prefill starts:
@@ -558,6 +593,13 @@ CHUNK_MISTAKES = {
     "returns the chunk lengths only; each chunk is a (start, num_tokens) pair": dict(lengths=True),
 }
 
+@answer_code
+def chunks_mistakes(prompt_len, cached_blocks, block_size, chunk_budget, align) -> dict:
+    """The usual wrong prefill_chunks results on these inputs."""
+    return {name: chunks_variant(prompt_len, cached_blocks, block_size, chunk_budget, align, **kw)
+            for name, kw in CHUNK_MISTAKES.items()}
+
+
 CHUNK_CASES = [
     ("visible: a 3-block hit, budget 30", (100, 3, 16, 30, False)),
     ("visible: the same, align=True (chunks of whole blocks)", (100, 3, 16, 30, True)),
@@ -581,9 +623,8 @@ def prefill_chunks(t):
         call = f"prefill_chunks({P}, {hit}, {bs}, {budget}{', align=True' if align else ''})"
         with t.case(f"{label}: {call}"):
             got, expected = t.both("prefill_chunks", P, hit, bs, budget, **non_default(align=(align, False)))
-            mistakes = {name: chunks_variant(P, hit, bs, budget, align, **kw) for name, kw in CHUNK_MISTAKES.items()}
             t.expect(got, expected, f"the chunks (expected {expected})" if len(expected) <= 6 else "the chunks",
-                     mistakes=mistakes)
+                     mistakes=chunks_mistakes(P, hit, bs, budget, align))
     with t.case("align=True with a budget smaller than a block raises ValueError"):
         t.expect_raises(ValueError, "prefill_chunks", 100, 3, 16, 8, True,
                         why="no chunk of whole 16-token blocks fits 8 tokens of budget: the caller asked for "

@@ -13,7 +13,10 @@ diagnosed right by the reference). Wrong answers are named by running the usual 
 grader's own copies, below) on the same data. Small hand-made records add what the replays never show:
 docstring-sized steps for attribute_request's edges, and synthetic fleets (fleet(), binary-fraction times, so
 every sum is exact) for a tie at the tail's cut, a share exactly at min_share, a preempted request outside
-the tail, two signals at once, and q, min_share and ratio passed on.
+the tail, two signals at once, and q, min_share and ratio passed on. The grader's code that computes an
+answer or a mistake's value (the variants, the attribution and its step index) is `@answer_code`
+(autograder/reference.py): a student's copy holds its name and docstring, and replays its results on the
+visible cases.
 """
 from __future__ import annotations
 
@@ -28,6 +31,7 @@ import numpy as np
 
 from autograder.core import check
 from autograder.harnesses.l08_tail_latency import _resolve, call_on_replay, to_columns
+from autograder.reference import answer_code
 
 CAUSES = ("queueing", "prefill_interference", "preemption", "host_stall", "bad_replica")
 COMPONENTS = ("queue_s", "prefill_stall_s", "preempted_s", "host_gap_s")
@@ -205,6 +209,7 @@ def fleet(lengths=(6, 7, 8, 9, 10, 11, 12, 16), replicas=2, slow=None, queue=Non
 
 # -- 1.1 tail_summary ----------------------------------------------------------------------------------
 
+@answer_code
 def summary_variant(requests, q, ttft_from="arrival", itl="pooled", e2e_from="arrival", method="linear"):
     """tail_summary with one thing changed: TTFT measured from first_scheduled, ITL as one mean per request,
     E2E from the first token, or a nearest-rank percentile."""
@@ -220,6 +225,12 @@ def summary_variant(requests, q, ttft_from="arrival", itl="pooled", e2e_from="ar
         return (float(np.percentile(x, 50, method=method)), float(np.percentile(x, q, method=method))) if x else (math.nan,) * 2
 
     return {"ttft": pair(ttft), "itl": pair(itls), "e2e": pair(e2e)}
+
+
+@answer_code
+def summary_mistakes(requests, q) -> dict:
+    """The usual wrong tail_summary results on these inputs, each a whole result dict."""
+    return {name: summary_variant(requests, q, **kw) for name, kw in SUMMARY_MISTAKES.items()}
 
 
 SUMMARY_MISTAKES = {
@@ -269,7 +280,7 @@ def one_token_case(t):
                       f"the ITL pair: got {itl!r}, expected (nan, nan): with no gap there is no ITL value, and the "
                       "docstring asks for (nan, nan) for a metric with no values")
         keys = ("ttft", "e2e")
-        mistakes = {name: {k: summary_variant(ONE_TOKEN, 99, **kw)[k] for k in keys} for name, kw in SUMMARY_MISTAKES.items()}
+        mistakes = {name: {k: wrong[k] for k in keys} for name, wrong in summary_mistakes(ONE_TOKEN, 99).items()}
         t.expect({k: got.get(k) for k in keys}, {k: expected[k] for k in keys}, "the TTFT and E2E pairs", rtol=1e-9,
                  atol=1e-12, mistakes=mistakes)
 
@@ -290,8 +301,7 @@ def tail_summary(t):
         with t.case(f"{label} ({len(requests)} requests, q={q})"):
             expected = t.ref.tail_summary(requests, q)
             got = call()
-            mistakes = {name: summary_variant(requests, q, **kw) for name, kw in SUMMARY_MISTAKES.items()}
-            t.expect(got, expected, "the (p50, pq) pairs", rtol=1e-9, atol=1e-12, mistakes=mistakes)
+            t.expect(got, expected, "the (p50, pq) pairs", rtol=1e-9, atol=1e-12, mistakes=summary_mistakes(requests, q))
     one_token_case(t)
 
 
@@ -302,6 +312,7 @@ class StepIndex:
     of each end, each step's duration and its cumulative sum, the idle gaps between steps with their
     cumulative lengths, and the bases (median and mean of the decode-only steps, median of all)."""
 
+    @answer_code  # the methods run only inside attribute(): never a question of their own
     def __init__(self, steps):
         self.ends = [s["end"] for s in steps]
         self.by_end = {s["end"]: s for s in steps}
@@ -315,12 +326,14 @@ class StepIndex:
         self.base = {"median": float(np.median(plain)) if plain else 0.0, "none": float(np.median(plain)) if plain else math.nan,
                      "mean": float(np.mean(plain)) if plain else 0.0, "all": float(np.median(dur)) if dur else 0.0}
 
+    @answer_code
     def idle_before(self, x: float) -> float:
         """Idle time between steps before time x (gaps are in time order and disjoint)."""
         k = bisect.bisect_right(self.gap_hi, x)  # gaps 0..k-1 end at or before x
         part = max(0.0, x - self.gap_lo[k]) if k < len(self.gap_lo) else 0.0
         return self.gap_cum[k] + part
 
+    @answer_code
     def idle(self, lo: float, hi: float) -> float:
         return max(0.0, self.idle_before(hi) - self.idle_before(lo)) if hi > lo else 0.0
 
@@ -338,6 +351,7 @@ def step_index(steps) -> StepIndex:
     return hit[1]
 
 
+@answer_code
 def attribute(request, steps, gaps_everywhere=False, queue_with_gaps=False, inclusive=False, whole_step=False,
               mean_base=False, base_all=False, host="overlap", first_step=False, clamp=True, no_fallback=False):
     """attribute_request (the grader's copy) and its usual wrong versions, one keyword each: host gaps of
@@ -402,6 +416,12 @@ ATTRIBUTE_MISTAKES = {
     "every stall); the base is then 0": dict(no_fallback=True),
 }
 
+@answer_code
+def attribute_mistakes(request, steps) -> dict:
+    """The usual wrong attributions of `request` on its replica's `steps`."""
+    return {name: attribute(request, steps, **kw) for name, kw in ATTRIBUTE_MISTAKES.items()}
+
+
 DOC_STEPS = [{"start": 0.0, "end": 1.0, "prefill_tokens": 10, "decode_tokens": 0},
              {"start": 1.125, "end": 2.125, "prefill_tokens": 9, "decode_tokens": 1},
              {"start": 2.125, "end": 2.875, "prefill_tokens": 8, "decode_tokens": 2},
@@ -456,8 +476,8 @@ def attribute_cases(t, cause: str, seed: int, label: str):
                     f"preemption(s), replica {r['replica']})"):
             expected = t.ref.attribute_request(r, steps)
             got = got()
-            mistakes = {name: attribute(r, steps, **kw) for name, kw in ATTRIBUTE_MISTAKES.items()}
-            t.expect(got, expected, "the attribution (seconds)", rtol=1e-6, atol=1e-9, mistakes=mistakes)
+            t.expect(got, expected, "the attribution (seconds)", rtol=1e-6, atol=1e-9,
+                     mistakes=attribute_mistakes(r, steps))
 
 
 @check(points=3, section="2.1", timeout=90, cost=0.3)
@@ -467,7 +487,7 @@ def attribute_request(t):
         with t.case(label):
             got, expected = t.both("attribute_request", request, steps)
             t.expect(got, expected, "the attribution (seconds)", rtol=1e-9,
-                     mistakes={name: attribute(request, steps, **kw) for name, kw in ATTRIBUTE_MISTAKES.items()})
+                     mistakes=attribute_mistakes(request, steps))
     visible = [("visible: host-stall replay", ("host_stall", VISIBLE_SEED)),
                ("visible: small-KV-pool replay", ("preemption", VISIBLE_SEED)),
                ("visible: long-prompt-flood replay", ("prefill_interference", VISIBLE_SEED))]
@@ -478,6 +498,7 @@ def attribute_request(t):
 
 # -- 2.2 tail_shares -----------------------------------------------------------------------------------
 
+@answer_code
 def shares_variant(requests, steps_by_replica, q, everyone=False, per_request=False, replica0=False, strict=False,
                    top_k=None, by_ttft=False):
     """tail_shares with one thing changed: every request as the tail, the mean of per-request shares, every
@@ -515,6 +536,12 @@ SHARES_MISTAKES = {
 }
 
 
+@answer_code
+def shares_mistakes(requests, steps_by_replica, q) -> dict:
+    """The usual wrong tail_shares results on these inputs (None for a version that divides by zero)."""
+    return {name: shares_variant(requests, steps_by_replica, q, **kw) for name, kw in SHARES_MISTAKES.items()}
+
+
 # 20 requests whose 2nd and 3rd slowest tie (21 STEPs): at q=90 the cut is their E2E exactly, so ">" drops
 # them; at q=85, 20 * (1 - 0.85) rounds up past 3. Replica 1 runs 1.25x slower (its step ends differ).
 SHARES_FLEET = dict(lengths=((5, 6, 7, 8, 9, 10, 11, 12, 13, 18), (5, 6, 7, 8, 9, 10, 11, 12, 14, 15)),
@@ -530,8 +557,8 @@ def tail_shares(t):
         with t.case(label):
             expected = t.ref.tail_shares(requests, steps, q)
             got = call_hinted(t, "tail_shares", requests, steps, q)
-            mistakes = {name: shares_variant(requests, steps, q, **kw) for name, kw in SHARES_MISTAKES.items()}
-            t.expect(got, expected, "the tail's shares", rtol=1e-9, atol=1e-12, mistakes=mistakes)
+            t.expect(got, expected, "the tail's shares", rtol=1e-9, atol=1e-12,
+                     mistakes=shares_mistakes(requests, steps, q))
     visible = [("visible: burst replay, q=90", ("queueing", VISIBLE_SEED, 90)),
                ("visible: slow-replica replay, q=95", ("bad_replica", VISIBLE_SEED, 95))]
     hidden = lambda rng: (rng.choice(CAUSES), rng.choice(HIDDEN_SEEDS), rng.choice([90, 95]))  # noqa: E731
@@ -541,12 +568,13 @@ def tail_shares(t):
         with t.case(label if label.startswith("visible") else f"{label} ({cause} replay, q={q})"):
             expected = t.ref.tail_shares(data["requests"], data["steps"], q)
             got = call()
-            mistakes = {name: shares_variant(data["requests"], data["steps"], q, **kw) for name, kw in SHARES_MISTAKES.items()}
-            t.expect(got, expected, "the tail's shares", rtol=1e-6, atol=1e-9, mistakes=mistakes)
+            t.expect(got, expected, "the tail's shares", rtol=1e-6, atol=1e-9,
+                     mistakes=shares_mistakes(data["requests"], data["steps"], q))
 
 
 # -- 3.1 straggler_replica ---------------------------------------------------------------------------
 
+@answer_code
 def straggler_variant(lats, ratio, center="median", include_self=False, first=False, at_least=False,
                       empty_as_zero=False, renumber=False, others="median", last_on_tie=False, difference=False):
     """straggler_replica with one thing changed: means instead of medians, the others' median taken with
@@ -621,6 +649,7 @@ def random_latencies(rng):
     return lats, rng.choice([1.3, 1.5, 2.0])
 
 
+@answer_code
 def straggler_mistakes(lats, ratio) -> dict:
     out = {name: straggler_variant(lats, ratio, **kw) for name, kw in STRAGGLER_MISTAKES.items()}
     out[RATIO_IGNORED] = straggler_variant(lats, 1.5)
@@ -645,6 +674,7 @@ def straggler_replica(t):
 
 # -- 3.2 first_suspect ---------------------------------------------------------------------------------
 
+@answer_code
 def suspect_variant(requests, steps_by_replica, q=90, min_share=0.06, ratio=1.5, order=None, guard=True,
                     count_preempted=True, largest=False, tail_only=False, raw_e2e=False, strict=False,
                     queue_is_preemption=False):
@@ -707,6 +737,7 @@ ARGUMENT_IGNORED = {"q": "does not pass q on to tail_shares (it keeps tail_share
 SUSPECT_DEFAULTS = {"q": 90, "min_share": 0.06, "ratio": 1.5}
 
 
+@answer_code
 def suspect_mistakes(requests, steps_by_replica, q=90, min_share=0.06, ratio=1.5) -> dict:
     args = dict(q=q, min_share=min_share, ratio=ratio)
     out = {name: suspect_variant(requests, steps_by_replica, **args, **kw) for name, kw in SUSPECT_MISTAKES.items()}

@@ -17,6 +17,7 @@ import math
 import statistics
 
 from autograder.core import check
+from autograder.reference import answer_code
 from autograder.wire import Record
 from reference_engine import gpu_model as gm
 
@@ -32,6 +33,7 @@ def _step(model, chip, batch, context, chunk=0, chunk_context=0, overhead_s=0.0,
     return gm.step_time(gm.MODELS[model], c, comp, tp=tp, overhead_s=overhead_s)
 
 
+@answer_code
 def _regime(model, chip, batch, context, host, chunk=0, chunk_context=0, overhead_s=0.0, peak=False,
             gemm_only=False, tp=1, tie=False, rule="time", one_gpu=False) -> str:
     st = _step(model, chip, batch, context, chunk, chunk_context, overhead_s, peak, 1 if one_gpu else tp)
@@ -58,6 +60,7 @@ def S(wall: float, forward: float | None, prefill: int = 0, decode: int = 1, run
             "num_running": decode if running is None else running, "num_waiting": 0, "num_preempted": 0}
 
 
+@answer_code
 def _split(steps, fraction="host/wall", keep_none=False, falsy=False) -> dict:
     ran = [s for s in steps if (s["forward_time"] if falsy else keep_none or s["forward_time"] is not None)]
     wall = sum(s["wall_time"] for s in ran)
@@ -121,6 +124,7 @@ def step_split(t):
 
 # -- 1.2 split_by_batch -------------------------------------------------------------------------------
 
+@answer_code
 def _by_batch(steps, mixed=False, mean=False, key="num_decode_seqs", max_prefill=0, diff_of_medians=False,
               first_seen=False) -> dict:
     agg = statistics.fmean if mean else statistics.median
@@ -264,6 +268,7 @@ def regime(t):
 
 # -- 2.2 overhead_bound_batch --------------------------------------------------------------------------
 
+@answer_code
 def _first_batch(model, chip, context, host, max_batch, overhead_s=0.0, peak=False, last=False, strict=False,
                  top=0, bisect_top=False, first=1):
     """The smallest batch whose modeled device time reaches `host` (linear scan: an independent answer), or
@@ -355,6 +360,7 @@ def _ref_steady(ref, fields: dict) -> dict:
 ROUNDINGS = {"round": round, "trunc": int, "half_up": lambda x: math.floor(x + 0.5)}
 
 
+@answer_code
 def _steady(f, share=True, end_context=False, per_request=False, rounding="round", ceil_chunk=False,
             round_half_output=False) -> dict:
     s = f["prefix_share"] if share else 0.0
@@ -431,12 +437,14 @@ def _flat(r) -> dict:
             "reversal.value": rev[2], "reversal.engine": rev[3]}
 
 
+@answer_code
 def _device(f) -> float:
     """The device time of a workload's steady step, as the lesson defines it."""
     s = _steady(f)
     return _step(f["model"], f["chip"], s["batch"], s["context"], s["chunk"], s["chunk_context"], tp=f["tp"]).time_s
 
 
+@answer_code
 def _decide(f, slo_first=True, regime_first=False, features=True, chunk=True, regime_one_gpu=False) -> tuple:
     """(engine, row, regime) by the lesson's table, or with one of the usual mistakes put in."""
     s = _steady(f)
@@ -475,6 +483,7 @@ SLO_STRICT = ("counts a batch whose step takes exactly the SLO as missing it; a 
               "time is at most (<=) tpot_slo_s")
 
 
+@answer_code
 def _slo_reversal(f, strict=False) -> tuple:
     """The slo row's reversal (value, engine after it) by a linear scan; strict: a tie misses the SLO."""
     def meets(b):
@@ -486,7 +495,9 @@ def _slo_reversal(f, strict=False) -> tuple:
     d = _device(f)
     return "tpot_slo_s", ">=", d, _decide({**f, "tpot_slo_s": d})[0]
 
-RECOMMEND_CASES = [
+def recommend_cases() -> list:
+    """The visible cases (built when a check runs: the last one's SLO is a modeled step time)."""
+    return [
     ("memory-bound decode, nothing shared", W(32, 1000, 300)),
     ("the docstring's example: a shared prefix", W(32, 1000, 300, 0.8)),
     ("a slow host at a small batch", W(8, 500, 200, host=0.02)),
@@ -501,13 +512,13 @@ RECOMMEND_CASES = [
     ("70B over 4 GPUs, a host between the shard's kernel time and the whole model's",
      W(64, 500, 200, model="llama-3-70b", host=0.04)),
     ("an SLO exactly batch 100's step time", W(256, 1000, 300, tpot_slo_s=_device(W(100, 1000, 300)))),
-]
+    ]
 
 
 @check(points=5, section="3.2")
 def recommend(t):
     """The decision table's engine, row and regime, and the reversal (field, op, value and the engine after it)."""
-    for label, fields in t.cases(RECOMMEND_CASES, _random_workload, n=6):
+    for label, fields in t.cases(recommend_cases(), _random_workload, n=6):
         with t.case(f"{label}: {_describe(fields)}"):
             expected = t.reference(_ref_recommend, fields)
             got = t.call("recommend", Record("Workload", dict(fields)))

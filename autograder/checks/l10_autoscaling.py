@@ -18,6 +18,7 @@ from typing import NamedTuple
 
 from autograder.core import check
 from autograder.harnesses.l10_autoscaling import KPAState, drive_kpa, drive_learner_kpa, simulate_unmodified
+from autograder.reference import answer_code
 
 INF = math.inf
 
@@ -73,6 +74,7 @@ def _ceil(x):
 
 # -- 2.1 the KPA decision --------------------------------------------------------------------------------
 
+@answer_code
 def kpa_variant(samples, now, ready, cfg, state, no_panic=False, panic_scales_down=False, no_utilization=False,
                 no_rate_limits=False, quick_exit=False, no_delay=False, stable_threshold=False, plain_ceil=False,
                 up_floor=False, strict_threshold=False, want_threshold=False, exit_keeps_max=False,
@@ -181,6 +183,13 @@ def random_kpa_case(rng):
     return conc, ready, cfg
 
 
+@answer_code
+def kpa_mistakes(conc, ready, cfg) -> dict:
+    """The decisions of each usual wrong KPA (KPA_MISTAKES) over a scenario: {mistake: [desired per tick]}."""
+    return {name: drive_kpa(functools.partial(kpa_variant, **kw), conc, ready, cfg)
+            for name, kw in KPA_MISTAKES.items()}
+
+
 def kpa_reference(ref, conc, ready, cfg) -> list:
     """The reference's decisions over a scenario (for t.reference: plain data in and out)."""
     return drive_kpa(ref.kpa_decide, conc, ready, cfg)
@@ -199,13 +208,12 @@ def kpa_decide(t):
             if run["problem"] is not None:
                 t.fail(str(run["problem"]))
             got = run["decisions"]
-            t.expect(got, expected, "the replicas wanted at each tick", mistakes={
-                name: drive_kpa(lambda *a, kw=kw: kpa_variant(*a, **kw), conc, ready, cfg)
-                for name, kw in KPA_MISTAKES.items()})
+            t.expect(got, expected, "the replicas wanted at each tick", mistakes=kpa_mistakes(conc, ready, cfg))
 
 
 # -- 2.2 the utilization scaler ---------------------------------------------------------------------------
 
+@answer_code
 def util_variant(samples, now, replicas, cfg, no_tolerance=False, last_only=False, inverted=False,
                  floor=False, ignores_bounds=False, all_samples=False, nearest=False, abs_tolerance=False,
                  count_tolerance=False, zero_stays=False, plain_ceil=False, strict_tolerance=False):
@@ -299,6 +307,7 @@ class _Rep:
         return self.busy_s + (t - self.busy_since if self.busy_since is not None else 0.0)
 
 
+@answer_code
 def fleet_variant(jobs, fleet, scaler, no_boot=False, running_only=False, drain_dispatch=False, no_drop=False,
                   remove_busiest=False, stop_at_last_arrival=False, schedule_first=False, schedule_zero=False,
                   fresh_state=False, drop_before_ready=False, tie_highest=False, drain_keeps_empty=False,
@@ -493,6 +502,7 @@ def simulate_fleet(t):
 
 # -- 3.2 the report ---------------------------------------------------------------------------------------
 
+@answer_code
 def report_variant(sim, slo, served_only=False, dropped_late=False, interpolated=False, rank=0, strict_slo=False):
     """fleet_report with one usual mistake switched on; rank=-1/+1: the p99 taken one rank below/above."""
     seconds = sum(stop - launch for launch, stop in sim["replicas"])
@@ -560,6 +570,7 @@ def fleet_report(t):
 
 # -- 4.1 headroom -----------------------------------------------------------------------------------------
 
+@answer_code
 def headroom_variant(slope, boot, service, per, tick=2.0, window=6.0, no_boot=False, no_lag=False,
                      no_service=False, floor=False):
     lead = (0.0 if no_boot else boot) + tick + (0.0 if no_lag else window / 2)

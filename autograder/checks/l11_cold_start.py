@@ -4,8 +4,9 @@ the sharded loader.
 Checkpoints are written here, by the grader, into a temp dir (`write_checkpoint`, from a plain-data spec);
 the learner's function gets the path. The reference answer is computed with `t.reference(...)` on the spec
 (it writes its own copy of the same bytes), so a student's copy can replay it. Wrong answers are named by
-running the usual wrong variants here (`chain_variant`, `plan_variant`, `shard_variant`) on the grader's
-copy of the file. What the learner's code reads is counted in the learner's process by two harnesses
+running the usual wrong variants here (`chain_variant`, `plan_variant`, `shard_variant`), the last two inside
+`@answer_code` functions of the spec (`plan_mistakes`, `shard_mistakes`, ...) that write their own copy of the
+same bytes, so that a student's copy replays them too. What the learner's code reads is counted in the learner's process by two harnesses
 (`count_header_reads`, `count_shard_reads`, autograder/harnesses/l11_cold_start.py), which wrap read_range and
 safetensors.safe_open there and return only counts: the verdict is made here.
 """
@@ -22,6 +23,7 @@ import torch
 from autograder import compare as cmp
 from autograder.core import LearnerRaised, check
 from autograder.harnesses.l11_cold_start import count_header_reads, count_shard_reads
+from autograder.reference import answer_code
 
 
 class Hop(NamedTuple):
@@ -36,6 +38,7 @@ _UNITS = {"GB/s": 1e9, "Gb/s": 1e9 / 8}
 # -- 2.1 one hop --------------------------------------------------------------------------------------------
 
 
+@answer_code
 def hop_variant(nbytes, hop, bits_as_bytes=False, no_links=False, times_eight=False):
     per = 1e9 if bits_as_bytes else _UNITS[hop.unit]
     if times_eight and hop.unit == "Gb/s":
@@ -77,6 +80,7 @@ def hop_seconds(t):
 
 # -- 2.2 the chain -------------------------------------------------------------------------------------------
 
+@answer_code
 def chain_variant(nbytes, hops, overlap, chunk_bytes, serial=False, no_fill=False, always_overlap=False,
                   fill_all=False, no_clamp=False, ties_out=False, before_only=False, **hop_flags):
     if not hops:
@@ -236,7 +240,10 @@ def ref_shard(ref, spec: dict, tp: int, rank: int):
         return dict(ref.load_shard(d, tp, rank))
 
 
+@answer_code
 def _raw_header(path: Path) -> tuple[dict, int]:
+    """(the raw JSON header, __metadata__ included, and where the data starts) of a file written here. Called
+    by the checks only inside header_facts and plan_variant (its argument is a path, not plain data)."""
     raw = path.read_bytes()
     (n,) = struct.unpack("<Q", raw[:8])
     return json.loads(raw[8:8 + n]), 8 + n
@@ -265,10 +272,12 @@ def _kind(name: str, vocab_replicated=False, row_as_column=False) -> str:
 _BYTES = {"F32": 4, "F16": 2, "BF16": 2}
 
 
+@answer_code
 def plan_variant(model_dir: Path, tp: int, rank: int, row_as_column=False, vocab_replicated=False,
                  relative_offsets=False, no_length_bytes=False, no_merge=False, unsorted=False,
                  glob_files=False) -> list:
-    """The shard plan, or one of its usual wrong versions, as [file, tensor, start, end] lists."""
+    """The shard plan, or one of its usual wrong versions, as [file, tensor, start, end] lists. Called by the
+    checks only inside plan_mistakes (its argument is a folder, not plain data)."""
     reads = []
     for path in _files(model_dir, glob_files):
         header, data_start = _raw_header(path)
@@ -296,6 +305,23 @@ def plan_variant(model_dir: Path, tp: int, rank: int, row_as_column=False, vocab
                     else:
                         reads.append([path.name, name, s, t_])
     return reads if unsorted else sorted(reads, key=lambda r: (r[0], r[2]))
+
+
+@answer_code
+def header_facts(spec: dict) -> list:
+    """[the sorted keys of the raw JSON header (__metadata__ included), where the data starts (8 + N)] of the
+    first file of the checkpoint `spec` (written here again: same spec, same bytes)."""
+    with tempfile.TemporaryDirectory() as d:
+        raw, start = _raw_header(write_checkpoint(spec, Path(d))[0])
+    return [sorted(raw), start]
+
+
+@answer_code
+def plan_mistakes(spec: dict, tp: int, rank: int) -> dict:
+    """{mistake: the plan it gives} (PLAN_MISTAKES) for rank `rank` of `tp` on the checkpoint `spec`."""
+    with tempfile.TemporaryDirectory() as d:
+        write_checkpoint(spec, Path(d))
+        return {k: plan_variant(Path(d), tp, rank, **v) for k, v in PLAN_MISTAKES.items()}
 
 
 GLOB_MISTAKE = ("reads every *.safetensors file in the folder (with an index, only the files it lists hold the "
@@ -394,7 +420,7 @@ def safetensors_header(t):
         with t.case(label), tempfile.TemporaryDirectory() as d:
             path = write_checkpoint(spec, Path(d))[0]
             expected = t.reference(ref_header, spec)
-            raw, start = _raw_header(path)
+            keys, start = header_facts(spec)
             got = _header_call(t, path, path.stat().st_size == start)
             got = list(got) if isinstance(got, tuple) else got
             if isinstance(got, list) and len(got) == 2 and isinstance(got[0], dict):
@@ -402,8 +428,8 @@ def safetensors_header(t):
                     t.fail("safetensors_header should return (header, data_start) with the header a dict keyed by "
                            f"tensor name (str), got keys of types {types}: keep the JSON's keys as they are")
                 t.expect(sorted(got[0]), sorted(expected[0]), "the header's keys",
-                         mistakes={"keeps the __metadata__ entry": sorted(raw),
-                                   UNDERSCORE_MISTAKE: sorted(k for k in raw if not k.startswith("_"))})
+                         mistakes={"keeps the __metadata__ entry": keys,
+                                   UNDERSCORE_MISTAKE: [k for k in keys if not k.startswith("_")]})
             t.expect(got, expected, f"(header, data_start) of {path.name}",
                      mistakes={"returns the JSON length, not where the data starts (8 + N)": [expected[0], start - 8]})
     with t.case("a file of 3 bytes"), tempfile.TemporaryDirectory() as d:
@@ -438,7 +464,7 @@ def safetensors_header(t):
                             "integer ('<Q'), not its low 4")
     with t.case("reads only the header (a 4 MiB file)"), tempfile.TemporaryDirectory() as d:
         path = write_checkpoint(READ_SPEC, Path(d))[0]
-        _, start = _raw_header(path)
+        _, start = header_facts(READ_SPEC)
         st = path.stat()
         seen = t.run(count_header_reads, t.learner("safetensors_header"), str(path), what="safetensors_header")
         _judge_header_reads(t, seen, st.st_size, start, st.st_blksize)
@@ -503,15 +529,17 @@ def shard_plan(t):
             expected = t.reference(ref_plan, spec, tp, rank)
             got = t.call("shard_plan", d, tp, rank)
             got = [list(r) for r in got] if isinstance(got, (list, tuple)) else got
-            t.expect(got, expected, f"reads of rank {rank} of tp={tp}",
-                     mistakes={k: plan_variant(Path(d), tp, rank, **v) for k, v in PLAN_MISTAKES.items()})
+            t.expect(got, expected, f"reads of rank {rank} of tp={tp}", mistakes=plan_mistakes(spec, tp, rank))
     _refusals(t, "shard_plan")
 
 
 # -- 3.3 the sharded loader ---------------------------------------------------------------------------------------
 
+@answer_code
 def shard_variant(model_dir: Path, tp: int, rank: int, row_as_column=False, vocab_replicated=False,
                   glob_files=False) -> dict:
+    """A rank's tensors, or one of the usual wrong versions. Called by the checks only inside the functions below
+    (its argument is a folder, not plain data)."""
     from safetensors.torch import load_file
 
     out = {}
@@ -532,6 +560,35 @@ def shard_variant(model_dir: Path, tp: int, rank: int, row_as_column=False, voca
 SHARD_MISTAKES = {"splits o_proj/down_proj by rows like q/k/v (row-parallel layers split by input columns)":
                   {"row_as_column": True},
                   "replicates embed_tokens/lm_head (they are split by vocabulary rows)": {"vocab_replicated": True}}
+
+
+@answer_code
+def shard_reference(spec: dict, tp: int, rank: int, glob_files=False) -> dict:
+    """shard_variant(...) (the right one, or glob_files) on the checkpoint `spec`, written here again."""
+    with tempfile.TemporaryDirectory() as d:
+        write_checkpoint(spec, Path(d))
+        return shard_variant(Path(d), tp, rank, glob_files=glob_files)
+
+
+@answer_code
+def shard_mistakes(spec: dict, tp: int, rank: int) -> dict:
+    """{mistake: the tensors it loads} (SHARD_MISTAKES) for rank `rank` of `tp` on the checkpoint `spec`."""
+    with tempfile.TemporaryDirectory() as d:
+        write_checkpoint(spec, Path(d))
+        return {k: shard_variant(Path(d), tp, rank, **v) for k, v in SHARD_MISTAKES.items()}
+
+
+@answer_code
+def read_mistakes(spec: dict, tp: int, rank: int) -> dict:
+    """{mistake: the bytes it reads through safe_open} for rank `rank` of `tp` on the checkpoint `spec`."""
+    with tempfile.TemporaryDirectory() as d:
+        write_checkpoint(spec, Path(d))
+        full, part = shard_variant(Path(d), 1, 0), shard_variant(Path(d), tp, rank)
+    whole_rows = sum(_nbytes(full[k] if _kind(k) == "row" and full[k].dim() == 2 else part[k]) for k in full)
+    return {"reads every tensor whole (get_tensor) and slices it afterwards: index "
+            "get_slice(name) instead, which reads only this rank's bytes": sum(_nbytes(x) for x in full.values()),
+            "reads o_proj/down_proj whole (get_tensor) and slices their columns afterwards: index "
+            "get_slice(name)[:, lo:hi] instead": whole_rows}
 
 
 def _nbytes(x: torch.Tensor) -> int:
@@ -563,14 +620,8 @@ def _shard_reads_case(t) -> None:
         if isinstance(n, int) and n < expected:
             t.fail(f"load_shard read {n:,} bytes through safetensors.safe_open, but this rank's tensors hold "
                    f"{expected:,}: read them through safe_open(...).get_slice(name), as the docstring says")
-        full, part = shard_variant(Path(d), 1, 0), shard_variant(Path(d), tp, rank)
-        whole_rows = sum(_nbytes(full[k] if _kind(k) == "row" and full[k].dim() == 2 else part[k]) for k in full)
         t.expect(n, expected, "bytes read through safe_open (get_tensor and indexed get_slice)",
-                 mistakes={"reads every tensor whole (get_tensor) and slices it afterwards: index "
-                           "get_slice(name) instead, which reads only this rank's bytes":
-                           sum(_nbytes(x) for x in full.values()),
-                           "reads o_proj/down_proj whole (get_tensor) and slices their columns afterwards: index "
-                           "get_slice(name)[:, lo:hi] instead": whole_rows})
+                 mistakes=read_mistakes(spec, tp, rank))
 
 
 def _cat_problem(pieces: list, whole: torch.Tensor, dim: int) -> str | None:
@@ -596,13 +647,13 @@ def load_shard(t):
                 if (types := cmp.key_types(got)) is not None:
                     t.fail(f"load_shard should return a dict keyed by tensor name (str), got keys of types {types}")
                 t.expect(sorted(got), sorted(expected), "tensor names",
-                         mistakes={GLOB_MISTAKE: sorted(shard_variant(Path(d), tp, rank, glob_files=True))})
+                         mistakes={GLOB_MISTAKE: sorted(shard_reference(spec, tp, rank, glob_files=True))})
             t.expect(got, expected, f"tensors of rank {rank} of tp={tp}", rtol=0, atol=0,
-                     mistakes={k: shard_variant(Path(d), tp, rank, **v) for k, v in SHARD_MISTAKES.items()})
+                     mistakes=shard_mistakes(spec, tp, rank))
     with t.case("ranks of tp=2 put back together"), tempfile.TemporaryDirectory() as d:
         spec = VISIBLE_SPECS["two files, F16, lm_head, biases"]
         write_checkpoint(spec, Path(d))
-        full = shard_variant(Path(d), 1, 0)
+        full = shard_reference(spec, 1, 0)
         parts = [t.call("load_shard", d, 2, r) for r in range(2)]
         for name, x in full.items():
             kind = _kind(name)

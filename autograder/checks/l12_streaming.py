@@ -30,18 +30,21 @@ from autograder.harnesses.server import (
     drive_watcher,
     run_server,
 )
+from autograder.reference import answer_code
 
 # -- 12.1 the buffer --------------------------------------------------------------------------------------
 
 
 class _Buffer:
-    """The reference rule and its usual wrong versions (trusted, run here through drive_buffer)."""
+    """The reference rule and its usual wrong versions (trusted, run here through drive_buffer). Its rule is
+    answer code: the checks drive it only inside `buffer_mistakes` and `aliasing_lists`."""
 
     def __init__(self, high_water, max_lag_s, variant=""):
         self.hw, self.lag, self.v = high_water, max_lag_s, variant
         self.chunks, self.dead = [], False
         self.oldest = 0.0 if variant == "clock_from_zero" else None
 
+    @answer_code
     def push(self, ids, now):
         if self.dead and self.v != "revives":
             return False
@@ -60,6 +63,7 @@ class _Buffer:
         self.chunks.append(list(ids))
         return True
 
+    @answer_code
     def pop(self, now):
         if self.v == "no_coalesce":
             out = self.chunks.pop(0) if self.chunks else []
@@ -121,6 +125,12 @@ BUFFER_CASES = [
 ]
 
 
+@answer_code
+def buffer_mistakes(hw, lag, ops) -> dict:
+    """{mistake: what drive_buffer reports for it} (BUFFER_MISTAKES) over one scripted reader."""
+    return {name: drive_buffer(partial(_Buffer, variant=v), hw, lag, ops) for name, v in BUFFER_MISTAKES.items()}
+
+
 def random_ops(rng):
     """A random reader: bursts of pushes, pops now and then, a clock that sometimes jumps."""
     hw, lag, now, ops = rng.choice([4, 8, 16]), rng.choice([0.5, 1.0, 2.0]), 0.0, []
@@ -161,6 +171,12 @@ ALIASING = ("keeps the list passed to push and appends to it later: the caller's
             "the engine's output) changes under it. Store a copy of the tokens")
 
 
+@answer_code
+def aliasing_lists() -> dict:
+    """What drive_buffer_lists reports for a buffer that keeps the caller's list (ALIASING)."""
+    return drive_buffer_lists(_AliasingBuffer)
+
+
 def _buffer_lists_ref(ref):
     return drive_buffer_lists(ref.CoalescingBuffer)
 
@@ -173,15 +189,13 @@ def coalescing_buffer(t):
             expected = t.reference(_buffer_ref, hw, lag, ops)
             got = t.run(drive_buffer, t.learner("CoalescingBuffer"), hw, lag, ops,
                         what="your CoalescingBuffer, driven op by op,")
-            t.expect(got, expected, "(return value, pending) after each op",
-                     mistakes={name: drive_buffer(partial(_Buffer, variant=v), hw, lag, ops)
-                               for name, v in BUFFER_MISTAKES.items()})
+            t.expect(got, expected, "(return value, pending) after each op", mistakes=buffer_mistakes(hw, lag, ops))
     with t.case("visible: the caller's lists are left alone (push [1, 2], push [3], pop, push [4], push [5], "
                 "pop; then every list as the caller sees it)"):
         expected = t.reference(_buffer_lists_ref)
         got = t.run(drive_buffer_lists, t.learner("CoalescingBuffer"), what="your CoalescingBuffer")
         t.expect(got, expected, "the lists passed to push and returned by pop, after all the ops",
-                 mistakes={ALIASING: drive_buffer_lists(_AliasingBuffer)})
+                 mistakes={ALIASING: aliasing_lists()})
 
 
 # -- 12.2 the disconnect watcher -----------------------------------------------------------------------------
@@ -195,6 +209,7 @@ WATCHER_CASES = [
 ]
 
 
+@answer_code
 def watcher_variant(messages, variant):
     """What drive_watcher reports for the usual wrong watchers (computed: they are simple)."""
     n = len(messages)
@@ -257,17 +272,20 @@ def _live(g) -> bool:
 
 
 class _Cache:
-    """LRU with liveness (the reference rule) and its usual wrong versions."""
+    """LRU with liveness (the reference rule) and its usual wrong versions. Its rule is answer code: the checks
+    drive it only inside `cache_mistakes`."""
 
     def __init__(self, max_entries, variant=""):
         self.max, self.v, self.d = max_entries, variant, OrderedDict()
 
+    @answer_code
     def get(self, key):
         g = self.d.get(key)
         if g is not None and self.v != "fifo":
             self.d.move_to_end(key)
         return g
 
+    @answer_code
     def may_go(self, g) -> bool:
         v = self.v
         if v == "evicts_live":
@@ -278,6 +296,7 @@ class _Cache:
             return g.subscribers == 0
         return not _live(g) and (v != "finished_only" or g.finish_reason in ("stop", "length"))
 
+    @answer_code
     def put(self, key, g):
         known = key in self.d
         self.d[key] = g
@@ -356,6 +375,12 @@ CACHE_CASES = [
 ]
 
 
+@answer_code
+def cache_mistakes(n, ops) -> dict:
+    """{mistake: what drive_cache reports for it} (CACHE_MISTAKES) over one scripted put/get sequence."""
+    return {name: drive_cache(partial(_Cache, variant=v), n, ops) for name, v in CACHE_MISTAKES.items()}
+
+
 def random_cache_ops(rng):
     keys, ops = [], []
     for _ in range(rng.randint(8, 16)):
@@ -385,14 +410,16 @@ def idempotency_cache(t):
             expected = t.reference(_cache_ref, n, ops)
             got = t.run(drive_cache, t.learner("IdempotencyCache"), n, ops, what="your IdempotencyCache")
             t.expect(got, expected, "per op: len(cache) after a put or set, the key get returned (None: a miss)",
-                     mistakes={name: drive_cache(partial(_Cache, variant=v), n, ops) for name, v in CACHE_MISTAKES.items()})
+                     mistakes=cache_mistakes(n, ops))
 
 
 # -- 12.4 resume -----------------------------------------------------------------------------------------------------
 
 
+@answer_code
 def _plan_variant(variant):
-    """The usual wrong plans, as plan(generation, received) functions (trusted, run through drive_resume)."""
+    """The usual wrong plans (variant "": the rule), as plan(generation, received) functions (trusted, run through
+    drive_resume). It returns a function, not plain data: the checks call it only inside `resume_mistakes`."""
     from reference_engine.server.interfaces import ResumePlan
 
     def plan(g, received):
@@ -439,6 +466,12 @@ RESUME_MISTAKES = {
     "not rounded": "coerces",
     "accepts True as a count of 1: bool is a subclass of int, so refuse it explicitly": "accepts_bool",
 }
+
+
+@answer_code
+def resume_mistakes(cases) -> dict:
+    """{mistake: its plans, as _plans gives them} (RESUME_MISTAKES) over one list of Generation records."""
+    return {name: _plans(drive_resume(_plan_variant(v), cases)) for name, v in RESUME_MISTAKES.items()}
 
 
 def _gen(prompt, tokens, max_tokens, reason, in_flight, received):
@@ -496,7 +529,7 @@ def resume_plan(t):
             expected = _plans(t.reference(_resume_ref, cases))
             got = _plans(t.run(drive_resume, t.learner("plan_resume"), cases, what="your plan_resume"))
             t.expect(got, expected, "per record: (replay, continue_prompt, max_tokens), or the exception raised",
-                     mistakes={name: _plans(drive_resume(_plan_variant(v), cases)) for name, v in RESUME_MISTAKES.items()})
+                     mistakes=resume_mistakes(cases))
 
 
 # -- 12.5 SSE framing --------------------------------------------------------------------------------------------
@@ -504,6 +537,7 @@ def resume_plan(t):
 PAYLOADS = ['{"id": "cmpl-1", "choices": [{"text": "Hi"}]}', "{}", '{"text": "caf\\u00e9 \u00e9"}']
 
 
+@answer_code
 def framer_variant(expected: dict, variant: str) -> dict:
     wrong = dict(expected)
     if variant == "one_newline":

@@ -11,6 +11,7 @@ import math
 
 from autograder import compare as cmp
 from autograder.core import LearnerRaised, check
+from autograder.reference import answer_code
 
 
 def _same(a, b, rtol=None, atol=None) -> bool:
@@ -45,6 +46,7 @@ def both_accepting(t, name: str, args: tuple, refusals: dict) -> tuple:
 # ---------------------------------------------------------------- 1.1 NVML utilization
 
 
+@answer_code
 def nvml_variant(kernels, period, t0, samples, union=True, clip=True, binary=False, from_zero=False,
                  scale=1.0, tail=True):
     """NVML utilization with one convention changed: union=False adds overlapping kernels twice (capped at
@@ -145,6 +147,7 @@ def nvml_utilization(t):
 # ---------------------------------------------------------------- 2.1 SM active
 
 
+@answer_code
 def sm_variant(kernels, num_sms, period, share="waves", busy_only=False, mean=False):
     """SM active with one convention changed. share: "waves" (right), "min" = min(blocks, SMs) / SMs (no tail
     wave; floor(blocks / SMs) waves, capped at 1, gives the same), "whole" = every SM busy while a kernel
@@ -234,6 +237,7 @@ def sm_active(t):
 # ---------------------------------------------------------------- 3.1 MFU and MBU
 
 
+@answer_code
 def mfu_variant(steps, peak_flops, peak_bw, elapsed=None, mean=False, idle=True, plus_busy=False,
                 mbu_busy=False, swapped=False, scale=1.0, best=False):
     """MFU / MBU with one convention changed: mean=True averages per-step ratios; idle=False divides by the
@@ -329,6 +333,7 @@ def mfu_mbu(t):
 # ---------------------------------------------------------------- 4.1 diagnosis
 
 
+@answer_code
 def diagnose_variant(d, in_flight, busy=0.5, kind=""):
     """The usual wrong readings (kind): "util" trusts gpu_util alone; "no_queue" calls every low-util window
     idle; "idle_le" / "idle_zero" draw the idle line at in_flight <= 1 / == 0; "util_le" / "pipes_le" use
@@ -381,6 +386,7 @@ DIAGNOSE_MISTAKES = {
 }
 
 
+@answer_code
 def rule_path(d, in_flight, busy=0.5) -> str:
     """The docstring's rules applied to one reading, in words: what every message can state for certain."""
     u, tensor, dram = d["gpu_util"], d["tensor_active"], d["dram_active"]

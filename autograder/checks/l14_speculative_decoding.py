@@ -30,6 +30,7 @@ import torch
 
 from autograder.core import check
 from autograder.harnesses.l14_speculative_decoding import CKPT, greedy_loop, sample_verify
+from autograder.reference import answer_code, recording
 
 F64 = torch.float64
 N_CALLS = 1000  # verify calls per case: on a visible case every named mistake is a chi-square noncentrality of 330
@@ -49,6 +50,7 @@ def _fmt(xs) -> str:
 
 # -- 1.1 greedy verification ------------------------------------------------------------------------------
 
+@answer_code
 def greedy_rule(logits: torch.Tensor, drafts: torch.Tensor, kind: str = "") -> list[int]:
     """Greedy verification, right (kind "") or one of its usual wrong versions (GREEDY_MISTAKES)."""
     best = logits.argmax(dim=-1).tolist()
@@ -96,6 +98,7 @@ GREEDY_MISTAKES = {
 }
 
 
+@answer_code
 def greedy_mistakes(logits: torch.Tensor, drafts: torch.Tensor) -> dict:
     V, k = logits.shape[-1], len(drafts)
     return {name: greedy_rule(logits, drafts, kind) for name, kind in GREEDY_MISTAKES.items()
@@ -147,6 +150,29 @@ def _prompts() -> list[list[int]]:
 LOOP_GAMMA, LOOP_TOKENS = 3, 16
 
 
+LOOP_MISTAKES = ("emit_draft", "continue", "off_by_one")  # the GREEDY_MISTAKES a loop's tokens can name
+
+
+@answer_code
+def greedy_right(prompts: list, gamma: int, max_new: int) -> dict:
+    """greedy_loop here with greedy_rule as its verifier."""
+    return greedy_loop(greedy_rule, prompts, gamma, max_new)
+
+
+@answer_code
+def greedy_wrong(prompts: list, gamma: int, max_new: int) -> dict:
+    """{mistake: the tokens of the loop with that wrong rule} (the GREEDY_MISTAKES of LOOP_MISTAKES)."""
+    return {name: greedy_loop(partial(greedy_rule, kind=kind), prompts, gamma, max_new)["tokens"]
+            for name, kind in GREEDY_MISTAKES.items() if kind in LOOP_MISTAKES}
+
+
+def greedy_loops(ref, prompts: list, gamma: int, max_new: int) -> tuple:
+    """(the right loop, the wrong loops or None). The wrong loops (a few tenths of a second each) are run here only
+    while a release records, so that a student's copy stores them; else only for a wrong answer."""
+    return (greedy_right(prompts, gamma, max_new),
+            greedy_wrong(prompts, gamma, max_new) if recording(ref) else None)
+
+
 @check(points=3, section="1.1", timeout=90, cost=0.3)
 def verify_greedy(t):
     """Greedy verification: the target's argmax while it matches the drafts, then the target's own token; in a
@@ -161,16 +187,15 @@ def verify_greedy(t):
     for label, ps in [("visible: two code prompts", _prompts())]:
         with t.case(f"{label}: speculative greedy loop over the shipped draft and target, gamma {LOOP_GAMMA}, "
                     f"{LOOP_TOKENS} tokens per prompt"):
-            got, expected = t.run_against(partial(greedy_loop, greedy_rule, ps, LOOP_GAMMA, LOOP_TOKENS),
-                                          greedy_loop, t.learner("verify_greedy"), ps, LOOP_GAMMA, LOOP_TOKENS,
-                                          what="a speculative greedy loop with your verify_greedy")
+            got, (expected, wrong) = t.run_against(partial(greedy_loops, t.ref, ps, LOOP_GAMMA, LOOP_TOKENS),
+                                                   greedy_loop, t.learner("verify_greedy"), ps, LOOP_GAMMA,
+                                                   LOOP_TOKENS, what="a speculative greedy loop with your verify_greedy")
             if got["problem"]:
                 t.fail(got["problem"])
             if got["tokens"] != expected["tokens"]:
-                wrong = {name: greedy_loop(partial(greedy_rule, kind=kind), ps, LOOP_GAMMA, LOOP_TOKENS)["tokens"]
-                         for name, kind in GREEDY_MISTAKES.items() if kind in ("emit_draft", "continue", "off_by_one")}
                 t.expect(got["tokens"], expected["tokens"],
-                         "the generated tokens (they must equal plain greedy decoding of the target)", mistakes=wrong)
+                         "the generated tokens (they must equal plain greedy decoding of the target)",
+                         mistakes=wrong if wrong is not None else greedy_wrong(ps, LOOP_GAMMA, LOOP_TOKENS))
 
 
 # -- 1.2 / 1.3 acceptance probability and residual ----------------------------------------------------------
@@ -200,6 +225,7 @@ def random_pair_case(rng):
     return _t(_rows(rng, k, V)), _t(_rows(rng, k, V))
 
 
+@answer_code
 def acceptance_mistakes(p, q) -> dict:
     ratio = torch.where(q > 0, (p / q.clamp(min=1e-300)).clamp(max=1), torch.ones_like(p))
     inverse = torch.where(p > 0, (q / p.clamp(min=1e-300)).clamp(max=1), torch.ones_like(p))
@@ -214,6 +240,7 @@ def acceptance_mistakes(p, q) -> dict:
             "forgets to sum over the vocabulary (returns min(p, q) per token)": torch.minimum(p, q)}
 
 
+@answer_code
 def residual_mistakes(p, q) -> dict:
     def norm(x):
         s = x.sum(-1, keepdim=True)
@@ -265,6 +292,7 @@ def residual_distribution(t):
 
 # -- 1.4 the rejection sampler, judged on its distribution --------------------------------------------------
 
+@answer_code
 def _residual_row(p, q, how: str) -> list[float]:
     """The distribution a variant samples after a rejection (as a list of probabilities)."""
     if how == "p":
@@ -276,6 +304,7 @@ def _residual_row(p, q, how: str) -> list[float]:
     return [d / total for d in diff] if total > 0 else list(p)
 
 
+@answer_code
 def emission_law(p: list, q: list, accept: str = "min", residual: str = "norm", bonus: str = "last",
                  after_reject: str = "stop") -> dict:
     """The exact probability of every token sequence one call emits, for drafts x_i ~ q_i drawn independently
@@ -481,10 +510,12 @@ VERIFIER_ERRORS = [
 ]
 
 
+@answer_code
 def verify_rule(target_probs, draft_probs, draft_tokens, generator, kind: str = "") -> list[int]:
     """The rejection sampler with the engine's draws in the engine's order, right (kind "") or one of its usual
     wrong versions (ENGINE_VERIFY_MISTAKES), which make the same draws: given the request's generator, each
-    emits exactly the tokens the engine would emit with that rule."""
+    emits exactly the tokens the engine would emit with that rule. Its generator is not plain data: the checks
+    call it only inside `_engine`."""
     p, q, k, out = target_probs, draft_probs, len(draft_tokens), []
     for i, x in enumerate(draft_tokens.tolist()):
         u = torch.rand((), generator=generator, dtype=p.dtype, device=p.device)
@@ -518,6 +549,7 @@ def _engine_prompts() -> list[list[int]]:
     return [tok.encode(s).ids for s in ENGINE_TEXTS]
 
 
+@answer_code
 def _engine(prompts, params, proposer, greedy_kind=None, verify_kind=None) -> dict:
     """run_speculative here: with the engine's own verifier, or (a kind given) with a rule of this module."""
     from autograder.harnesses.engine import run_speculative
@@ -564,6 +596,50 @@ def _pick(run: dict, idx) -> tuple[list, list]:
     return [run["tokens"][i] for i in idx], [counts[i] for i in idx]
 
 
+@answer_code
+def engine_own(prompts, params, proposer) -> dict:
+    """The engine's run with its own verifier."""
+    return _engine(prompts, params, proposer)
+
+
+@answer_code
+def engine_wrong(prompts, params, proposer, greedy) -> dict:
+    """What the usual wrong verifiers give on the same requests: the greedy requests' tokens ("greedy_tokens") or
+    drafts kept ("greedy_counts") with a wrong greedy rule, and every request's (tokens, counts) with a wrong
+    rejection sampler ("sampled"), each {mistake: value}."""
+    def wrong_greedy(kind):
+        return _pick(_engine(prompts, params, proposer, greedy_kind=kind), greedy)
+
+    def wrong_sampled(kind):
+        run = _engine(prompts, params, proposer, verify_kind=kind)
+        return list(zip(run["tokens"], _counts(run)))
+
+    return {"greedy_tokens": {name: wrong_greedy(kind)[0] for name, kind in GREEDY_MISTAKES.items()
+                              if kind in ("emit_draft", "off_by_one")},
+            "greedy_counts": {name: wrong_greedy(kind)[1] for name, kind in GREEDY_MISTAKES.items()
+                              if kind in ("no_bonus", "prefix_only")},
+            "sampled": {name: wrong_sampled(kind) for name, kind in ENGINE_VERIFY_MISTAKES.items()}}
+
+
+def engine_runs(ref, prompts, params, proposer, greedy) -> tuple:
+    """(the engine's own run, the wrong verifiers' runs or None). The wrong runs (a few tenths of a second each)
+    are made here only while a release records, so that a student's copy stores them; else for a wrong answer."""
+    return (engine_own(prompts, params, proposer),
+            engine_wrong(prompts, params, proposer, greedy) if recording(ref) else None)
+
+
+class _LazyRuns:
+    """engine_wrong's result, made on first use (only a wrong answer uses it)."""
+
+    def __init__(self, *args):
+        self._args, self._value = args, None
+
+    def __getitem__(self, key):
+        if self._value is None:
+            self._value = engine_wrong(*self._args)
+        return self._value[key]
+
+
 @check(points=3, section="3.4", timeout=60, cost=0.7)
 def verifier_in_engine(t):
     """Your verify_greedy and verify as the engine's verifier (speculative_config["verifier"]), draft-model
@@ -584,31 +660,28 @@ def verifier_in_engine(t):
         with t.case(f"{label}: {proposer} proposer, k={ENGINE_K}, {len(prompts)} prompts at batch {len(prompts)}, "
                     f"chunked prefill, {ENGINE_TOKENS} tokens each; greedy requests {list(greedy)}, the others "
                     f"sampled (temperature 0.8, top_p 0.95, seeds {seeds})"):
-            got, own = t.run_against(partial(_engine, prompts, params, proposer),
-                                     run_speculative, prompts, params, proposer, ENGINE_K, ENGINE_KW,
-                                     t.learner("verify_greedy"), t.learner("verify"),
-                                     what=f"the engine with your verify_greedy and verify ({proposer} proposer)")
+            got, (own, runs) = t.run_against(partial(engine_runs, t.ref, prompts, params, proposer, greedy),
+                                      run_speculative, prompts, params, proposer, ENGINE_K, ENGINE_KW,
+                                      t.learner("verify_greedy"), t.learner("verify"),
+                                      what=f"the engine with your verify_greedy and verify ({proposer} proposer)")
+            if runs is None:
+                runs = _LazyRuns(prompts, params, proposer, greedy)
             _judge_engine_run(t, got)
             # Greedy requests first (a wrong greedy verifier also moves the sampled requests' draws, through the
             # shared token budget). The engine's own greedy verifier emits exactly plain greedy decoding's tokens
             # (tests/test_engine_spec_decode.py), so its run stands in for a run without speculation.
             (mine, mine_counts), (plain, own_counts) = _pick(got, greedy), _pick(own, greedy)
             if mine != plain:
-                wrong = {name: _pick(_engine(prompts, params, proposer, greedy_kind=kind), greedy)[0]
-                         for name, kind in GREEDY_MISTAKES.items() if kind in ("emit_draft", "off_by_one")}
                 t.expect(mine, plain, "the greedy requests' tokens: with greedy verification they must equal plain "
                          "greedy decoding of the target (your code emits a token the target did not choose)",
-                         mistakes=wrong)
+                         mistakes=runs["greedy_tokens"])
             if mine_counts != own_counts:
-                wrong = {name: _pick(_engine(prompts, params, proposer, greedy_kind=kind), greedy)[1]
-                         for name, kind in GREEDY_MISTAKES.items() if kind in ("no_bonus", "prefix_only")}
                 t.expect(mine_counts, own_counts, "[draft tokens verified, drafts kept] per greedy request (the "
-                         "tokens are right, but the engine's own verifier keeps more or fewer drafts)", mistakes=wrong)
+                         "tokens are right, but the engine's own verifier keeps more or fewer drafts)",
+                         mistakes=runs["greedy_counts"])
             mine, right = list(zip(got["tokens"], _counts(got))), list(zip(own["tokens"], _counts(own)))
             if mine != right:
-                wrong = {name: list(zip(*(lambda r: (r["tokens"], _counts(r)))(
-                    _engine(prompts, params, proposer, verify_kind=kind))))
-                    for name, kind in ENGINE_VERIFY_MISTAKES.items()}
+                wrong = runs["sampled"]
                 t.expect(mine, right, "(tokens, [drafts verified, drafts kept]) per request, against the "
                          "engine's own verifier given the same seeded generator: draw exactly one torch.rand "
                          "per draft examined, then one torch.multinomial, all from `generator`", mistakes=wrong)
@@ -616,10 +689,12 @@ def verifier_in_engine(t):
 
 # -- 2. the arithmetic --------------------------------------------------------------------------------------
 
+@answer_code
 def _geometric(alpha, terms) -> float:
     return float(terms) if alpha == 1 else (1 - alpha ** terms) / (1 - alpha)
 
 
+@answer_code
 def tokens_mistakes(alpha, gamma) -> dict:
     e = _geometric(alpha, gamma + 1)
     return {"sums 1 + alpha + ... + alpha^(gamma - 1), one term short: draft i is emitted with probability "
@@ -653,6 +728,7 @@ def expected_tokens_per_step(t):
             t.expect(got, expected, "expected tokens per step", mistakes=tokens_mistakes(alpha, gamma), rtol=1e-9)
 
 
+@answer_code
 def speedup_mistakes(alpha, gamma, c) -> dict:
     e = _geometric(alpha, gamma + 1)
     return {"divides by gamma * c: the target's verification forward costs one step too": e / (gamma * c) if gamma * c
@@ -678,10 +754,12 @@ def speedup(t):
             t.expect(got, expected, "speedup", mistakes=speedup_mistakes(alpha, gamma, c), rtol=1e-9)
 
 
+@answer_code
 def _speedup(alpha, gamma, c) -> float:
     return _geometric(alpha, gamma + 1) / (gamma * c + 1)
 
 
+@answer_code
 def best_gamma_mistakes(alpha, c, max_gamma) -> dict:
     best = lambda gs, f: max(gs, key=lambda g: (f(g), -g))
     speeds = [_speedup(alpha, g, c) for g in range(max_gamma + 1)]
@@ -699,6 +777,7 @@ def best_gamma_mistakes(alpha, c, max_gamma) -> dict:
                 next(g for g, v in enumerate(speeds) if v >= max(speeds) - 1e-3)}
 
 
+@answer_code
 def _ge_one(alpha, c, max_gamma) -> int:
     """best_gamma's mistake: the best gamma >= 1, kept when its speedup is >= 1 (ties at 1 go to speculation)."""
     if max_gamma == 0:
@@ -728,6 +807,7 @@ def best_gamma(t):
 
 # -- 3. the modeled GPU clock -------------------------------------------------------------------------------
 
+@answer_code
 def modeled(model, chip, alpha, gamma, context, c, batch, kind: str = "") -> float:
     """The modeled speedup, right (kind "") or one of its usual wrong versions (MODELED_MISTAKES), computed
     with reference_engine.gpu_model."""
@@ -796,9 +876,13 @@ def modeled_speedup(t):
                      mistakes={name: modeled(*case, kind=kind) for name, kind in MODELED_MISTAKES.items()})
 
 
-def first_not_paying(f, max_batch: int, batches=None) -> int | None:
-    """The smallest batch (of `batches`, default 1 .. max_batch) with f(batch) <= 1, by bisection over a
-    speedup that falls with the batch; None if f(max_batch) > 1 (or no listed batch qualifies)."""
+@answer_code
+def first_not_paying(model, chip, alpha, gamma, context, c, max_batch: int, kind: str = "",
+                     batches=None) -> int | None:
+    """The smallest batch (of `batches`, default 1 .. max_batch) with f(batch) <= 1, f the modeled speedup
+    (`modeled(model, chip, alpha, gamma, context, c, batch, kind)`), by bisection over a speedup that falls with
+    the batch; None if f(max_batch) > 1 (or no listed batch qualifies)."""
+    f = lambda batch: modeled(model, chip, alpha, gamma, context, c, batch, kind=kind)
     if batches is not None:
         return next((b for b in batches if f(b) <= 1), None)
     if f(max_batch) > 1:
@@ -810,30 +894,31 @@ def first_not_paying(f, max_batch: int, batches=None) -> int | None:
     return hi
 
 
+@answer_code
 def break_even_mistakes(model, chip, alpha, gamma, context, c, max_batch) -> dict:
-    f = lambda kind: (lambda b: modeled(model, chip, alpha, gamma, context, c, b, kind=kind))
-    right = first_not_paying(f(""), max_batch)
+    case = (model, chip, alpha, gamma, context, c)
+    right = first_not_paying(*case, max_batch)
     powers = [2 ** i for i in range(max_batch.bit_length()) if 2 ** i <= max_batch]
     out = {"returns the last batch at which speculation still pays, one less than the first at which it stops":
            right - 1 if right else right,
            "returns max_batch when speculation still pays there; return None": max_batch if right is None else right,
            "never tries max_batch itself (range(1, max_batch), or a search over 1 .. max_batch - 1); max_batch is "
-           "one of the batches": first_not_paying(f(""), max_batch - 1),
-           "ignores max_batch (always searches 1 .. 1024)": first_not_paying(f(""), 1024),
+           "one of the batches": first_not_paying(*case, max_batch - 1),
+           "ignores max_batch (always searches 1 .. 1024)": first_not_paying(*case, 1024),
            "tries only powers of two; the answer is the smallest batch, found by bisection or a scan":
-           first_not_paying(f(""), max_batch, powers),
+           first_not_paying(*case, max_batch, batches=powers),
            "uses speedup(alpha, gamma, c), which does not depend on the batch (or a modeled_speedup that charges "
-           "verification as one decode step): try modeled_speedup at each batch": first_not_paying(f("leviathan"),
-                                                                                                   max_batch)}
+           "verification as one decode step): try modeled_speedup at each batch":
+           first_not_paying(*case, max_batch, "leviathan")}
     try:
-        swapped = first_not_paying(lambda b: modeled(model, chip, alpha, gamma, c, context, b), max_batch)
+        swapped = first_not_paying(model, chip, alpha, gamma, c, context, max_batch)
         out["passes c and context to modeled_speedup in swapped order; it takes (model, chip, alpha, gamma, "
             "context, c, batch)"] = swapped
     except (TypeError, ValueError):  # a context the model cannot take: this mistake cannot be told apart here
         pass
     for name, kind in MODELED_MISTAKES.items():
         if kind in ("full_steps", "as_decodes"):
-            out[f"{name} (in modeled_speedup)"] = first_not_paying(f(kind), max_batch)
+            out[f"{name} (in modeled_speedup)"] = first_not_paying(*case, max_batch, kind)
     return out
 
 

@@ -15,6 +15,7 @@ from autograder.checks._configs import shape
 from autograder.core import LearnerRaised, check
 from autograder.harnesses.l15_attention_layouts import gqa_timing_inputs, time_gqa, watch_shapes
 from autograder.harnesses.timing import seconds_per_call
+from autograder.reference import answer_code
 
 # ---------------------------------------------------------------- 1. bytes per token
 
@@ -51,6 +52,7 @@ def _rand_dense_config(rng, kind: str) -> dict:
     return cfg
 
 
+@answer_code
 def _kv_mistakes(cfg: dict, b: int, gqa: int) -> dict:
     """The usual wrong MLA branches; `gqa` is the given helper's literal GQA reading of `cfg`. The
     MHA/GQA/MQA bytes come from that helper, so a dense config has no mistake of its own to name."""
@@ -132,8 +134,9 @@ def _cfg_repr(cfg: dict) -> str:
     return "{" + ", ".join(f"{k}: {cfg[k]}" for k in keys if k in cfg) + "}"
 
 
-def _capacity_mistakes(R, cfg, params, wb, kvb, gpus, gpu_bytes, copies, default: bool) -> dict:
-    per = R.kv_bytes_per_token(cfg, kvb)
+@answer_code
+def _capacity_mistakes(per: int, params, wb, gpus, gpu_bytes, copies, default: bool) -> dict:
+    """The usual wrong capacities; `per`: the cache bytes per token (the reference's kv_bytes_per_token)."""
     free = gpus * gpu_bytes - params * wb
     out = {"returns a negative count when the weights do not fit (return 0)": int(free // (per * copies)),
            "does not subtract the weights": int(gpus * gpu_bytes // (per * copies)),
@@ -170,13 +173,15 @@ def kv_capacity_tokens(t):
                     f"{gpus} x {gpu_bytes / 1e9:g} GB, kv_copies={copies or '(default)'}"):
             expected = R.kv_capacity_tokens(*args)
             got = t.call("kv_capacity_tokens", *args)
-            t.expect(got, expected, "tokens", mistakes=_capacity_mistakes(R, cfg, params, wb, kvb, gpus, gpu_bytes,
+            per = R.kv_bytes_per_token(cfg, kvb)
+            t.expect(got, expected, "tokens", mistakes=_capacity_mistakes(per, params, wb, gpus, gpu_bytes,
                                                                           copies or 1, default=copies is None))
 
 
 # ---------------------------------------------------------------- 2. GQA decode
 
 
+@answer_code
 def _gqa_variant(q, k_cache, v_cache, seq_lens, kv_map="div", scale=None, lens=None, weights=None,
                  dtype=torch.float32):
     """A torch GQA decode with one thing changed, to name what a wrong answer did: `kv_map` "mod" (head h
@@ -196,6 +201,7 @@ def _gqa_variant(q, k_cache, v_cache, seq_lens, kv_map="div", scale=None, lens=N
     return torch.einsum("bhl,blhd->bhd", s.softmax(-1), v).to(q.dtype)
 
 
+@answer_code
 def _padded_block_variant(q, k_cache, v_cache, seq_lens, block=16):
     """Scores of the last block's padding (K = V = 0 there) left in the softmax."""
     B, _, _ = q.shape
@@ -210,6 +216,7 @@ def _padded_block_variant(q, k_cache, v_cache, seq_lens, block=16):
     return _gqa_variant(q, k, v, seq_lens, lens=padded)
 
 
+@answer_code
 def _gqa_mistakes(q, k, v, lens, block_n: int | None = None) -> dict:
     """The usual wrong answers. block_n: the kernel's block (None: a torch implementation), for the
     mistakes only a kernel that walks the positions in blocks makes."""
@@ -299,7 +306,10 @@ def _time_reference(lens: list[int], seed: int, reps: int = 20) -> float:
     """Seconds per call of a torch GQA decode (float32 scores, K/V repeated per query head: the lesson's reference),
     here in the grader, on the inputs the learner's kernel was timed on (harness time_gqa)."""
     args = gqa_timing_inputs(lens, seed)
-    seconds = seconds_per_call(lambda: _gqa_variant(*args), reps)
+    # As written, not through a release's store: a timing is no question to replay (a student's copy, which has
+    # not the reference's code, reports this case as graded by the instructor).
+    reference = _gqa_variant.__wrapped__
+    seconds = seconds_per_call(lambda: reference(*args), reps)
     args = None  # the inputs' 0.5 GB back to the device before the check goes on
     torch.cuda.empty_cache()
     return seconds
@@ -383,6 +393,27 @@ def _mla_setup(t, cfg, S, T, start_pos=0):
     return w, x_all, pos_all, c_kv, k_pe, x_all[S - T:], pos_all[S - T:]
 
 
+@answer_code
+def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """The lesson's given rms_norm (its code as the stub gives it), for the mistakes' values."""
+    xf = x.float()
+    return (weight * (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps))).to(x.dtype)
+
+
+@answer_code
+def _rope_interleaved(x: torch.Tensor, positions: torch.Tensor, theta: float) -> torch.Tensor:
+    """The lesson's given rope_interleaved (its code as the stub gives it), for the mistakes' values."""
+    d = x.shape[-1]
+    inv_freq = 1.0 / (theta ** (torch.arange(0, d, 2, dtype=torch.float32, device=x.device) / d))
+    ang = positions.to(x.device).float()[:, None] * inv_freq[None, :]
+    ang = ang.reshape(ang.shape[0], *([1] * (x.dim() - 2)), d // 2)
+    cos, sin = torch.cos(ang), torch.sin(ang)
+    x0, x1 = x.float()[..., 0::2], x.float()[..., 1::2]
+    out = torch.stack([x0 * cos - x1 * sin, x0 * sin + x1 * cos], dim=-1)
+    return out.flatten(-2).to(x.dtype)
+
+
+@answer_code
 def _rope_half_split(x, positions, theta):
     """Llama-style RoPE: pairs (x[i], x[i + d/2]) instead of adjacent pairs."""
     d = x.shape[-1]
@@ -399,13 +430,15 @@ ROTATE_HALF = ("applies Llama's half-split RoPE (rotate_half: x[i] with x[i + d/
 THETA_10K = "rotates with rope_theta 10000 instead of the config's rope_theta"
 
 
-def _query_mistakes(R, w, cfg, x, pos) -> dict:
+@answer_code
+def _query_mistakes(w, cfg, x, pos, eps: float) -> dict:
+    """The usual wrong queries; `eps`: the lesson's NORM_EPS."""
     H, nope = cfg["num_attention_heads"], cfg["qk_nope_head_dim"]
 
     def raw(norm=True):
         if cfg.get("q_lora_rank"):
             a = x @ w["q_a_proj.weight"].T
-            a = R.rms_norm(a, w["q_a_layernorm.weight"]) if norm else a
+            a = _rms_norm(a, w["q_a_layernorm.weight"], eps) if norm else a
             q = a @ w["q_b_proj.weight"].T
         else:
             q = x @ w["q_proj.weight"].T
@@ -414,10 +447,10 @@ def _query_mistakes(R, w, cfg, x, pos) -> dict:
 
     qn, qp = raw()
     out = {ROTATE_HALF: (qn, _rope_half_split(qp, pos, cfg["rope_theta"])),
-           "forgets RoPE on q_pe": (qn, qp), THETA_10K: (qn, R.rope_interleaved(qp, pos, 10000.0))}
+           "forgets RoPE on q_pe": (qn, qp), THETA_10K: (qn, _rope_interleaved(qp, pos, 10000.0))}
     if cfg.get("q_lora_rank"):
         qn2, qp2 = raw(norm=False)
-        out["skips q_a_layernorm between q_a_proj and q_b_proj"] = (qn2, R.rope_interleaved(qp2, pos, cfg["rope_theta"]))
+        out["skips q_a_layernorm between q_a_proj and q_b_proj"] = (qn2, _rope_interleaved(qp2, pos, cfg["rope_theta"]))
     return out
 
 
@@ -442,7 +475,7 @@ def mla_query(t):
             pos = torch.arange(T) + t.rng.randint(0, 50)
             expected = R.mla_query(w, cfg, x, pos)
             got = t.call("mla_query", w, cfg, x, pos)
-            t.expect(got, expected, "(q_nope, q_pe)", mistakes=_query_mistakes(R, w, cfg, x, pos))
+            t.expect(got, expected, "(q_nope, q_pe)", mistakes=_query_mistakes(w, cfg, x, pos, R.NORM_EPS))
 
 
 @check(points=2, section="3.1", timeout=10)
@@ -456,30 +489,38 @@ def mla_cache_entry(t):
             x = torch.randn(T, cfg["hidden_size"], generator=t.gen)
             pos = torch.arange(T) + t.rng.randint(0, 50)
             expected = R.mla_cache_entry(w, cfg, x, pos)
-            r, theta = cfg["kv_lora_rank"], cfg["rope_theta"]
-            a = x @ w["kv_a_proj_with_mqa.weight"].T
-            c = R.rms_norm(a[:, :r], w["kv_a_layernorm.weight"])
-            rope = cfg["qk_rope_head_dim"]
             got = t.call("mla_cache_entry", w, cfg, x, pos)
-            t.expect(got, expected, "(c_kv, k_pe)", mistakes={
-                ROTATE_HALF: (c, _rope_half_split(a[:, r:], pos, theta)),
-                THETA_10K: (c, R.rope_interleaved(a[:, r:], pos, 10000.0)),
-                "forgets RoPE on k_pe (it is cached already rotated)": (c, a[:, r:]),
-                "skips kv_a_layernorm on the latent (the cache holds the normalised latent)":
-                    (a[:, :r], expected[1]),
-                "normalises the latent without kv_a_layernorm's weight": (R.rms_norm(a[:, :r], torch.ones(r)), expected[1]),
-                "takes the RoPE key from the front of kv_a_proj_with_mqa's output (the latent "
-                "comes first, then the RoPE key)": (R.rms_norm(a[:, rope:], w["kv_a_layernorm.weight"]),
-                                                    R.rope_interleaved(a[:, :rope], pos, theta)),
-            })
+            t.expect(got, expected, "(c_kv, k_pe)",
+                     mistakes=_cache_entry_mistakes(w, cfg, x, pos, expected[1], R.NORM_EPS))
 
 
-def _mla_variant(R, w, cfg, x, pos, c_kv, k_pe, scale=None, rope_score=True, causal=True,
+@answer_code
+def _cache_entry_mistakes(w, cfg, x, pos, k_pe, eps: float) -> dict:
+    """The usual wrong cache entries; `k_pe`: the reference's RoPE key, `eps`: the lesson's NORM_EPS."""
+    r, theta = cfg["kv_lora_rank"], cfg["rope_theta"]
+    a = x @ w["kv_a_proj_with_mqa.weight"].T
+    c = _rms_norm(a[:, :r], w["kv_a_layernorm.weight"], eps)
+    rope = cfg["qk_rope_head_dim"]
+    return {
+        ROTATE_HALF: (c, _rope_half_split(a[:, r:], pos, theta)),
+        THETA_10K: (c, _rope_interleaved(a[:, r:], pos, 10000.0)),
+        "forgets RoPE on k_pe (it is cached already rotated)": (c, a[:, r:]),
+        "skips kv_a_layernorm on the latent (the cache holds the normalised latent)":
+            (a[:, :r], k_pe),
+        "normalises the latent without kv_a_layernorm's weight": (_rms_norm(a[:, :r], torch.ones(r), eps), k_pe),
+        "takes the RoPE key from the front of kv_a_proj_with_mqa's output (the latent "
+        "comes first, then the RoPE key)": (_rms_norm(a[:, rope:], w["kv_a_layernorm.weight"], eps),
+                                            _rope_interleaved(a[:, :rope], pos, theta)),
+    }
+
+
+@answer_code
+def _mla_variant(w, cfg, q_nope, q_pe, pos, c_kv, k_pe, scale: float, rope_score=True, causal=True,
                  kv_split="per_head"):
-    """Naive MLA attention with one thing changed, to name what a wrong answer did."""
-    S, T = c_kv.shape[0], x.shape[0]
+    """Naive MLA attention with one thing changed, to name what a wrong answer did; (q_nope, q_pe): the
+    reference's mla_query, `scale`: the softmax scale to use."""
+    S, T = c_kv.shape[0], q_nope.shape[0]
     H, nope, vd = cfg["num_attention_heads"], cfg["qk_nope_head_dim"], cfg["v_head_dim"]
-    q_nope, q_pe = R.mla_query(w, cfg, x, pos)
     kv = c_kv @ w["kv_b_proj.weight"].T
     if kv_split == "per_head":
         kv = kv.view(S, H, nope + vd)
@@ -492,29 +533,33 @@ def _mla_variant(R, w, cfg, x, pos, c_kv, k_pe, scale=None, rope_score=True, cau
     s = torch.einsum("thn,shn->hts", q_nope, k_nope)
     if rope_score:
         s = s + torch.einsum("thp,sp->hts", q_pe, k_pe)
-    s = s * (R.mla_scale(cfg) if scale is None else scale)
+    s = s * scale
     if causal:
         s = s.masked_fill(torch.arange(S)[None, :] > pos[:, None], float("-inf"))
     o = torch.einsum("hts,shv->thv", s.softmax(-1), v)
     return o.reshape(T, H * vd) @ w["o_proj.weight"].T
 
 
-def _mla_mistakes(R, w, cfg, x, pos, c_kv, k_pe, absorbed: bool) -> dict:
-    args = (R, w, cfg, x, pos, c_kv, k_pe)
+@answer_code
+def _mla_mistakes(w, cfg, q_nope, q_pe, pos, c_kv, k_pe, scale: float, absorbed: bool) -> dict:
+    """The usual wrong MLA outputs; (q_nope, q_pe): the reference's mla_query, `scale`: its mla_scale."""
+    args = (w, cfg, q_nope, q_pe, pos, c_kv, k_pe)
     nope, rope, r = cfg["qk_nope_head_dim"], cfg["qk_rope_head_dim"], cfg["kv_lora_rank"]
     out = {
         "scales scores by 1/sqrt(qk_nope_head_dim) instead of 1/sqrt(qk_nope_head_dim + "
         "qk_rope_head_dim)": _mla_variant(*args, scale=nope ** -0.5),
         "scales scores by 1/sqrt(v_head_dim) instead of 1/sqrt(qk_nope_head_dim + qk_rope_head_dim)":
             _mla_variant(*args, scale=cfg["v_head_dim"] ** -0.5),
-        "drops the RoPE part of the score (add q_pe . k_pe to q_nope . k_nope)": _mla_variant(*args, rope_score=False),
+        "drops the RoPE part of the score (add q_pe . k_pe to q_nope . k_nope)":
+            _mla_variant(*args, scale, rope_score=False),
         "splits kv_b_proj's output as [all heads' K | all heads' V]; it is per head "
-        "[k_nope, v], viewed as [S, H, nope + v]": _mla_variant(*args, kv_split="k_block_then_v_block"),
-        "takes v before k_nope within each head (per head it is [k_nope, v])": _mla_variant(*args, kv_split="v_then_k"),
+        "[k_nope, v], viewed as [S, H, nope + v]": _mla_variant(*args, scale, kv_split="k_block_then_v_block"),
+        "takes v before k_nope within each head (per head it is [k_nope, v])":
+            _mla_variant(*args, scale, kv_split="v_then_k"),
     }
-    if x.shape[0] > 1:
+    if q_nope.shape[0] > 1:
         out["does not apply the causal mask (the query at position p sees cached tokens 0..p)"] = \
-            _mla_variant(*args, causal=False)
+            _mla_variant(*args, scale, causal=False)
     if absorbed:
         out["scales scores by 1/sqrt(kv_lora_rank + qk_rope_head_dim), the latent width; the "
             "scale stays that of the per-head query, 1/sqrt(qk_nope + qk_rope)"] = \
@@ -544,8 +589,9 @@ def _run_mla_attention(t, name: str, absorbed: bool):
             w, _, _, c_kv, k_pe, x, pos = _mla_setup(t, cfg, S, T, start)
             expected = R.mla_attention_naive(w, cfg, x, pos, c_kv, k_pe)
             got = t.call(name, w, cfg, x, pos, c_kv, k_pe)
+            q_nope, q_pe = R.mla_query(w, cfg, x, pos)
             t.expect(got, expected, "attention output",
-                     mistakes=_mla_mistakes(R, w, cfg, x, pos, c_kv, k_pe, absorbed))
+                     mistakes=_mla_mistakes(w, cfg, q_nope, q_pe, pos, c_kv, k_pe, R.mla_scale(cfg), absorbed))
 
 
 @check(points=3, section="3.2", timeout=10)

@@ -11,6 +11,7 @@ import torch
 from autograder import compare as cmp
 from autograder.core import check
 from autograder.harnesses.l16_quantization import time_w4a16
+from autograder.reference import answer_code
 
 FP8 = torch.float8_e4m3fn
 E5M2 = torch.float8_e5m2
@@ -23,13 +24,17 @@ def _some(mistakes: dict) -> dict:
 # ---------------------------------------------------------------- 1. int4
 
 
+@answer_code
 def int4_variant(w: torch.Tensor, group: int, symmetric: bool, qmax_sym: int = 7, swap: bool = False,
-                 per_row: bool = False, fp32_scale: bool = False, rounding=torch.round, clamp_zero: bool = True,
+                 per_row: bool = False, fp32_scale: bool = False, rounding: str = "round", clamp_zero: bool = True,
                  clamp_codes: bool = True, upcast: bool = True) -> tuple:
     """(packed, scales, zeros) of int4 quantization with one thing changed: the symmetric divisor, the nibble
     order, one scale per row instead of per group, codes from the float32 scale instead of the stored fp16 one,
-    the rounding of the codes (torch.trunc, or `_round_half_away`), no clamp of the zero point or of the codes, or the
+    the rounding of the codes (`rounding`: "round", "trunc", or "half_away": `_round_half_away`; the checks pass a
+    name, plain data, and tests may pass the function itself), no clamp of the zero point or of the codes, or the
     arithmetic in w's own dtype instead of float32."""
+    if isinstance(rounding, str):
+        rounding = {"round": torch.round, "trunc": torch.trunc, "half_away": _round_half_away}[rounding]
     N, K = w.shape
     g = (w.float() if upcast else w).view(N, K // group, group)
     stat = g.reshape(N, 1, K) if per_row else g
@@ -141,9 +146,9 @@ def quantize_int4(t):
                 "computes the codes with the float32 scale; use the fp16 scale you store (converted back to "
                 "float32), the one dequantization multiplies by": int4_variant(w, G, sym, fp32_scale=True)[0],
                 "rounds halves away from zero (2.5 -> 3); torch.round rounds half to even (2.5 -> 2)":
-                    int4_variant(w, G, sym, rounding=_round_half_away)[0],
+                    int4_variant(w, G, sym, rounding="half_away")[0],
                 "truncates w / scale instead of rounding it (torch.round)":
-                    int4_variant(w, G, sym, rounding=torch.trunc)[0],
+                    int4_variant(w, G, sym, rounding="trunc")[0],
                 "does not clamp the codes to [0, 15] before packing (a code past 15 spills into the other nibble)":
                     int4_variant(w, G, sym, clamp_codes=False)[0],
                 in_dtype: own_dtype[0]})
@@ -170,6 +175,7 @@ def dequantize_int4(t):
                     "(q - zero) * scale in float32 and cast once at the end": dequant_in_dtype(qw, dtype)}, **exact)
 
 
+@answer_code
 def dequant_in_dtype(qw, dtype: torch.dtype) -> torch.Tensor:
     """dequantize_int4 with the multiply done in dtype instead of float32."""
     p = qw.packed
@@ -182,6 +188,7 @@ def dequant_in_dtype(qw, dtype: torch.dtype) -> torch.Tensor:
 # ---------------------------------------------------------------- 2. fp8
 
 
+@answer_code
 def fp8_variant(x: torch.Tensor, per_token: bool, dtype=FP8, guard: bool = True, upcast: bool = True) -> tuple:
     """quantize_fp8 with one thing changed: another fp8 format, no scale-1 guard for a zero amax, or the
     arithmetic in x's own dtype instead of float32."""
@@ -235,6 +242,7 @@ def quantize_fp8(t):
                     fp8_variant(x, per_token, E5M2)[0]})
 
 
+@answer_code
 def kv_variant(k, slots, num_slots, per_token_only: bool = False, ignore_slots: bool = False, guard: bool = True):
     """(cache as float32, scales) after a write with one thing changed: one scale per token over all heads,
     writing token t into slot t, or no scale-1 guard for an all-zero row."""
@@ -249,6 +257,13 @@ def kv_variant(k, slots, num_slots, per_token_only: bool = False, ignore_slots: 
     return cache, scales
 
 
+@answer_code
+def unscaled_read(cache, slots, dtype: torch.dtype) -> torch.Tensor:
+    """fp8_kv_read without the multiply by the scale."""
+    return cache.view(torch.uint8)[slots].view(FP8).to(dtype)
+
+
+@answer_code
 def read_in_dtype(cache, scales, slots, dtype: torch.dtype) -> torch.Tensor:
     """fp8_kv_read with the fp8 values and the scales cast to dtype before the multiply (not float32)."""
     vals = cache.view(torch.uint8)[slots].view(FP8).to(dtype)
@@ -305,12 +320,18 @@ def fp8_kv_cache(t):
                 # default tolerance would hide a multiply done in bf16).
                 exact = {} if dtype == torch.float32 else {"rtol": 0.0, "atol": 0.0}
                 t.expect(got, exp, f"fp8_kv_read's dequantized K ({dtype})", mistakes={
-                    "forgets to multiply by the scale": exp_cache.view(torch.uint8)[slots].view(FP8).to(dtype),
+                    "forgets to multiply by the scale": unscaled_read(exp_cache, slots, dtype),
                     f"multiplies in {dtype} (the fp8 values and the scale cast to it first): multiply in float32, "
                     "then cast": read_in_dtype(exp_cache, exp_scales, slots, dtype)}, **exact)
 
 
 # ---------------------------------------------------------------- 3. the W4A16 kernel
+
+
+@answer_code
+def matmul_with(x: torch.Tensor, w: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """x @ w.T in x's dtype, cast to dtype: the product a wrong dequantized weight `w` gives."""
+    return (x @ w.T).to(dtype)
 
 
 @check(points=4, section="3.1", timeout=120, cost=0.7, requires_triton=True)
@@ -336,8 +357,8 @@ def w4a16_kernel(t):
                 w_swap = t.ref.dequantize_int4(type(qw)((p >> 4) | (p << 4), qw.scales, qw.zeros, G))
                 w_nozero = t.ref.dequantize_int4(type(qw)(p, qw.scales, torch.zeros_like(qw.zeros), G))
                 t.expect(got, exp, f"x @ W.T ({dtype})", mistakes={
-                    "reads column 2i from the high nibble (it is the low nibble)": (x @ w_swap.T).to(dtype),
-                    "forgets to subtract the zero point": (x @ w_nozero.T).to(dtype)},
+                    "reads column 2i from the high nibble (it is the low nibble)": matmul_with(x, w_swap, dtype),
+                    "forgets to subtract the zero point": matmul_with(x, w_nozero, dtype)},
                     rtol=2e-3 if dtype == torch.float16 else None, atol=2e-2 if dtype == torch.float16 else None,
                     # Reached only once fp32 matched on this case (a failure ends the case), so this much is certain.
                     hint="It matched with float32 activations on this case, so what differs is the fp16 path: the "
@@ -366,14 +387,17 @@ H100 = {"flops": 989e12, "bandwidth": 3.35e12}  # dense bf16 FLOP/s and HBM byte
 RIDGE_200 = {"flops": 4e14, "bandwidth": 2e12}  # a made-up chip whose ridge is exactly 200 FLOP per byte
 
 
-def bottleneck_variant(w: dict, chip: dict, kv_first: bool = True, intensity=None, fits_strict: bool = False,
-                       memory_at_ridge: bool = False) -> str:
-    """bottleneck with one thing changed: the roofline before KV capacity, another intensity formula
-    (intensity(tokens, weight_bytes)), a cache that exactly fills the free bytes counted as not fitting, or a
-    step exactly at the ridge counted as memory-bound."""
+@answer_code
+def bottleneck_variant(w: dict, chip: dict, kv_first: bool = True, intensity: str = "2 tok / b",
+                       fits_strict: bool = False, memory_at_ridge: bool = False) -> str:
+    """bottleneck with one thing changed: the roofline before KV capacity, another intensity formula (by name:
+    "tok", "2 tok", "tok / b" or "2 tok * b", of tokens per step and bytes per weight), a cache that exactly
+    fills the free bytes counted as not fitting, or a step exactly at the ridge counted as memory-bound."""
     need, free = w["kv_bytes_needed"], w["free_bytes"]
     fits = need < free if fits_strict else need <= free
-    inten = (intensity or (lambda tok, b: 2 * tok / b))(w["tokens_per_step"], w["weight_bytes"])
+    formulas = {"2 tok / b": lambda tok, b: 2 * tok / b, "tok": lambda tok, b: tok, "2 tok": lambda tok, b: 2 * tok,
+                "tok / b": lambda tok, b: tok / b, "2 tok * b": lambda tok, b: 2 * tok * b}
+    inten = formulas[intensity](w["tokens_per_step"], w["weight_bytes"])
     ridge = chip["flops"] / chip["bandwidth"]
     roof = "memory" if (inten <= ridge if memory_at_ridge else inten < ridge) else "compute"
     if kv_first:
@@ -411,17 +435,30 @@ def bottleneck(t):
                 "checks the roofline before KV capacity (a cache that does not fit stops you whatever the roofline "
                 "says)": bottleneck_variant(w, chip, kv_first=False),
                 "ignores weight_bytes (intensity = 2 x tokens / bytes per weight: fewer bytes, more FLOP per byte)":
-                    bottleneck_variant(w, chip, intensity=lambda tok, b: tok),
+                    bottleneck_variant(w, chip, intensity="tok"),
                 "ignores weight_bytes (2 x tokens, as if every weight were 1 byte; intensity = 2 x tokens / bytes "
-                "per weight)": bottleneck_variant(w, chip, intensity=lambda tok, b: 2 * tok),
+                "per weight)": bottleneck_variant(w, chip, intensity="2 tok"),
                 "forgets the 2 FLOPs per multiply-add (intensity = 2 x tokens / weight_bytes)":
-                    bottleneck_variant(w, chip, intensity=lambda tok, b: tok / b),
+                    bottleneck_variant(w, chip, intensity="tok / b"),
                 "multiplies by weight_bytes instead of dividing (fewer bytes per weight, more FLOP per byte)":
-                    bottleneck_variant(w, chip, intensity=lambda tok, b: 2 * tok * b),
+                    bottleneck_variant(w, chip, intensity="2 tok * b"),
                 "counts a cache that exactly fills the free memory as not fitting (only kv_bytes_needed > "
                 "free_bytes does not fit)": bottleneck_variant(w, chip, fits_strict=True),
                 "calls a step exactly at the ridge memory-bound (at or above the ridge is compute)":
                     bottleneck_variant(w, chip, memory_at_ridge=True)})
+
+
+@answer_code
+def method_mistakes(b: str, w: dict) -> dict:
+    """The usual wrong methods for bottleneck `b` and workload `w` (None: that mistake does not apply)."""
+    return {
+        "picks fp8 weights and activations for a memory-bound step (it halves bytes, as int8 weight-only "
+        "does, while int4 weight-only quarters them)": "w8a8-fp8" if b == "memory" else None,
+        "picks weight-only int4 for a compute-bound step (the matmul still runs at 16-bit speed)":
+            "w4a16" if b == "compute" else None,
+        "quantizes the weights when the KV cache is what does not fit": "w4a16" if b == "kv_capacity" else None,
+        "picks w8a16 for any accuracy value (only \"strict\" asks for int8 weights)":
+            "w8a16" if b == "memory" and w.get("accuracy") not in (None, "strict") else None}
 
 
 @check(points=2, section="5.2", timeout=20)
@@ -433,13 +470,6 @@ def choose_method(t):
     for b, w in cases:
         with t.case(f"visible: bottleneck {b!r}, workload {w}"):
             got, exp = t.both("choose_method", b, w)
-            t.expect(got, exp, "method", mistakes=_some({
-                "picks fp8 weights and activations for a memory-bound step (it halves bytes, as int8 weight-only "
-                "does, while int4 weight-only quarters them)": "w8a8-fp8" if b == "memory" else None,
-                "picks weight-only int4 for a compute-bound step (the matmul still runs at 16-bit speed)":
-                    "w4a16" if b == "compute" else None,
-                "quantizes the weights when the KV cache is what does not fit": "w4a16" if b == "kv_capacity" else None,
-                "picks w8a16 for any accuracy value (only \"strict\" asks for int8 weights)":
-                    "w8a16" if b == "memory" and w.get("accuracy") not in (None, "strict") else None}))
+            t.expect(got, exp, "method", mistakes=_some(method_mistakes(b, w)))
     with t.case("an unknown bottleneck is refused"):
         t.expect_raises(ValueError, "choose_method", "network", {}, why="there is no method for an unknown bottleneck")

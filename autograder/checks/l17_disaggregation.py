@@ -19,6 +19,7 @@ import torch
 from autograder import compare as cmp
 from autograder.core import LearnerRaised, check
 from autograder.harnesses.l17_disaggregation import ENGINE_KW, engine_kw, pack_layout, pair_harness
+from autograder.reference import answer_code
 
 MODELS = ("llama-3-8b", "llama-3-70b")
 
@@ -33,6 +34,7 @@ BYTES_VISIBLE = [
 ]
 
 
+@answer_code
 def bytes_variant(P, L, H, D, b, tp_p, tp_d, k_only=False, heads=None, share=False, bits=False) -> int:
     """kv_transfer_bytes with one thing changed: one of K/V, another head count, one decode GPU's share, bits."""
     n = (1 if k_only else 2) * L * P * (max(H, tp_d) if heads is None else heads) * D * b
@@ -101,20 +103,27 @@ def transfer_time(t):
     for label, (n, bw, lat, m) in t.cases(visible=TIME_VISIBLE, hidden=random_time_case, n=3):
         with t.case(label):
             got, expected = t.both("transfer_time", n, bw, lat, m)
-            t.expect(got, expected, "seconds", rtol=1e-9, mistakes={
-                "reads Gb/s as GB/s (a byte is 8 bits)": n / (bw * 1e9) + m * lat,
-                "uses 2**30 bits per Gb (link speeds are decimal: 1 Gb/s = 1e9 bit/s)": n * 8 / (bw * 2**30) + m * lat,
-                "pays the latency once, not once per message": n * 8 / (bw * 1e9) + lat,
-                "leaves out the latency": n * 8 / (bw * 1e9)})
+            t.expect(got, expected, "seconds", rtol=1e-9, mistakes=time_mistakes(n, bw, lat, m))
+
+
+@answer_code
+def time_mistakes(n, bw, lat, m) -> dict:
+    """The usual wrong transfer times of n bytes on bw Gb/s, m messages of lat seconds."""
+    return {"reads Gb/s as GB/s (a byte is 8 bits)": n / (bw * 1e9) + m * lat,
+            "uses 2**30 bits per Gb (link speeds are decimal: 1 Gb/s = 1e9 bit/s)": n * 8 / (bw * 2**30) + m * lat,
+            "pays the latency once, not once per message": n * 8 / (bw * 1e9) + lat,
+            "leaves out the latency": n * 8 / (bw * 1e9)}
 
 
 # ---------------------------------------------------------------- 2. pack / unpack
 
+@answer_code
 def _blocks(table: list, nb: int, order: str) -> list:
     """The nb blocks a sequence uses, in the table's order (right), sorted, or 0, 1, 2, ... (wrong)."""
     return {"table": table[:nb], "sorted": sorted(table[:nb]), "range": list(range(nb))}[order]
 
 
+@answer_code
 def pack_variant(k, v, table, n, order="table", partial_last="cut", swap=False, reverse_layers=False,
                  kv_first=False) -> torch.Tensor:
     """pack_kv with one thing changed: blocks in sorted order or 0, 1, 2..., the partial last block dropped,
@@ -151,6 +160,7 @@ PACK_MISTAKES = {
 ENGINE_PACK_MISTAKES = {**PACK_MISTAKES, "leaves the partial last block's tokens as zeros": {"partial_last": "zero"}}
 
 
+@answer_code
 def unpack_variant(buf, k, v, table, **kw) -> tuple[torch.Tensor, torch.Tensor]:
     """The caches after unpack_kv with one thing changed (the pack_variant keywords, on the receiving side;
     partial_last="drop": the partial last block not written, "zero": its other slots zeroed)."""
@@ -262,15 +272,35 @@ VISIBLE_WORKLOADS = [("visible workload A", engine_workload(random.Random(171)))
                       {**engine_workload(random.Random(173)), "kv_cache_dtype": "fp8"})]
 
 
+@answer_code
 def _single_engine(work: dict) -> list:
     """Greedy tokens of one plain engine (no transfer) on the same prompts, here in the grader."""
     from autograder.harnesses.engine import run_engine
     return run_engine(work["prompts"], work["lens"], engine_kw(work), model=ENGINE_MODEL)["tokens"]
 
 
-def _diagnose(t) -> str:
-    """Name the mistake behind wrong tokens by probing pack_kv and unpack_kv on a small case here."""
+def _diagnosis_case() -> tuple:
+    """The small case _diagnose probes pack_kv and unpack_kv on: (k, v, table, n) to pack, and the decode side's
+    (k2, v2, dest) to unpack into."""
     k, v, table, n = kv_case(torch.Generator().manual_seed(7), 3, 8, 4, 2, 4, 10)
+    k2, v2, dest, _ = kv_case(torch.Generator().manual_seed(8), 3, 8, 4, 2, 4, 10, seed=5)
+    return k, v, table, n, k2, v2, dest
+
+
+@answer_code
+def diagnosis_values(k, v, table, n, k2, v2, dest) -> dict:
+    """What _diagnose compares the learner's pack_kv and unpack_kv with on its small case: the buffer each pack
+    mistake gives ("pack"), the right buffer ("buf"), and the caches each unpack mistake leaves ("unpack")."""
+    buf = pack_variant(k, v, table, n)
+    return {"pack": {name: pack_variant(k, v, table, n, **kw) for name, kw in ENGINE_PACK_MISTAKES.items()},
+            "buf": buf,
+            "unpack": {name: unpack_variant(buf, k2, v2, dest, **kw) for name, kw in UNPACK_MISTAKES.items()}}
+
+
+def _diagnose(t, values: dict) -> str:
+    """Name the mistake behind wrong tokens by probing pack_kv and unpack_kv on a small case here; `values`:
+    diagnosis_values on that case (computed before: a student's copy replays it, as the release asked it)."""
+    k, v, table, n, k2, v2, dest = _diagnosis_case()
     try:
         k8, v8, _, _ = kv_case(torch.Generator().manual_seed(7), 3, 8, 4, 2, 4, 10, torch.uint8)
         got8 = t.call("pack_kv", k8, v8, table, n)
@@ -282,14 +312,13 @@ def _diagnose(t) -> str:
             return (f" Looks like your pack_kv returns {cmp.describe(got)}, not one tensor: the buffer is a single "
                     "tensor [layers, 2, num_tokens, kv_heads, head_dim] (K at [:, 0], V at [:, 1]), which unpack_kv "
                     "reads back.")
-        for name, kw in ENGINE_PACK_MISTAKES.items():
-            if torch.equal(got, pack_variant(k, v, table, n, **kw)):
+        for name in ENGINE_PACK_MISTAKES:
+            if torch.equal(got, values["pack"][name]):
                 return f" Looks like your pack_kv {name}."
-        buf = pack_variant(k, v, table, n)
-        k2, v2, dest, _ = kv_case(torch.Generator().manual_seed(8), 3, 8, 4, 2, 4, 10, seed=5)
+        buf = values["buf"]
         _, after = t.call_fn(t.fn("unpack_kv"), buf, k2, v2, dest, inplace=True)
-        for name, kw in UNPACK_MISTAKES.items():
-            wk, wv = unpack_variant(buf, k2, v2, dest, **kw)
+        for name in UNPACK_MISTAKES:
+            wk, wv = values["unpack"][name]
             if torch.equal(after[1], wk) and torch.equal(after[2], wv):
                 return f" Looks like your unpack_kv {name}."
     except LearnerRaised:
@@ -300,6 +329,7 @@ def _diagnose(t) -> str:
 @check(points=3, section="2.3", timeout=180, cost=0.4)
 def pack_unpack_in_engine(t):
     """DisaggPair with your pack_kv/unpack_kv: one engine's tokens, aborted requests leak no block on either side."""
+    diagnosis = diagnosis_values(*_diagnosis_case())  # asked of every run, so that a release stores it
     for label, work in t.cases(visible=VISIBLE_WORKLOADS, hidden=engine_workload, n=1, label="random workload"):
         with t.case(f"{label}: {len(work['prompts'])} prompts of {min(map(len, work['prompts']))}.."
                     f"{max(map(len, work['prompts']))} tokens, block size {ENGINE_KW['block_size']}, two aborted"):
@@ -307,7 +337,7 @@ def pack_unpack_in_engine(t):
                                           t.learner("unpack_kv"), work,
                                           what="the prefill -> decode pair, shipping KV with your pack_kv/unpack_kv,")
             if got["error"] is not None:
-                t.fail(f"the pair stopped at step {got['steps']}: {got['error']}." + _diagnose(t))
+                t.fail(f"the pair stopped at step {got['steps']}: {got['error']}." + _diagnose(t, diagnosis))
             t.expect_true(not got["unfinished"], f"the requests did not finish in {got['steps']} steps")
             aborted = {i for ids in work["aborts"].values() for i in ids}
             for i, (g, e) in enumerate(zip(got["tokens"], expected)):
@@ -316,7 +346,7 @@ def pack_unpack_in_engine(t):
                 if g != e:
                     t.fail(f"request {i} ({len(work['prompts'][i])}-token prompt): the decode instance generated "
                            f"{g}, one engine generates {e}: the KV it received is not the KV the prefill computed."
-                           + _diagnose(t))
+                           + _diagnose(t, diagnosis))
             t.expect_true(got["after"] == got["before"] and not got["leaks"],
                           f"KV blocks leaked: free (prefill, decode) {got['before']} before, {got['after']} after. "
                           + "; ".join(got["leaks"]))
@@ -324,6 +354,7 @@ def pack_unpack_in_engine(t):
 
 # ---------------------------------------------------------------- 3. break-even
 
+@answer_code
 def stall_variant(model, chip, P, C, B, ctx, tp=1, context0=False, whole=False, drop_last=False,
                   one_step=False) -> float:
     """prefill_stall with one thing changed: every chunk at context 0, the whole mixed step counted, the
@@ -382,21 +413,26 @@ def random_break_case(rng):
 @check(points=2, section="3.2")
 def break_even_gbps(t):
     """Bandwidth where the transfer time equals the prefill stall (inf when the latency alone is more)."""
-    from reference_engine import gpu_model as gm
     for label, case in t.cases(visible=BREAK_VISIBLE, hidden=random_break_case, n=2):
         with t.case(label):
-            model, chip, P, C, B, ctx, lat, tp = case
             got, expected = t.both("break_even_gbps", *case)
-            s = gm.MODELS[model]
-            nbytes = 2 * s.layers * P * max(s.kv_heads, tp) * s.head_dim * s.kv_bytes
-            stall = stall_variant(model, chip, P, C, B, ctx, tp)
-            wrong = {}
-            if stall > lat:
-                wrong = {"answers in GB/s (a byte is 8 bits)": nbytes / (stall - lat) / 1e9,
-                         "leaves out the latency": nbytes * 8 / stall / 1e9,
-                         "ships one decode GPU's share of the KV, not the whole request's": nbytes * 8 / tp / (stall - lat) / 1e9}
-            t.expect(got, expected, "break-even Gb/s", rtol=1e-6, mistakes=wrong)
+            t.expect(got, expected, "break-even Gb/s", rtol=1e-6, mistakes=break_even_mistakes(*case))
     _break_even_at_equality(t)
+
+
+@answer_code
+def break_even_mistakes(model, chip, P, C, B, ctx, lat, tp) -> dict:
+    """The usual wrong break-even bandwidths (none when the latency alone is at least the stall)."""
+    from reference_engine import gpu_model as gm
+    s = gm.MODELS[model]
+    nbytes = 2 * s.layers * P * max(s.kv_heads, tp) * s.head_dim * s.kv_bytes
+    stall = stall_variant(model, chip, P, C, B, ctx, tp)
+    wrong = {}
+    if stall > lat:
+        wrong = {"answers in GB/s (a byte is 8 bits)": nbytes / (stall - lat) / 1e9,
+                 "leaves out the latency": nbytes * 8 / stall / 1e9,
+                 "ships one decode GPU's share of the KV, not the whole request's": nbytes * 8 / tp / (stall - lat) / 1e9}
+    return wrong
 
 
 def _break_even_at_equality(t):
@@ -419,6 +455,7 @@ def _break_even_at_equality(t):
 
 # ---------------------------------------------------------------- 4. pools
 
+@answer_code
 def plan_variant(model, chip, rate, P, O, ttft, tpot, tp=1, xfer=0.0, no_queue=False, all_steps=False,
                  prompt_ctx=False, no_memory=False, no_transfer=False, no_tpot=False, overshoot=False,
                  strict_tpot=False) -> dict | None:
@@ -472,6 +509,7 @@ PLAN_MISTAKES = (
 )
 
 
+@answer_code
 def plan_boundary_cases() -> tuple:
     """Built on the modeled clock's own values: (the case whose TPOT equals batch 100's step time, where that
     batch is allowed; t_p of its 2048-token prompt, a TTFT budget that no load meets: x = 1, ValueError)."""

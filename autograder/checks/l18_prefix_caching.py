@@ -24,15 +24,16 @@ import random
 import struct
 from dataclasses import dataclass
 from functools import partial
+from typing import NamedTuple
 
 from autograder.core import LearnerRaised, check
 from autograder.harnesses.l18_prefix_caching import NODE_FIELDS, lpm_harness, stand_in_tree, tree_view
+from autograder.reference import NotRecorded, answer_code
 
 # ---------------------------------------------------------------- the spec, the slow way
 
 
-@dataclass
-class _Page:
+class _Page(NamedTuple):
     block: int
     stamp: int   # the clock at the last match_prefix / insert that walked through the page
     locks: int
@@ -42,7 +43,11 @@ class _Page:
 
 class BruteTrie:
     """RadixTree's semantics page by page: `pages` maps every cached prefix, as a tuple of whole pages of
-    token ids, to its last page's state. A node handle is the prefix tuple where a match ended."""
+    token ids, to its last page's state (a `_Page`). A node handle is the prefix tuple where a match ended.
+
+    The state (page_size, clock, pages) is plain data, and every operation is a function of it (the `trie_*`
+    functions below, the grader's answer code: a student's copy replays their results); this class holds the
+    state between operations."""
 
     def __init__(self, page_size: int):
         self.page_size = page_size
@@ -50,107 +55,165 @@ class BruteTrie:
         self.clock = 0
 
     def _prefixes(self, tokens) -> list[tuple]:
-        P = self.page_size
-        return [tuple(tokens[:k * P]) for k in range(1, len(tokens) // P + 1)]
+        return page_prefixes(self.page_size, tokens)
 
     def match_prefix(self, tokens):
-        self.clock += 1
-        blocks, end = [], ()
-        for key in self._prefixes(tokens):
-            if key not in self.pages:
-                break
-            self.pages[key].stamp = self.clock
-            blocks.append(self.pages[key].block)
-            end = key
+        self.pages, self.clock, blocks, end = trie_match(self.page_size, self.clock, self.pages, tokens)
         return blocks, end
 
     def insert(self, tokens, block_ids) -> int:
-        self.clock += 1
-        cached = 0
-        for i, key in enumerate(self._prefixes(tokens)):
-            page = self.pages.get(key)
-            if page is None:  # the set is closed under prefixes: every longer key is missing too
-                self.pages[key] = _Page(block_ids[i], self.clock, 0, self.clock, self.clock)
-            else:
-                page.stamp = page.ins = self.clock
-                cached += self.page_size
+        self.pages, self.clock, cached = trie_insert(self.page_size, self.clock, self.pages, tokens, block_ids)
         return cached
 
     def lock(self, end: tuple):
-        for key in self._prefixes(end):
-            self.pages[key].locks += 1
+        self.pages = trie_lock(self.page_size, self.pages, end, 1)
 
     def unlock(self, end: tuple):
-        if end and self.pages[end].locks <= 0:
-            raise RuntimeError("unlock of a node that is not locked")
-        for key in self._prefixes(end):
-            self.pages[key].locks -= 1
-
-    def evictable(self) -> list[tuple]:
-        """The unlocked leaves: pages no other page extends (a page's parent is its key less one page)."""
-        parents = {k[:-self.page_size] for k in self.pages}
-        return [k for k, p in self.pages.items() if p.locks == 0 and k not in parents]
+        self.pages = trie_lock(self.page_size, self.pages, end, -1)
 
     def evict(self, num_tokens: int, by: str = "stamp", need: int | None = None) -> list[int]:
         """Free ceil(num_tokens / page_size) unlocked leaf pages (or `need`), the oldest first by `by`:
         "stamp" (the spec), "born" (insertion time), "ins" (the last insert only), "mru" (newest first),
         "inherit" (a page that becomes a leaf competes with the stamp of the child page just freed)."""
-        P = self.page_size
-        need = max(0, -(-num_tokens // P)) if need is None else need
-        inherited: dict[tuple, int] = {}
-        freed = []
-        while len(freed) < need:
-            leaves = self.evictable()
-            if not leaves:
-                break
-            key = min(leaves, key=lambda k: (self._age(k, by, inherited), -len(k), k))
-            page = self.pages.pop(key)
-            freed.append(page.block)
-            if by == "inherit" and key[:-P] in self.pages:
-                inherited[key[:-P]] = page.stamp
+        self.pages, freed = trie_evict(self.page_size, self.pages, num_tokens, by, need)
         return freed
 
-    def _age(self, key: tuple, by: str, inherited: dict) -> int:
-        page = self.pages[key]
+    def total_size(self) -> int:
+        return trie_total_size(self.page_size, self.pages)
+
+    def evictable_size(self) -> int:
+        return trie_evictable_size(self.page_size, self.pages)
+
+    def copy(self) -> BruteTrie:
+        c = BruteTrie(self.page_size)
+        c.clock = self.clock
+        c.pages = dict(self.pages)  # its _Pages are immutable: the trie_* functions build new ones
+        return c
+
+    def token_level_blocks(self, tokens) -> list[int]:
+        """What a match that also takes PARTLY matching pages returns: the blocks covering the longest
+        common token prefix of `tokens` with a cached sequence (the partly matching page included)."""
+        return trie_token_level_blocks(self.page_size, self.pages, tokens)
+
+
+@answer_code
+def page_prefixes(P: int, tokens) -> list[tuple]:
+    """The page-aligned prefixes of `tokens` (whole pages of P tokens), shortest first."""
+    return [tuple(tokens[:k * P]) for k in range(1, len(tokens) // P + 1)]
+
+
+@answer_code
+def trie_match(P: int, clock: int, pages: dict, tokens) -> tuple:
+    """match_prefix on the trie (P, clock, pages): (pages, clock, blocks, end) after it."""
+    clock += 1
+    pages = dict(pages)
+    blocks, end = [], ()
+    for key in page_prefixes(P, tokens):
+        if key not in pages:
+            break
+        p = pages[key]
+        pages[key] = _Page(p.block, clock, p.locks, p.born, p.ins)
+        blocks.append(p.block)
+        end = key
+    return pages, clock, blocks, end
+
+
+@answer_code
+def trie_insert(P: int, clock: int, pages: dict, tokens, block_ids) -> tuple:
+    """insert on the trie (P, clock, pages): (pages, clock, tokens already cached) after it."""
+    clock += 1
+    pages = dict(pages)
+    cached = 0
+    for i, key in enumerate(page_prefixes(P, tokens)):
+        p = pages.get(key)
+        if p is None:  # the set is closed under prefixes: every longer key is missing too
+            pages[key] = _Page(block_ids[i], clock, 0, clock, clock)
+        else:
+            pages[key] = _Page(p.block, clock, p.locks, p.born, clock)
+            cached += P
+    return pages, clock, cached
+
+
+@answer_code
+def trie_lock(P: int, pages: dict, end: tuple, step: int) -> dict:
+    """The pages after lock (step 1) or unlock (step -1) of the path ending at `end`."""
+    if step < 0 and end and pages[end].locks <= 0:
+        raise RuntimeError("unlock of a node that is not locked")
+    pages = dict(pages)
+    for key in page_prefixes(P, end):
+        p = pages[key]
+        pages[key] = _Page(p.block, p.stamp, p.locks + step, p.born, p.ins)
+    return pages
+
+
+@answer_code
+def _evictable(P: int, pages: dict) -> list[tuple]:
+    """The unlocked leaves: pages no other page extends (a page's parent is its key less one page)."""
+    parents = {k[:-P] for k in pages}
+    return [k for k, p in pages.items() if p.locks == 0 and k not in parents]
+
+
+@answer_code
+def trie_evict(P: int, pages: dict, num_tokens: int, by: str = "stamp", need: int | None = None) -> tuple:
+    """(pages, freed blocks) after evict(num_tokens) on the trie, with the order `by` (BruteTrie.evict)."""
+    pages = dict(pages)
+    need = max(0, -(-num_tokens // P)) if need is None else need
+    inherited: dict[tuple, int] = {}
+
+    def age(key: tuple) -> int:
+        page = pages[key]
         if by == "mru":
             return -page.stamp
         if by == "inherit":
             return inherited.get(key, page.stamp)
         return getattr(page, by)
 
-    def total_size(self) -> int:
-        return self.page_size * len(self.pages)
+    freed = []
+    while len(freed) < need:
+        leaves = _evictable(P, pages)
+        if not leaves:
+            break
+        key = min(leaves, key=lambda k: (age(k), -len(k), k))
+        page = pages.pop(key)
+        freed.append(page.block)
+        if by == "inherit" and key[:-P] in pages:
+            inherited[key[:-P]] = page.stamp
+    return pages, freed
 
-    def evictable_size(self) -> int:
-        return self.page_size * sum(p.locks == 0 for p in self.pages.values())
 
-    def copy(self) -> BruteTrie:
-        c = BruteTrie(self.page_size)
-        c.clock = self.clock
-        c.pages = {k: _Page(**vars(p)) for k, p in self.pages.items()}
-        return c
+@answer_code
+def trie_total_size(P: int, pages: dict) -> int:
+    return P * len(pages)
 
-    def token_level_blocks(self, tokens) -> list[int]:
-        """What a match that also takes PARTLY matching pages returns: the blocks covering the longest
-        common token prefix of `tokens` with a cached sequence (the partly matching page included)."""
-        best, best_key = 0, ()
-        for key in self.pages:
-            n = 0
-            while n < min(len(key), len(tokens)) and key[n] == tokens[n]:
-                n += 1
-            if n > best or (n == best and len(key) < len(best_key)):
-                best, best_key = n, key
-        pages = -(-best // self.page_size)
-        return [self.pages[best_key[:j * self.page_size]].block for j in range(1, pages + 1)]
+
+@answer_code
+def trie_evictable_size(P: int, pages: dict) -> int:
+    return P * sum(p.locks == 0 for p in pages.values())
+
+
+@answer_code
+def trie_token_level_blocks(P: int, pages: dict, tokens) -> list[int]:
+    """BruteTrie.token_level_blocks on the trie's pages."""
+    best, best_key = 0, ()
+    for key in pages:
+        n = 0
+        while n < min(len(key), len(tokens)) and key[n] == tokens[n]:
+            n += 1
+        if n > best or (n == best and len(key) < len(best_key)):
+            best, best_key = n, key
+    n_pages = -(-best // P)
+    return [pages[best_key[:j * P]].block for j in range(1, n_pages + 1)]
 
 
 # ---------------------------------------------------------------- 1.1 the hash chain
 
 
+@answer_code
 def _digest(parent: bytes, block, fmt: str = "q") -> bytes:
     return hashlib.sha256(parent + struct.pack(f"<{len(block)}{fmt}", *block)).digest()
 
 
+@answer_code
 def hash_variant(tokens, B, parent_mode: str = "chain", partial: bool = False, fmt: str = "q",
                  root: bytes = bytes(32)) -> list[str]:
     """The hash chain with one thing changed (parent_mode "chain": the spec; "none": every block hashed
@@ -317,15 +380,34 @@ def _read_view(data: dict, P: int) -> _View:
     return _View(nodes, data["handles"], pages, problem)
 
 
+def _on_learner_tree(fn, view: _View, fields: tuple, *args):
+    """fn(nodes, *args), an answer-code function of the learner's tree as read, given of each node only `fields`
+    (the root: nothing), so that a tree that differs from the solution's only where fn does not look asks the
+    question the release stored. None where a student's copy holds no answer for it (a tree laid out otherwise
+    than the solution's, at this point): the mistake goes unnamed there, the case is still judged."""
+    nodes = [{}] + [{f: n[f] for f in fields} for n in view.nodes[1:]]
+    try:
+        return fn(nodes, *args)
+    except NotRecorded:
+        return None
+
+
 def match_variant(view: _View | None, tokens: list, P: int, mode: str):
     """The blocks match_prefix(tokens) returns on the learner's tree as it was (`view`) with one mistake:
     mode "no split" (a match that ends inside a node takes the whole node) or "tokens" (_common_pages
-    returns matching tokens, used as pages). None when the tree was not read."""
+    returns matching tokens, used as pages). None when the tree was not read (or, in a student's copy, when
+    the release asked nothing of a tree like this one)."""
     if view is None:
         return None
-    nodes = {i: (n["tokens"], n["blocks"]) for i, n in enumerate(view.nodes)}
+    return _on_learner_tree(match_on_nodes, view, ("parent", "tokens", "blocks"), list(tokens), P, mode)
+
+
+@answer_code
+def match_on_nodes(view_nodes: list, tokens: list, P: int, mode: str) -> list:
+    """match_variant on the nodes of the learner's tree as read (_View.nodes; the root's entry unread)."""
+    nodes = {i: (n.get("tokens", []), n.get("blocks", [])) for i, n in enumerate(view_nodes)}
     kids: dict = {i: {} for i in nodes}
-    for i, n in enumerate(view.nodes[1:], 1):
+    for i, n in enumerate(view_nodes[1:], 1):
         kids[n["parent"]][tuple(n["tokens"][:P])] = (n["tokens"], n["blocks"], kids[i])
     here, pos, blocks = kids[0], 0, []
     while pos + P <= len(tokens):
@@ -352,10 +434,16 @@ def match_variant(view: _View | None, tokens: list, P: int, mode: str):
 
 def evict_whole_nodes(view: _View | None, need: int):
     """The blocks an evict that frees WHOLE unlocked leaf nodes, oldest first, frees from the learner's tree
-    as it was, until at least `need` pages are free. None if the order is not determined (equal stamps)."""
+    as it was, until at least `need` pages are free. None if the order is not determined (equal stamps), the
+    tree was not read (or, in a student's copy, the release asked nothing of a tree like this one)."""
     if view is None:
         return None
-    nodes = view.nodes
+    return _on_learner_tree(whole_nodes_on, view, ("parent", "blocks", "last_access", "lock_ref"), need)
+
+
+@answer_code
+def whole_nodes_on(nodes: list, need: int):
+    """evict_whole_nodes on the nodes of the learner's tree as read (_View.nodes; the root's entry unread)."""
     kids = [0] * len(nodes)
     for n in nodes[1:]:
         kids[n["parent"]] += 1
@@ -563,7 +651,8 @@ class _Drive:
                 node_only[k] += step
             mistakes[LOCK_MISTAKES[f"{kind} node only"]] = node_only
             if kind == "lock":
-                mistakes[LOCK_MISTAKES["set one"]] = {k: 1 if k in before._prefixes(end) else v for k, v in base.items()}
+                path = before._prefixes(end)
+                mistakes[LOCK_MISTAKES["set one"]] = {k: 1 if k in path else v for k, v in base.items()}
         ok, name = self.judge(mine, want, mistakes)
         if ok:
             return
@@ -1020,11 +1109,13 @@ def _lpm_reference(ref, page_size: int, cached: list, waiting: list):
     return {"order": list(ref.lpm_order(tree, [list(w) for w in waiting])), "lookups": tree.lookups}
 
 
+@answer_code
 def _matched(page_size: int, cached: list, waiting: list) -> list[int]:
     trie = _build(page_size, cached)
     return [len(trie.match_prefix(w)[0]) for w in waiting]
 
 
+@answer_code
 def lpm_mistakes(page_size: int, cached: list, waiting: list) -> dict:
     m, idx = _matched(page_size, cached, waiting), range(len(waiting))
     capped = [min(k, (len(w) - 1) // page_size) for k, w in zip(m, waiting)]
@@ -1158,10 +1249,16 @@ def _cached_reference(ref, prompts: list, lens: list) -> dict:
                       catch=True, model=ENGINE_MODEL)
 
 
+@answer_code
+def _plain_run(prompts: list, lens: list) -> dict:
+    """The engine run with no prefix cache, here in the grader."""
+    from autograder.harnesses.engine import run_engine
+    return run_engine(prompts, lens, ENGINE_KW, model=ENGINE_MODEL)
+
+
 def _both_references(t, prompts: list, lens: list) -> tuple[dict, dict]:
     """(the run with the reference tree, the run with no prefix cache): the tokens must not change."""
-    from autograder.harnesses.engine import run_engine
-    return t.reference(_cached_reference, prompts, lens), run_engine(prompts, lens, ENGINE_KW, model=ENGINE_MODEL)
+    return t.reference(_cached_reference, prompts, lens), _plain_run(prompts, lens)
 
 
 def _first_request_differing(got: list, expected: list) -> str:

@@ -18,6 +18,7 @@ import torch.nn.functional as F
 from autograder.checks import _attention
 from autograder.checks._configs import NULL_FIELDS_7B, call, describe, non_default, random_config
 from autograder.core import LearnerRaised, check
+from autograder.reference import answer_code
 
 # -- 1.1 packing ------------------------------------------------------------------------------------
 
@@ -31,6 +32,7 @@ def _lengths(prompts):
     return torch.tensor([len(p) for p in prompts], dtype=torch.int64)
 
 
+@answer_code
 def cu_seqlens_mistakes(prompts) -> dict:
     ends = _lengths(prompts).cumsum(0)
     zero = torch.zeros(1, dtype=torch.int64)
@@ -41,6 +43,7 @@ def cu_seqlens_mistakes(prompts) -> dict:
             "returns cu_seqlens as int64; varlen attention kernels take int32": torch.cat([zero, ends])}
 
 
+@answer_code
 def positions_mistakes(prompts) -> dict:
     T = int(_lengths(prompts).sum())
     restart = torch.cat([torch.arange(len(p)) for p in prompts])
@@ -81,18 +84,21 @@ def pack_prompts(t):
 
 # -- 1.2 the mask -----------------------------------------------------------------------------------
 
+@answer_code
 def cu_of(lengths) -> torch.Tensor:
     cu = torch.zeros(len(lengths) + 1, dtype=torch.int32)
     cu[1:] = torch.tensor(lengths).cumsum(0)
     return cu
 
 
+@answer_code
 def block_diagonal(cu: torch.Tensor) -> torch.Tensor:
     cu = cu.long()
     seq = torch.repeat_interleave(torch.arange(len(cu) - 1), cu[1:] - cu[:-1])
     return seq[:, None] == seq[None, :]
 
 
+@answer_code
 def mask_mistakes(cu: torch.Tensor) -> dict:
     T = int(cu[-1])
     causal = torch.ones(T, T, dtype=torch.bool).tril()
@@ -107,6 +113,7 @@ def mask_mistakes(cu: torch.Tensor) -> dict:
                 boundary_shifted(cu) & causal}
 
 
+@answer_code
 def boundary_shifted(cu: torch.Tensor) -> torch.Tensor:
     """Same-sequence mask with position cu[i] counted in sequence i - 1 (searchsorted without right=True)."""
     pos = torch.arange(int(cu[-1]))
@@ -134,6 +141,7 @@ def varlen_causal_mask(t):
 
 # -- 1.3 packed attention ---------------------------------------------------------------------------
 
+@answer_code
 def per_sequence_sdpa(q, k, v, cu, scale=None) -> torch.Tensor:
     """The definition: causal attention on each sequence alone (SDPA), outputs concatenated."""
     group = q.shape[1] // k.shape[1]
@@ -145,6 +153,7 @@ def per_sequence_sdpa(q, k, v, cu, scale=None) -> torch.Tensor:
     return torch.cat(out).to(q.dtype)
 
 
+@answer_code
 def masked_attention(q, k, v, mask, scale, heads="interleave", acc=torch.float64) -> torch.Tensor:
     """Attention under `mask`, computed in `acc`: float64 for the references, bf16 for the no-upcast mistake."""
     T, H, D = q.shape
@@ -159,6 +168,7 @@ def masked_attention(q, k, v, mask, scale, heads="interleave", acc=torch.float64
     return torch.einsum("hts,shd->thd", scores.softmax(-1), v.to(acc)).to(q.dtype)
 
 
+@answer_code
 def attention_mistakes(q, k, v, cu, scale) -> dict:
     D, H, H_kv = q.shape[2], q.shape[1], k.shape[1]
     s = D ** -0.5 if scale is None else scale
@@ -213,6 +223,7 @@ def packed_attention(t):
                            "returns float32: cast the output back to q's dtype": exact.float()})
 
 
+@answer_code
 def varlen_mask(cu: torch.Tensor) -> torch.Tensor:
     T = int(cu[-1])
     return block_diagonal(cu) & torch.ones(T, T, dtype=torch.bool).tril()
@@ -225,6 +236,7 @@ def _cost(costs, batch, padded):
     return len(sizes) * max(sizes) if padded else sum(sizes)
 
 
+@answer_code
 def _pack(costs, budget, padded, order="decreasing", fit="first", strict=False, cost_padded=None):
     """First/next/best-fit with a choice of order: the reference's algorithm and its usual variants."""
     cost_padded = padded if cost_padded is None else cost_padded
@@ -248,6 +260,7 @@ def _pack(costs, budget, padded, order="decreasing", fit="first", strict=False, 
     return batches
 
 
+@answer_code
 def batching_mistakes(costs, budget, padded) -> dict:
     wrong = {"does not sort by cost first (first-fit, not first-fit decreasing)": _pack(costs, budget, padded, "none"),
              "sorts ascending; first-fit decreasing places the largest requests first":
@@ -261,6 +274,7 @@ def batching_mistakes(costs, budget, padded) -> dict:
     return wrong
 
 
+@answer_code
 def assignment_mistakes(costs, budget, padded) -> dict:
     """Variants that need no more batches than first-fit decreasing but put requests elsewhere."""
     return {"puts each request into the batch it fills best (best-fit); first-fit takes the first batch opened "
@@ -304,16 +318,18 @@ def form_batches(t):
                 raise
             check_batches(t, got, costs, budget, padded)
             ref = t.ref.form_batches(costs, budget, padded)
+            # computed whatever the answer (a student's copy replays what the release computed for the solution)
+            too_many, other = batching_mistakes(costs, budget, padded), assignment_mistakes(costs, budget, padded)
             if len(got) > len(ref):
                 mine = canonical(got)
-                for name, wrong in batching_mistakes(costs, budget, padded).items():
+                for name, wrong in too_many.items():
                     if canonical(wrong) == mine:
                         t.fail(f"{len(got)} batches where first-fit decreasing needs {len(ref)}. "
                                f"Looks like your code {name}.")
                 t.fail(f"{len(got)} batches where first-fit decreasing needs {len(ref)}: {ref}")
             if canonical(got) != canonical(ref):  # as few batches, but not the docstring's assignment
                 mine = canonical(got)
-                named = [name for name, wrong in assignment_mistakes(costs, budget, padded).items()
+                named = [name for name, wrong in other.items()
                          if canonical(wrong) == mine and canonical(wrong) != canonical(ref)]
                 t.fail(f"batches {[list(b) for b in got]}; first-fit decreasing gives {ref}"
                        + (f". Looks like your code {named[0]}." if len(named) == 1 else
@@ -352,6 +368,7 @@ def check_batches(t, got, costs, budget, padded) -> None:
 
 # -- 3.1 the batching window ------------------------------------------------------------------------
 
+@answer_code
 def _window(arrivals, window, max_batch=None, strict=False, clock_aligned=False, from_open=False,
             mean_over_batches=False, full_waits=False) -> dict:
     """The batcher with one switchable mistake (all off: the right answer)."""
@@ -382,6 +399,7 @@ def _window(arrivals, window, max_batch=None, strict=False, clock_aligned=False,
     return {"dispatch": dispatch, "delay": delay, "mean": mean, "max": max(delay, default=0.0), "batch_sizes": sizes}
 
 
+@answer_code
 def window_mistakes(arrivals, window, max_batch) -> dict:
     wrong = {"measures each delay from the window's opening, not from the request's own arrival":
              _window(arrivals, window, max_batch, from_open=True),
@@ -440,6 +458,7 @@ MHA_7B = {"model_type": "llama", "num_hidden_layers": 32, "num_attention_heads":
           "intermediate_size": 11008}
 
 
+@answer_code
 def memory_mistakes(per_tok, free, p, o, act, bs) -> dict:
     """The usual wrong memory models; `per_tok` is the given kv_bytes_per_token's value (lesson 02's formula,
     not written here, so it has no mistakes of its own)."""
