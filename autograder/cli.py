@@ -247,15 +247,12 @@ def cmd_nbgrader(args) -> int:
 
 
 def cmd_serve(args) -> int:
-    from reference_engine.server.runner import serve
-    from reference_engine.startup import SHIPPED_TARGET
-    model = args.model or SHIPPED_TARGET
-    if not Path(model).is_dir():
-        print(f"no model directory {model}", file=sys.stderr)
-        return 2
-    serve(model, host=args.host, port=args.port, model_name=args.served_model_name,
-          tensor_parallel_size=args.tensor_parallel_size)
-    return 0
+    from reference_engine.server import options
+
+    def error(message):
+        print(message, file=sys.stderr)
+        raise SystemExit(2)
+    return options.run(args, error)
 
 
 def cmd_interview(args) -> int:
@@ -331,11 +328,8 @@ def parser(in_copy: bool | None = None) -> argparse.ArgumentParser:
         i.add_argument("--json", help="also write the session's record to this file")
         i.set_defaults(func=cmd_interview)
     sv = sub.add_parser("serve", help="an OpenAI-compatible HTTP server on the engine (default: the shipped model)")
-    sv.add_argument("--model", help="local model directory (default: the shipped target model)")
-    sv.add_argument("--host", default="127.0.0.1")
-    sv.add_argument("--port", type=int, default=8000)
-    sv.add_argument("--served-model-name", help="the model id clients send (default: the directory's name)")
-    sv.add_argument("--tensor-parallel-size", type=int, default=1, help="shard the model over this many worker processes")
+    from reference_engine.server.options import add_serve_arguments
+    add_serve_arguments(sv)
     sv.set_defaults(func=cmd_serve)
     if not in_copy:
         n = sub.add_parser("nbgrader", help="(instructors) nbgrader course directory")

@@ -17,7 +17,7 @@ from .loader import load_config, load_model
 from .model_runner import ModelRunner
 from .prefix_cache import PrefixCacheStats, make_block_manager
 from .quantization import METHODS, Fp8KVBackend, quantize_model, resolve_kv_cache_dtype
-from .sampling import SamplingParams, make_generator, sample
+from .sampling import SamplingParams, make_generator, sample_isolated
 from .scheduler import FCFSPolicy, ScheduledSeq, Scheduler, SchedulerOutput
 from .sequence import CompletionOutput, RequestMetrics, RequestOutput, Sequence, Status, StepOutput, StepStats
 from .spec_decode import SpecDecoder, SpeculativeConfig
@@ -121,6 +121,8 @@ class LLMEngine:
         self._ids, self._seq_ids = itertools.count(), itertools.count()
         self._eos = frozenset(self.config.eos_token_ids)
         self._aborted: list[StepOutput] = []  # aborts since the last step(), which reports them
+        # request id -> the exception that ended it, for each request the last step() finished with "error"
+        self.step_errors: dict[str, BaseException] = {}
 
     def kv_bytes_per_token_per_rank(self) -> int:
         """KV-cache bytes one token takes on one rank: its KV heads only (all of them at tensor_parallel_size 1)."""
@@ -217,22 +219,29 @@ class LLMEngine:
         """Stop a request wherever it is (waiting or running); its blocks return to the pool. Returns its
         RequestOutput (finish_reason "abort"), which the next step() also reports, in a StepOutput per aborted
         sequence (as vLLM finishes an aborted stream). Unknown or finished ids are ignored (None)."""
-        seqs = self.requests.pop(request_id, None)
-        if seqs is None:
+        if request_id not in self.requests:
             return None
-        now, aborted = self.clock(), []
+        ended, output = self._end_request(request_id, "abort")
+        self._aborted += ended  # the next step() reports them, so a stream() or step loop over them ends
+        return output
+
+    def _end_request(self, request_id: str, reason: str) -> tuple[list[StepOutput], RequestOutput]:
+        """Finish every unfinished sequence of a request now with `reason` ("abort", "error"), freeing its
+        blocks. Returns one StepOutput per sequence ended (the last carries the RequestOutput) and the
+        RequestOutput."""
+        seqs = self.requests.pop(request_id)
+        now, ended = self.clock(), []
         for seq in seqs:
             if seq.status is not Status.FINISHED:
                 self.scheduler.finish(seq)
-                seq.finish_reason, seq.metrics.finish_time = "abort", now
-                aborted.append(StepOutput(request_id, seq.index, [], True, "abort"))
+                seq.finish_reason, seq.metrics.finish_time = reason, now
+                ended.append(StepOutput(request_id, seq.index, [], True, reason))
         if self.spec is not None:
             self.spec.collect()  # unverified drafts leave the output; the draft model's cache is freed
         output = self._request_output(seqs)
-        if aborted:
-            aborted[-1].output = output
-        self._aborted += aborted  # the next step() reports them, so a stream() or step loop over them ends
-        return output
+        if ended:
+            ended[-1].output = output
+        return ended, output
 
     def has_unfinished(self) -> bool:
         return self.scheduler.has_unfinished()
@@ -289,8 +298,13 @@ class LLMEngine:
 
         With speculative_config the engine does that itself (spec_decode.py): drafts are proposed before
         scheduling, verified after the forward, and a sequence's StepOutput carries every token it emitted.
+
+        A request whose own sampling fails (sampling.sample_isolated: a NaN distribution, parameters the
+        sampler cannot take) ends alone: its sequences get a StepOutput with finish_reason "error", its blocks
+        are freed, step_errors[request_id] holds the exception until the next step(), and every other request
+        in the batch goes on exactly as it would have. A failing forward pass still raises (it is the batch's).
         """
-        outputs, self._aborted = self._aborted, []
+        outputs, self._aborted, self.step_errors = self._aborted, [], {}
         t0 = self.clock()
         if self.spec is not None:
             self.spec.propose(self.scheduler.running, self.max_num_batched_tokens)
@@ -343,10 +357,19 @@ class LLMEngine:
         if not seqs and not verified:
             return []
         logits = torch.stack(last_rows) if seqs else None
-        tokens = sample(logits, [s.params for s in seqs], [s.generator for s in seqs]).tolist() if seqs else []
+        tokens, failed = sample_isolated(logits, [s.params for s in seqs], [s.generator for s in seqs]) \
+            if seqs else ([], {})
+        tokens = tokens.tolist() if seqs else []
         now = self.clock()
         outputs = [self._append_verified(seq, rows, now) for seq, rows in verified]
+        for i, e in failed.items():  # a row whose sampling raised ends its request (all n samples) alone
+            rid = seqs[i].request_id
+            if rid not in self.step_errors:
+                self.step_errors[rid] = e
+                outputs += self._end_request(rid, "error")[0]
         for i, (seq, tok) in enumerate(zip(seqs, tokens)):
+            if seq.request_id in self.step_errors:
+                continue
             if seq.logprobs is not None:
                 seq.logprobs.append(_logprobs(logits[i], tok, seq.params.logprobs))
             out = self._append_token(seq, tok, now)

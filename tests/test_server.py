@@ -14,12 +14,13 @@ import httpx
 import openai
 import pytest
 
-from reference_engine import LLM, SamplingParams
+from reference_engine import SamplingParams
 from reference_engine.server.api import create_app
 from reference_engine.server.chat import apply_chat_template
 from reference_engine.server.runner import ServerThread
 from reference_engine.server.streaming import BoundedStreamBuffer, DefaultSSEFramer, StreamComponents
 from reference_engine.startup import SHIPPED_TARGET, StartupReport, build_engine
+from tests.server_helpers import idle, wait_until
 
 MODEL = "target"
 HIGH_WATER = 48  # tokens a stream may have pending before it is dropped as a slow reader
@@ -38,31 +39,8 @@ def server():
     assert engine.block_manager.num_free() == engine.num_blocks, "KV blocks still held after the server stopped"
 
 
-@pytest.fixture(scope="module")
-def offline():
-    return LLM(SHIPPED_TARGET)
-
-
-@pytest.fixture
-def client(server):
-    return openai.OpenAI(base_url=server.base_url + "/v1", api_key="unused", max_retries=0, timeout=60)
-
-
 def greedy(offline, prompt, max_tokens, **kw):
     return offline.generate(prompt, SamplingParams(temperature=0, max_tokens=max_tokens, **kw))[0]
-
-
-def wait_until(cond, what: str, timeout: float = 20.0):
-    deadline = time.monotonic() + timeout
-    while not cond():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
-        time.sleep(0.005)
-
-
-def idle(server) -> bool:
-    _, free, requests = server.aengine.snapshot
-    return requests == 0 and free == server.engine.num_blocks
 
 
 def metric(server, name: str, labels: str = "") -> float:
@@ -143,32 +121,88 @@ def test_startup_report(server):
 
 
 # ---- bad input ----------------------------------------------------------------------------------------------
+HI = {"model": MODEL, "prompt": "hi"}
 BAD = {
     "empty prompt": ({"model": MODEL, "prompt": ""}, 400, "prompt"),
     "empty token list": ({"model": MODEL, "prompt": []}, 400, "prompt"),
     "prompt over the context": ({"model": MODEL, "prompt": "word " * 700}, 400, "prompt"),
-    "max_tokens past the context": ({"model": MODEL, "prompt": "hi", "max_tokens": 5000}, 400, "max_tokens"),
-    "negative temperature": ({"model": MODEL, "prompt": "hi", "temperature": -1}, 400, "temperature"),
-    "top_p of 0": ({"model": MODEL, "prompt": "hi", "top_p": 0}, 400, "top_p"),
-    "max_tokens of 0": ({"model": MODEL, "prompt": "hi", "max_tokens": 0}, 400, "max_tokens"),
-    "temperature not a number": ({"model": MODEL, "prompt": "hi", "temperature": "hot"}, 400, "temperature"),
+    "prompt longer in characters than the context could hold": ({"model": MODEL, "prompt": "x" * (512 * 64 + 1)},
+                                                                400, "prompt"),
+    "max_tokens past the context": ({**HI, "max_tokens": 5000}, 400, "max_tokens"),
+    "negative temperature": ({**HI, "temperature": -1}, 400, "temperature"),
+    "temperature NaN": ({**HI, "temperature": float("nan")}, 400, "temperature"),
+    "temperature infinite": ({**HI, "temperature": float("inf")}, 400, "temperature"),
+    "top_p of 0": ({**HI, "top_p": 0}, 400, "top_p"),
+    "top_p above 1": ({**HI, "top_p": 1.5}, 400, "top_p"),
+    "top_p NaN": ({**HI, "top_p": float("nan")}, 400, "top_p"),
+    "top_k of -2": ({**HI, "top_k": -2}, 400, "top_k"),
+    "top_k of 2**63 (no int64 holds it)": ({**HI, "top_k": 2 ** 63}, 400, "top_k"),
+    "min_p above 1": ({**HI, "min_p": 1.5}, 400, "min_p"),
+    "min_p negative": ({**HI, "min_p": -0.1}, 400, "min_p"),
+    "max_tokens of 0": ({**HI, "max_tokens": 0}, 400, "max_tokens"),
+    "max_tokens negative": ({**HI, "max_tokens": -5}, 400, "max_tokens"),
+    "max_tokens absurd": ({**HI, "max_tokens": 10 ** 12}, 400, "max_tokens"),
+    "max_tokens true": ({**HI, "max_tokens": True}, 400, "max_tokens"),
+    "max_tokens a string": ({**HI, "max_tokens": "16"}, 400, "max_tokens"),
+    "max_tokens a float": ({**HI, "max_tokens": 16.5}, 400, "max_tokens"),
+    "temperature not a number": ({**HI, "temperature": "hot"}, 400, "temperature"),
+    "temperature true": ({**HI, "temperature": True}, 400, "temperature"),
+    "seed a string": ({**HI, "seed": "7"}, 400, "seed"),
+    "token id true": ({"model": MODEL, "prompt": [1, True]}, 400, "prompt"),
     "token id outside the vocabulary": ({"model": MODEL, "prompt": [1, 99999]}, 400, "prompt"),
     "unknown model": ({"model": "gpt-9", "prompt": "hi"}, 404, "model"),
-    "n > 1": ({"model": MODEL, "prompt": "hi", "n": 2}, 400, "n"),
+    "n > 1": ({**HI, "n": 2}, 400, "n"),
     "no model field": ({"prompt": "hi"}, 400, "model"),
 }
+
+
+def post_json(url, body, **kw):
+    """POST body as JSON with Python's encoder, which writes NaN and Infinity as JavaScript does (httpx's json=
+    refuses them; Python's json.loads, which FastAPI uses, reads them)."""
+    return httpx.post(url, content=json.dumps(body), headers={"content-type": "application/json", **kw.pop("headers", {})},
+                      **kw)
 
 
 @pytest.mark.parametrize("case", list(BAD))
 def test_bad_input_gets_a_4xx_with_an_openai_error_body(server, case):
     body, status, param = BAD[case]
+    failures0 = metric(server, "course:request_validation_failures_total", f'{{param="{param}",status="400"}}')
     for stream in (False, True):
-        r = httpx.post(server.base_url + "/v1/completions", json={**body, "stream": stream})
+        r = post_json(server.base_url + "/v1/completions", {**body, "stream": stream})
         assert r.status_code == status, f"{case}: expected {status}, got {r.status_code}: {r.text[:200]}"
         err = r.json()["error"]
         assert set(err) == {"message", "type", "param", "code"} and err["message"], err
         assert err["param"] == param, f"{case}: error names param {err['param']!r}, expected {param!r}"
+    if status == 400:
+        assert metric(server, "course:request_validation_failures_total",
+                      f'{{param="{param}",status="400"}}') == failures0 + 2, "each 400 is counted, by the field it names"
     wait_until(lambda: idle(server), f"no request left in the engine after '{case}'")
+
+
+@pytest.mark.parametrize("temperature", [1e-6, 1e-40, 1e-300, 5e-324])
+def test_a_temperature_below_the_epsilon_is_greedy(client, offline, temperature):
+    """vLLM's convention (_SAMPLING_EPS = 1e-5): dividing logits by 1e-40 overflows float32 and 1e-300 is 0 in
+    float32; the answer must be the greedy one, not a crash."""
+    ref = greedy(offline, "Once upon a time", 12)
+    r = client.completions.create(model=MODEL, prompt="Once upon a time", max_tokens=12, temperature=temperature)
+    assert r.choices[0].model_extra["token_ids"] == ref.token_ids
+
+
+def test_min_p_of_1_keeps_only_the_most_likely_token(client, offline):
+    """min_p (vLLM's extension) drops every token less likely than min_p times the most likely one: at 1.0 a
+    sampled answer is the greedy one."""
+    ref = greedy(offline, "The river", 12)
+    r = client.completions.create(model=MODEL, prompt="The river", max_tokens=12, temperature=1.0, seed=3,
+                                  extra_body={"min_p": 1.0})
+    assert r.choices[0].model_extra["token_ids"] == ref.token_ids
+
+
+def test_chat_refuses_a_bool_max_completion_tokens(server):
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_completion_tokens": True}
+    r = httpx.post(server.base_url + "/v1/chat/completions", json=body)
+    assert r.status_code == 400 and r.json()["error"]["param"] == "max_completion_tokens", r.text
+    r = httpx.post(server.base_url + "/v1/chat/completions", json={**body, "max_completion_tokens": 0})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "max_completion_tokens", r.text
 
 
 def test_bad_chat_and_bad_json(server):
@@ -177,6 +211,45 @@ def test_bad_chat_and_bad_json(server):
         assert r.status_code == 400 and "error" in r.json(), r.text
     r = httpx.post(server.base_url + "/v1/completions", content=b"{not json", headers={"content-type": "application/json"})
     assert r.status_code == 400 and r.json()["error"]["type"] == "invalid_request_error", r.text
+    assert r.json()["error"]["param"] is None, "malformed JSON names no field (not a character offset)"
+
+
+@pytest.mark.parametrize("value", ["1_0", "+1", "0x1", "1e1", "1.0", "", b"\xb2", "9" * 19])
+def test_resume_count_is_digits_only(server, value):
+    """int() reads "1_0" as 10 and "+1" as 1, and str.isdigit() passes "\xb2" (superscript two): the header
+    takes decimal digits only. The key holds a 12-token answer, so a lax parse would resume it (a 200)."""
+    body, key = {**HI, "max_tokens": 12, "temperature": 0, "ignore_eos": True}, {"Idempotency-Key": "digits"}
+    assert httpx.post(server.base_url + "/v1/completions", json=body, headers=key).status_code == 200
+    r = httpx.post(server.base_url + "/v1/completions", json=body, headers={**key, "X-Resume-From": value})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "X-Resume-From", r.text
+    ok = httpx.post(server.base_url + "/v1/completions", json=body, headers={**key, "X-Resume-From": "10"})
+    assert ok.status_code == 200 and len(ok.json()["choices"][0]["token_ids"]) == 2, ok.text
+
+
+@pytest.mark.parametrize("key, ok", [("", False), ("k" * 257, False), ("k" * 256, True)])
+def test_idempotency_key_must_be_non_empty_and_short(server, key, ok):
+    r = httpx.post(server.base_url + "/v1/completions", json={**HI, "max_tokens": 2, "temperature": 0},
+                   headers={"Idempotency-Key": key})
+    if ok:
+        assert r.status_code == 200, r.text
+    else:
+        assert r.status_code == 400 and r.json()["error"]["param"] == "Idempotency-Key", r.text
+
+
+def test_idempotency_keys_are_scoped_by_api_key(server, offline):
+    """Two clients with different API keys choosing the same Idempotency-Key get their own answers: no 422
+    (the other client's body), no replay of the other's tokens."""
+    a = openai.OpenAI(base_url=server.base_url + "/v1", api_key="key-a", max_retries=0, timeout=60)
+    b = openai.OpenAI(base_url=server.base_url + "/v1", api_key="key-b", max_retries=0, timeout=60)
+    hdr = {"Idempotency-Key": "shared-key"}
+    ra = a.completions.create(model=MODEL, prompt="The river", max_tokens=6, temperature=0, extra_headers=hdr)
+    rb = b.completions.create(model=MODEL, prompt="Far away", max_tokens=6, temperature=0, extra_headers=hdr)
+    assert ra.choices[0].model_extra["token_ids"] == greedy(offline, "The river", 6).token_ids
+    assert rb.choices[0].model_extra["token_ids"] == greedy(offline, "Far away", 6).token_ids
+    again = a.completions.create(model=MODEL, prompt="The river", max_tokens=6, temperature=0, extra_headers=hdr)
+    assert again.choices[0].model_extra["token_ids"] == ra.choices[0].model_extra["token_ids"]
+    with pytest.raises(openai.UnprocessableEntityError):  # the same client reusing its key for another body
+        a.completions.create(model=MODEL, prompt="Far away", max_tokens=6, temperature=0, extra_headers=hdr)
 
 
 # ---- hostile clients ----------------------------------------------------------------------------------------

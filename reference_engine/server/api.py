@@ -7,13 +7,23 @@
 Beyond OpenAI: each choice carries "token_ids" (vLLM's return_token_ids), and two request headers:
 Idempotency-Key (a retry with the same key gets the same answer, generated once) and X-Resume-From
 (with the key: the number of tokens the client already received; the stream continues after them).
-Errors are {"error": {"message", "type", "param", "code"}} with a 4xx for anything the client sent.
+Keys are scoped by the Authorization header (two API keys never share an answer), at most 256 characters
+and never empty.
+
+Errors are {"error": {"message", "type", "param", "code"}}: a 400 naming the field for anything the client
+sent wrong, 413 for a body over max_body_bytes (limits.py), 500 (or, mid-stream, an error event and
+[DONE]) for a request the engine failed; that failure ends only that request.
+
+Nothing slow runs on the event loop: prompts are tokenized in a worker thread, after a bound on their
+length in characters that refuses what cannot fit without tokenizing it.
 """
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import logging
+import re
 import time
 import uuid
 from contextlib import asynccontextmanager
@@ -27,19 +37,28 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from ..sampling import SamplingParams
 from .async_engine import AsyncEngine
 from .chat import apply_chat_template
+from .limits import BodyLimit, BodyTooLarge, too_large_body
 from .metrics import ServerMetrics
+from .options import DEFAULT_MAX_BODY_BYTES
 from .protocol import APIError, ChatCompletionRequest, CompletionRequest, error_body
 from .serving import GenerationService, Subscriber, fingerprint
 from .streaming import StreamComponents
 
 log = logging.getLogger(__name__)
 DEFAULT_MAX_TOKENS = 16  # OpenAI's default for completions
+MAX_IDEMPOTENCY_KEY_CHARS = 256
+# No token of a tokenizer in use spans more characters than this (the shipped one's longest is 41: a newline
+# and 40 spaces), so a prompt longer than max_seq_len * this many characters cannot fit, tokenized or not.
+MAX_CHARS_PER_TOKEN = 64
+_RESUME_COUNT = re.compile(r"[0-9]{1,18}")  # digits only: int() would also read "1_0", " 10", "+10" and "١٠"
 
 
 def create_app(engine, model_name: str | None = None, components: StreamComponents | None = None,
-               metrics: ServerMetrics | None = None, startup_report=None) -> FastAPI:
+               metrics: ServerMetrics | None = None, startup_report=None,
+               max_body_bytes: int = DEFAULT_MAX_BODY_BYTES) -> FastAPI:
     """A FastAPI app serving `engine` (an LLMEngine the app now owns: its background loop starts with the
-    app and stops with it). model_name: the id clients must send (default: the model directory's name)."""
+    app and stops with it). model_name: the id clients must send (default: the model directory's name).
+    max_body_bytes: larger request bodies get a 413 before they are read (limits.BodyLimit)."""
     metrics = metrics or ServerMetrics()
     components = components or StreamComponents()
     aengine = AsyncEngine(engine, metrics)
@@ -59,7 +78,9 @@ def create_app(engine, model_name: str | None = None, components: StreamComponen
     app.state.engine, app.state.aengine, app.state.service = engine, aengine, service
     app.state.metrics, app.state.components, app.state.model_name = metrics, components, name
     app.state.startup_report = startup_report
-    _error_handlers(app)
+    _error_handlers(app, metrics)
+    app.add_middleware(BodyLimit, max_body_bytes=max_body_bytes,
+                       on_refused=lambda: metrics.request_validation_failures.labels("413", "body").inc())
     api = _Handlers(engine, aengine, service, components, name)
 
     app.post("/v1/completions")(api.completions)
@@ -84,28 +105,66 @@ def create_app(engine, model_name: str | None = None, components: StreamComponen
     return app
 
 
-def _error_handlers(app: FastAPI) -> None:
+def _error_handlers(app: FastAPI, metrics: ServerMetrics) -> None:
+    def refuse(status: int, body: dict, label: str | None = None) -> JSONResponse:
+        if status in (400, 413):  # what the client sent: counted by the field it names (a bounded set)
+            label = label or body["error"]["param"] or "none"
+            metrics.request_validation_failures.labels(str(status), label).inc()
+        return JSONResponse(body, status_code=status)
+
     @app.exception_handler(APIError)
     async def api_error(request, exc: APIError):
-        return JSONResponse(exc.body(), status_code=exc.status)
+        return refuse(exc.status, exc.body())
 
     @app.exception_handler(RequestValidationError)
     async def validation_error(request, exc: RequestValidationError):
         errs = exc.errors()
         first = errs[0] if errs else {}
         loc = [str(x) for x in first.get("loc", ()) if x != "body"]
+        if first.get("type") == "json_invalid":  # loc holds a character offset, not a field
+            at = f" at character {loc[0]}" if loc else ""
+            detail = (first.get("ctx") or {}).get("error", "JSON decode error")
+            return refuse(400, error_body(f"the request body is not valid JSON: {detail}{at}", "invalid_request_error"))
         msg = f"{'.'.join(loc) or 'body'}: {first.get('msg', 'invalid request')}"
-        return JSONResponse(error_body(msg, "invalid_request_error", ".".join(loc) or None), status_code=400)
+        # param: the top-level field (the rest of the path, union members included, is in the message)
+        return refuse(400, error_body(msg, "invalid_request_error", loc[0] if loc else None))
+
+    @app.exception_handler(BodyTooLarge)
+    async def body_too_large(request, exc: BodyTooLarge):
+        return refuse(413, too_large_body(exc.limit), label="body")
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request, exc: StarletteHTTPException):
         kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
-        return JSONResponse(error_body(str(exc.detail), kind), status_code=exc.status_code)
+        body = error_body(str(exc.detail), kind)
+        if _client_left(exc):  # the body never fully arrived (read timeout, disconnect): nobody reads this
+            return JSONResponse(body, status_code=exc.status_code)
+        return refuse(exc.status_code, body)
 
     @app.exception_handler(Exception)
     async def server_error(request, exc: Exception):  # a bug: still an OpenAI-shaped body
         log.exception("unhandled error")
         return JSONResponse(error_body(f"internal error: {type(exc).__name__}", "server_error"), status_code=500)
+
+
+def _client_left(exc: BaseException) -> bool:
+    from starlette.requests import ClientDisconnect
+    return isinstance(exc.__cause__, ClientDisconnect)
+
+
+def _failure(err) -> str:
+    """What a client is told about a request the engine failed."""
+    what = f"{type(err).__name__}: {str(err)[:300]}" if err is not None else "unknown error"
+    return f"the engine failed while generating this answer and ended it ({what})"
+
+
+def _scoped_key(key: str, authorization: str | None) -> str:
+    """The cache key of an Idempotency-Key: prefixed by a hash of the Authorization header when there is one,
+    so that two API keys never see each other's answers. Without the header the key is used as sent; a
+    client cannot reach a scoped entry that way without knowing the other client's Authorization value."""
+    if not authorization:
+        return key
+    return hashlib.sha256(authorization.encode("latin-1")).hexdigest()[:32] + "/" + key
 
 
 class _Handlers:
@@ -117,6 +176,7 @@ class _Handlers:
     # ---- endpoints ---------------------------------------------------------------------------------------
     async def completions(self, body: CompletionRequest, request: Request):
         self._check_model(body.model)
+        key, received = self._resume_headers(request)
         prompt = body.prompt
         if isinstance(prompt, list) and prompt and isinstance(prompt[0], str):
             if len(prompt) != 1:
@@ -124,19 +184,22 @@ class _Handlers:
             prompt = prompt[0]
         if prompt is None or prompt == "" or prompt == []:
             raise APIError(400, "prompt is empty: give a string or at least one token id", param="prompt")
-        params = self._params(body, body.max_tokens)
-        ids = self._tokenize(prompt, params)
-        return await self._serve("completion", ids, params, body.stream, request)
+        params = self._params(body, body.max_tokens, "max_tokens")
+        ids = await self._tokenize(prompt, params, "prompt")
+        return await self._serve("completion", ids, params, body.stream, request, key, received)
 
     async def chat(self, body: ChatCompletionRequest, request: Request):
         self._check_model(body.model)
+        key, received = self._resume_headers(request)
         if not body.messages:
             raise APIError(400, "messages is empty: give at least one message", param="messages")
         prompt = apply_chat_template([m.model_dump() for m in body.messages])
-        params = self._params(body, body.max_completion_tokens if body.max_completion_tokens is not None
-                              else body.max_tokens)
-        ids = self._tokenize(prompt, params)
-        return await self._serve("chat", ids, params, body.stream, request)
+        if body.max_completion_tokens is not None:
+            params = self._params(body, body.max_completion_tokens, "max_completion_tokens")
+        else:
+            params = self._params(body, body.max_tokens, "max_tokens")
+        ids = await self._tokenize(prompt, params, "messages")
+        return await self._serve("chat", ids, params, body.stream, request, key, received)
 
     # ---- validation --------------------------------------------------------------------------------------
     def _check_model(self, model: str) -> None:
@@ -144,7 +207,7 @@ class _Handlers:
             raise APIError(404, f"the model {model!r} does not exist; this server serves {self.name!r}",
                            type="not_found_error", param="model", code="model_not_found")
 
-    def _params(self, body, max_tokens: int | None) -> SamplingParams:
+    def _params(self, body, max_tokens: int | None, max_tokens_field: str) -> SamplingParams:
         if body.n != 1:
             raise APIError(400, "only n=1 is supported: send n requests", param="n")
         if body.stop:
@@ -153,41 +216,57 @@ class _Handlers:
             raise APIError(400, "logprobs are not supported by this server", param="logprobs")
         kw = dict(max_tokens=DEFAULT_MAX_TOKENS if max_tokens is None else max_tokens, seed=body.seed,
                   stop_token_ids=body.stop_token_ids or [], ignore_eos=body.ignore_eos)
-        for k in ("temperature", "top_p", "top_k"):
+        for k in ("temperature", "top_p", "top_k", "min_p"):
             if getattr(body, k) is not None:
                 kw[k] = getattr(body, k)
         try:
             return SamplingParams(**kw)
-        except ValueError as e:
+        except ValueError as e:  # "SamplingParams.<field>=<value>: <rule>"
             param = str(e).split("=", 1)[0].removeprefix("SamplingParams.")
-            raise APIError(400, str(e), param=param) from None
+            raise APIError(400, str(e), param=max_tokens_field if param == "max_tokens" else param) from None
 
-    def _tokenize(self, prompt, params: SamplingParams) -> list[int]:
+    def _resume_headers(self, request: Request) -> tuple[str | None, int]:
+        """(the scoped Idempotency-Key or None, the X-Resume-From count), both checked."""
+        key, raw = request.headers.get("idempotency-key"), request.headers.get("x-resume-from")
+        if key is not None:
+            if not key.strip():
+                raise APIError(400, "Idempotency-Key is empty: send a unique key per request (a UUID), or no header",
+                               param="Idempotency-Key", code="invalid_idempotency_key")
+            if len(key) > MAX_IDEMPOTENCY_KEY_CHARS:
+                raise APIError(400, f"Idempotency-Key has {len(key)} characters; at most {MAX_IDEMPOTENCY_KEY_CHARS} "
+                                    "are accepted (a UUID has 36)", param="Idempotency-Key",
+                               code="invalid_idempotency_key")
+            key = _scoped_key(key, request.headers.get("authorization"))
+        if raw is None:
+            return key, 0
+        if not _RESUME_COUNT.fullmatch(raw):
+            raise APIError(400, f"X-Resume-From must be a count of tokens in decimal digits (0-9 only), got {raw[:40]!r}",
+                           param="X-Resume-From")
+        return key, int(raw)
+
+    async def _tokenize(self, prompt, params: SamplingParams, param: str) -> list[int]:
+        """Token ids of the prompt, tokenized in a worker thread (a long prompt takes milliseconds to seconds
+        of CPU the event loop must not spend). A string that cannot fit whatever its tokens is refused first."""
+        limit = self.engine.max_seq_len
+        if isinstance(prompt, str) and len(prompt) > limit * MAX_CHARS_PER_TOKEN:
+            raise APIError(400, f"the prompt has {len(prompt)} characters: more than this model's context of {limit} "
+                                f"tokens can hold at {MAX_CHARS_PER_TOKEN} characters per token: shorten the prompt",
+                           param=param, code="context_length_exceeded")
         try:
-            ids = self.engine.tokenize(prompt)
+            ids = await asyncio.to_thread(self.engine.tokenize, prompt)
         except (ValueError, TypeError) as e:
             code = "context_length_exceeded" if "fit" in str(e) else None
-            raise APIError(400, str(e), param="prompt", code=code) from None
-        limit = self.engine.max_seq_len
+            raise APIError(400, str(e), param=param, code=code) from None
         if len(ids) + params.max_tokens > limit:
             raise APIError(400, f"this model's context holds {limit} tokens; the request needs {len(ids)} (prompt) + "
                                 f"{params.max_tokens} (max_tokens) = {len(ids) + params.max_tokens}: shorten the "
                                 "prompt or lower max_tokens", param="max_tokens", code="context_length_exceeded")
         return ids
 
-    def _open(self, kind: str, ids: list[int], params: SamplingParams, request: Request) -> Subscriber:
-        key = request.headers.get("idempotency-key")
-        raw = request.headers.get("x-resume-from", "0")
-        try:
-            received = int(raw)
-        except ValueError:
-            raise APIError(400, f"X-Resume-From must be an integer count of tokens, got {raw!r}",
-                           param="X-Resume-From") from None
-        return self.service.open(ids, params, fingerprint(kind, ids, params), key, received)
-
     # ---- responses -----------------------------------------------------------------------------------------
-    async def _serve(self, kind: str, ids: list[int], params: SamplingParams, stream: bool, request: Request):
-        sub = self._open(kind, ids, params, request)
+    async def _serve(self, kind: str, ids: list[int], params: SamplingParams, stream: bool, request: Request,
+                     key: str | None, received: int):
+        sub = self.service.open(ids, params, fingerprint(kind, ids, params), key, received)
         fmt = _Formatter(kind, self.name, len(ids), self.engine.tokenizer, sub)
         if stream:
             return EventStreamResponse(self._events(sub, fmt), sub, self.service, self.c)
@@ -202,6 +281,8 @@ class _Handlers:
         if sub.finish_reason == "abort":
             raise APIError(503, "the request was aborted before it finished (server shutting down?)",
                            type="server_error", code="aborted")
+        if sub.finish_reason == "error":
+            raise APIError(500, _failure(sub.gen.error), type="server_error", code="engine_error")
         return fmt.full()
 
     async def _events(self, sub: Subscriber, fmt: "_Formatter"):
@@ -218,6 +299,10 @@ class _Handlers:
         if sub.dropped:  # best effort: a slow reader may never read it
             yield framer.event(json.dumps(error_body(f"stream aborted by the server: {sub.dropped}", "server_error",
                                                      code=sub.dropped)))
+            return
+        if sub.finish_reason == "error":  # as vLLM ends a stream that failed: an error event, then [DONE]
+            yield framer.event(json.dumps(error_body(_failure(sub.gen.error), "server_error", code="engine_error")))
+            yield framer.done()
             return
         yield framer.event(json.dumps(fmt.chunk([], "", sub.finish_reason)))
         yield framer.done()

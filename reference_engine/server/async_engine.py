@@ -6,7 +6,12 @@ it through a command queue (add, abort); it answers by scheduling callbacks on t
 (loop.call_soon_threadsafe) with each step's outputs, grouped by request.
 
 Timing contract: a command queued while step k runs is applied before step k + 1 starts. So an abort
-frees its KV blocks within one engine step of being queued (abort_delays records the steps it took).
+frees its KV blocks within one engine step of being queued (abort_delays records the steps it took), and
+the gauges (running, waiting, KV usage) are set right after, not at the next step (which may never come).
+
+Failures: a request whose own sampling fails in a step (LLMEngine.step_errors) ends alone, with
+finish_reason "error" and its exception; the rest of the batch goes on. A step that fails as a whole (the
+forward pass) ends every request in it with "error". Either way every block is freed.
 """
 from __future__ import annotations
 
@@ -22,7 +27,8 @@ from ..sequence import StepOutput
 
 log = logging.getLogger(__name__)
 
-# What the engine loop delivers for one request: (its StepOutputs of one step, error or None).
+# What the engine loop delivers for one request: (its StepOutputs of one step, error or None). An error
+# means the request has ended with finish_reason "error" (its last StepOutput says so, if it has one).
 OnOutputs = Callable[[list[StepOutput], BaseException | None], None]
 
 
@@ -77,7 +83,8 @@ class AsyncEngine:
     def _run(self) -> None:
         try:
             while not self._stop.is_set():
-                self._apply_commands()
+                if self._apply_commands():
+                    self._publish_snapshot()  # an abort shows at once, even if no step follows
                 if self.engine.has_unfinished():
                     self._step()
                 else:
@@ -90,17 +97,22 @@ class AsyncEngine:
                 self._abort_now(rid, "shutdown", self.steps)
             self._publish_snapshot()
 
-    def _apply_commands(self) -> None:
+    def _apply_commands(self) -> bool:
+        """Apply every queued command; True if there was any."""
+        applied = False
         while True:
             try:
                 cmd = self._cmds.get_nowait()
             except queue.Empty:
-                return
+                return applied
+            applied = True
             if cmd[0] == "add":
                 _, rid, ids, params, sink, arrival = cmd
                 try:
                     self.engine.add_request(ids, params, request_id=rid)
                 except Exception as e:  # validated before queueing; this is a server bug, reported to the request
+                    log.exception("adding request %s failed", rid)
+                    self._count_errors(1)
                     self._deliver({rid: ([], e)}, {rid: sink})
                     continue
                 self._sinks[rid], self._timing[rid] = sink, [arrival, arrival]
@@ -120,6 +132,7 @@ class AsyncEngine:
         if self.metrics is not None:
             self.metrics.request_aborts.labels(cause).inc()
             self.metrics.request_success.labels("abort").inc()
+        self._set_gauges()  # before the client can hear of it
         self._deliver({rid: ([StepOutput(rid, 0, [], True, "abort")], None)}, {rid: sink})
 
     def _step(self) -> None:
@@ -129,24 +142,31 @@ class AsyncEngine:
         except Exception as e:  # a failed forward: fail every request rather than hang them
             log.exception("engine step failed")
             sinks, self._sinks = self._sinks, {}
+            self._timing.clear()
             for rid in sinks:
                 self.engine.abort(rid)
+            self._count_errors(len(sinks))
+            self._set_gauges()
             self._deliver({rid: ([], e) for rid in sinks}, sinks)
             return
         self.steps += 1
         now, batch = time.monotonic(), {}
+        errors = getattr(self.engine, "step_errors", None) or {}  # requests this step ended with "error"
         for out in outputs:
             if out.request_id in self._sinks:
-                batch.setdefault(out.request_id, ([], None))[0].append(out)
+                batch.setdefault(out.request_id, ([], errors.get(out.request_id)))[0].append(out)
+        for rid, e in errors.items():
+            log.error("request %s failed in the engine and was ended: %s: %s", rid, type(e).__name__, e)
         sinks = {rid: self._sinks[rid] for rid in batch}
         for rid, (outs, _) in batch.items():
             self._record(rid, outs, now)
             if any(o.finished for o in outs):
                 del self._sinks[rid]
                 self._timing.pop(rid, None)
-        self._update_gauges(self.engine.step_stats[n_stats:])
+        self._count_step(self.engine.step_stats[n_stats:])
         if len(self.engine.step_stats) > 4096:  # a server runs for days: keep the recent history only
             del self.engine.step_stats[:-1024]
+        self._set_gauges()  # a client that has its last token never scrapes itself still running
         self._deliver(batch, sinks)
 
     def _record(self, rid: str, outs: list[StepOutput], now: float) -> None:
@@ -163,14 +183,23 @@ class AsyncEngine:
             if o.finished and o.finish_reason != "abort":
                 m.request_success.labels(o.finish_reason).inc()
 
-    def _update_gauges(self, new_stats) -> None:
-        m, e = self.metrics, self.engine
+    def _count_step(self, new_stats) -> None:
+        m = self.metrics
         if m is None:
             return
         m.engine_steps.inc()
         preempted = sum(s.num_preempted for s in new_stats)
         if preempted:
             m.num_preemptions.inc(preempted)
+
+    def _count_errors(self, n: int) -> None:
+        if self.metrics is not None and n:
+            self.metrics.request_success.labels("error").inc(n)
+
+    def _set_gauges(self) -> None:
+        m, e = self.metrics, self.engine
+        if m is None:
+            return
         m.num_requests_running.set(len(e.scheduler.running))
         m.num_requests_waiting.set(len(e.scheduler.waiting))
         m.kv_cache_usage_perc.set(1 - e.block_manager.num_free() / e.num_blocks)
@@ -191,4 +220,7 @@ class AsyncEngine:
             pass
 
     def _publish_snapshot(self) -> None:
+        """The gauges first, then the snapshot: whoever sees the engine idle in the snapshot scrapes idle
+        gauges."""
+        self._set_gauges()
         self.snapshot = (self.steps, self.engine.block_manager.num_free(), len(self.engine.requests))

@@ -60,9 +60,10 @@ class Generation:
     """One answer, shared by every stream attached to it (the first request and its retries).
 
     token_ids grows as the engine produces tokens; finish_reason is set once the answer is complete
-    ("stop", "length") or given up ("abort"). engine_tokens counts tokens the engine generated for this
-    answer over all its engine requests: with a correct cache and resume it equals len(token_ids), and any
-    excess is duplicated work. in_flight: an engine request is producing tokens for it now.
+    ("stop", "length"), given up ("abort") or failed in the engine ("error", with error set). engine_tokens
+    counts tokens the engine generated for this answer over all its engine requests: with a correct cache
+    and resume it equals len(token_ids), and any excess is duplicated work. in_flight: an engine request is
+    producing tokens for it now.
     """
     key: str | None
     fingerprint: str

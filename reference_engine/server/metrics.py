@@ -1,8 +1,13 @@
 """Prometheus metrics, named as vLLM names them (vllm:num_requests_running ...) under another prefix.
 
 Each server gets its own CollectorRegistry, so several servers (tests) can live in one process.
-Gauges and engine counters are updated by the engine loop after each step; request outcomes by the
-generation service. prometheus-client's objects are thread-safe.
+The engine loop sets the gauges after every turn that changed the engine (a step, an added request, an
+abort), so a scrape never shows a request that has left; it also counts tokens and engine requests by
+finish reason. The API counts the requests it refuses. prometheus-client's objects are thread-safe.
+
+What an operator alerts on: request_success_total{finished_reason="error"} (requests the engine failed),
+{finished_reason="abort"} with request_aborts_total{cause} (clients leaving, slow readers, shutdown), and
+request_validation_failures_total (clients sending what the API refuses, by status and field).
 """
 from __future__ import annotations
 
@@ -28,8 +33,8 @@ class ServerMetrics:
         self.num_preemptions = Counter(p + "num_preemptions", "Sequences preempted (recomputed later)", registry=r)
         self.prompt_tokens = Counter(p + "prompt_tokens", "Prompt tokens of requests admitted", registry=r)
         self.generation_tokens = Counter(p + "generation_tokens", "Tokens generated", registry=r)
-        self.request_success = Counter(p + "request_success", "Engine requests finished, by finish reason",
-                                       ["finished_reason"], registry=r)
+        self.request_success = Counter(p + "request_success", "Engine requests finished, by finish reason (stop, "
+                                       "length, abort, error)", ["finished_reason"], registry=r)
         self.request_aborts = Counter(p + "request_aborts", "Engine requests aborted by the server, by cause",
                                       ["cause"], registry=r)
         self.time_to_first_token = Histogram(p + "time_to_first_token_seconds", "Arrival to first token",
@@ -37,6 +42,11 @@ class ServerMetrics:
         self.inter_token_latency = Histogram(p + "inter_token_latency_seconds", "Time between consecutive tokens",
                                              buckets=ITL_BUCKETS, registry=r)
         self.engine_steps = Counter(p + "engine_steps", "Engine steps run", registry=r)
+        self.request_validation_failures = Counter(
+            p + "request_validation_failures", "Requests refused for what the client sent (400: a bad field, "
+            "413: a body over the limit), by status and the field named", ["status", "param"], registry=r)
+        for reason in ("stop", "length", "abort", "error"):  # every series exists from the start, at 0
+            self.request_success.labels(reason)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

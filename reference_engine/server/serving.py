@@ -104,8 +104,8 @@ class GenerationService:
     # ---- engine outputs ---------------------------------------------------------------------------------
     def _on_outputs(self, gen: Generation, rid: str, outs, err) -> None:
         subs = self._subs.get(gen.uid, [])
-        if err is not None:
-            gen.in_flight, gen.finish_reason = False, "abort"
+        if err is not None:  # the engine failed this request (alone, or with its whole step): it has ended
+            gen.in_flight, gen.finish_reason = False, "error"
             gen.error = err
         now = time.monotonic()
         for o in outs:

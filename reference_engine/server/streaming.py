@@ -63,12 +63,21 @@ class ReceiveDisconnectWatcher:
 
 
 class LRUIdempotencyCache:
-    """At most max_entries keys; when full, the least recently used entry that is neither in flight nor
-    subscribed is evicted (an in-flight one never is, so the cache may briefly hold more)."""
+    """At most max_entries keys holding at most about max_bytes (keys and token ids, entry_bytes()); when
+    either is passed, least recently used entries that are neither in flight nor subscribed are evicted (an
+    in-flight one never is, so the cache may briefly hold more). Bytes are counted at each put: an entry in
+    flight grows with its answer, and a finished one no longer does."""
 
-    def __init__(self, max_entries: int = 4096):
-        self.max_entries = max_entries
+    TOKEN_BYTES = 36  # a token id in a Python list: an 8-byte pointer and, past 256, a 28-byte int
+    ENTRY_BYTES = 512  # the Generation, its dict slot and the key string's header
+
+    def __init__(self, max_entries: int = 4096, max_bytes: int = 64 << 20):
+        self.max_entries, self.max_bytes = max_entries, max_bytes
         self._entries: OrderedDict[str, Generation] = OrderedDict()
+
+    @classmethod
+    def entry_bytes(cls, key: str, gen: Generation) -> int:
+        return cls.ENTRY_BYTES + len(key) + cls.TOKEN_BYTES * (len(gen.prompt_token_ids) + len(gen.token_ids))
 
     def get(self, key: str) -> Generation | None:
         gen = self._entries.get(key)
@@ -79,10 +88,16 @@ class LRUIdempotencyCache:
     def put(self, key: str, generation: Generation) -> None:
         self._entries[key] = generation
         self._entries.move_to_end(key)
+        held = self.bytes
         for old in [k for k, g in self._entries.items() if not g.in_flight and g.subscribers == 0]:
-            if len(self._entries) <= self.max_entries:
+            if len(self._entries) <= self.max_entries and held <= self.max_bytes:
                 break
-            del self._entries[old]
+            held -= self.entry_bytes(old, self._entries.pop(old))
+
+    @property
+    def bytes(self) -> int:
+        """What the entries hold now, by entry_bytes()."""
+        return sum(self.entry_bytes(k, g) for k, g in self._entries.items())
 
     def __len__(self) -> int:
         return len(self._entries)
