@@ -297,21 +297,6 @@ class Trial:
             self._case_open = False
         self.stopped_in = ""
 
-    def on_cuda(self, label: str, weight: float = 1.0):
-        """A case whose body runs only with a CUDA GPU (timings, bf16/fp8 kernels); on CPU it is recorded
-        as "not graded here" and the body never runs:
-
-            @t.on_cuda("bandwidth of your kernel, timed")
-            def _():
-                ...
-        """
-        def run(body):
-            with self.case(label, weight, requires_cuda=True) as ok:
-                if ok:
-                    body()
-            return body
-        return run
-
     def fail(self, message: str):
         raise CaseFailed(message)
 
@@ -413,17 +398,6 @@ class Trial:
         if type(value) is dict:
             return {k: self._wrap(v) for k, v in value.items()}
         return value
-
-    @contextlib.contextmanager
-    def learner_code(self, what: str):
-        """Around direct calls of learner objects' methods: a stub makes the check "not started",
-        any other exception fails the case with the learner's traceback, under the name `what`."""
-        try:
-            yield
-        except LearnerRaised as e:
-            if e.info.get("not_implemented"):
-                raise NotStarted(e.info.get("message") or "") from None
-            self.fail(f"{what} raised:\n{e.tb_text}")
 
     # -- the reference -------------------------------------------------------------------------------
     def reference(self, fn: Callable, *args, **kwargs):

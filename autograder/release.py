@@ -202,6 +202,7 @@ def build(dest: str | Path, stems: list[str] | None = None, force: bool = False)
     if (stale or with_outputs) and not force:
         raise Unshippable(stale, with_outputs, root)
     readme = student_readme((root / "README.md").read_text())
+    stems = stems or [lesson.stem for lesson in lessons.available()]
     dest.mkdir(parents=True, exist_ok=True)
     for name in COPIED:
         src = root / name
@@ -211,10 +212,12 @@ def build(dest: str | Path, stems: list[str] | None = None, force: bool = False)
             shutil.copy2(src, dest / name)
     for rel in INSTRUCTOR_ONLY:
         (dest / rel).unlink(missing_ok=True)
+    for path in instructor_only_data([lesson.stem for lesson in lessons.available()]):
+        (dest / path.relative_to(root)).unlink(missing_ok=True)
     (dest / "README.md").write_text(readme)
     _student_headers(dest / "exercises")
     strip_answer_code(dest / "autograder")
-    for stem in stems or [lesson.stem for lesson in lessons.available()]:
+    for stem in stems:
         entries, results = record(stem)
         bad = [(r.name, r.status, r.message[:200]) for r in results if r.status not in ("passed", "not graded here")]
         if bad:
@@ -236,6 +239,16 @@ def _student_headers(exercises: Path) -> None:
         generated = sync.HEADER.format(num=num, name=path.name)
         if text.startswith(generated):
             path.write_text(STUB_HEADER.format(num=num) + text[len(generated):])
+
+
+def instructor_only_data(stems: list[str]) -> list[Path]:
+    """Data files only hidden cases read (a checks module's INSTRUCTOR_ONLY_DATA: lesson 08's hidden seeds and
+    their replays), which a copy leaves out."""
+    import importlib
+    out = []
+    for stem in stems:
+        out += list(getattr(importlib.import_module(f"autograder.checks.{stem}"), "INSTRUCTOR_ONLY_DATA", ()))
+    return out
 
 
 def strip_answer_code(directory: Path) -> list[Path]:

@@ -46,6 +46,19 @@ def test_release_holds_no_solutions(copy):
     assert sorted(p.stem for p in (copy / "autograder" / "visible").glob("*.bin")) == sorted(READY)
 
 
+def test_release_leaves_out_the_data_only_hidden_cases_read(copy):
+    """Lesson 08's hidden workload seeds and their replays (each named by its injected cause, the answer of
+    first_suspect) are not in the copy; the visible seed's replays are."""
+    from autograder.checks import l08_tail_latency as l08
+    hidden = release.instructor_only_data(READY)
+    assert l08.HIDDEN_SEEDS_FILE in hidden and len(hidden) == 1 + 6 * len(l08.HIDDEN_SEEDS)
+    for path in hidden:
+        assert path.exists(), path
+        assert not (copy / path.relative_to(ROOT)).exists(), path
+    shipped = sorted(p.name for p in (copy / l08.REPLAYS_DIR.relative_to(ROOT)).iterdir())
+    assert shipped == sorted(f"{cause}-{l08.VISIBLE_SEED}.json.gz" for cause in ("none", *l08.CAUSES))
+
+
 def test_untouched_copy_is_not_started_and_says_hidden_cases_are_the_instructors(copy):
     r = course_in(copy, "check", "02")
     assert r.returncode == 1, r.stdout + r.stderr

@@ -36,9 +36,27 @@ from autograder.reference import answer_code
 CAUSES = ("queueing", "prefill_interference", "preemption", "host_stall", "bad_replica")
 COMPONENTS = ("queue_s", "prefill_stall_s", "preempted_s", "host_gap_s")
 # The visible seed is one whose six replays show every named mistake (tests/test_l08_tail_latency.py); the
-# hidden ones are the workload seeds whose replays the reference diagnoses right (tested too).
+# hidden ones are workload seeds drawn at random from 2**31 whose replays the reference diagnoses right (tested
+# too). They and their replays are the instructor's: a student's copy holds neither (INSTRUCTOR_ONLY_DATA), so
+# that no table of the hidden replays' causes can be made from it (small seeds could be enumerated).
 VISIBLE_SEED = 2
-HIDDEN_SEEDS = (0, 3, 4, 5, 6, 7)
+HIDDEN_SEEDS_FILE = Path(__file__).with_name("data") / "l08_hidden_seeds.json"
+HIDDEN_SEED_COUNT = 6
+
+
+def _hidden_seeds() -> tuple[int, ...]:
+    """The hidden seeds; in a student's copy, placeholders as many (hidden cases are drawn there too, never
+    graded: the draws keep the visible cases' randomness the same in both)."""
+    try:
+        seeds = tuple(json.loads(HIDDEN_SEEDS_FILE.read_text()))
+    except OSError:  # a student's copy: the hidden cases are graded by the instructor
+        return (VISIBLE_SEED,) * HIDDEN_SEED_COUNT
+    if len(seeds) != HIDDEN_SEED_COUNT:
+        raise RuntimeError(f"{HIDDEN_SEEDS_FILE} holds {len(seeds)} seeds, not HIDDEN_SEED_COUNT = {HIDDEN_SEED_COUNT}")
+    return seeds
+
+
+HIDDEN_SEEDS = _hidden_seeds()
 # The graded replays are half the notebook's (150 requests, not 300: each replay costs half the CPU), with
 # the two faults that depend on the length resized to match: the burst squeezes 120 requests from t = 0.5 s
 # (most of the replay, as 150 of 300 from t = 2 s do), a host pause every 100 steps (as many pauses as one
@@ -78,6 +96,11 @@ REPLAYS_DIR = Path(__file__).with_name("data") / "l08_replays"
 
 def _replay_file(cause: str, seed: int, root: Path = REPLAYS_DIR) -> Path:
     return root / f"{cause}-{seed}.json.gz"
+
+
+# What `course release` leaves out of a student's copy: the hidden seeds and their replays.
+INSTRUCTOR_ONLY_DATA = [HIDDEN_SEEDS_FILE] + [_replay_file(cause, seed) for cause, seed in replay_keys()
+                                              if seed != VISIBLE_SEED]
 
 
 def _stored_replay(cause: str, seed: int) -> dict | None:
