@@ -17,7 +17,7 @@ from .loader import load_config, load_model
 from .model_runner import ModelRunner
 from .prefix_cache import PrefixCacheStats, make_block_manager
 from .quantization import METHODS, Fp8KVBackend, quantize_model, resolve_kv_cache_dtype
-from .sampling import SamplingParams, make_generator, sample_isolated
+from .sampling import SamplingParams, StopStrings, make_generator, process_logits, sample_isolated
 from .scheduler import FCFSPolicy, ScheduledSeq, Scheduler, SchedulerOutput
 from .sequence import CompletionOutput, RequestMetrics, RequestOutput, Sequence, Status, StepOutput, StepStats
 from .spec_decode import SpecDecoder, SpeculativeConfig
@@ -166,6 +166,15 @@ class LLMEngine:
             raise TypeError(f"params must be SamplingParams, got {type(params).__name__}")
         if params.n > self.max_num_seqs:
             raise ValueError(f"SamplingParams.n={params.n} exceeds max_num_seqs={self.max_num_seqs}")
+        if params.logit_bias and max(params.logit_bias) >= self.config.vocab_size:
+            bad = sorted(t for t in params.logit_bias if t >= self.config.vocab_size)[:5]
+            raise ValueError(f"SamplingParams.logit_bias={bad}: token ids outside the vocabulary "
+                             f"[0, {self.config.vocab_size})")
+        if params.stop and self.tokenizer is None:
+            raise ValueError("SamplingParams.stop: stop strings need the model directory's tokenizer.json")
+        if self.spec is not None and (params.processes_logits or params.prompt_logprobs is not None):
+            raise ValueError("SamplingParams: penalties, logit_bias, min_tokens and prompt_logprobs are not "
+                             "supported with speculative decoding")
         return self.tokenize(prompt)
 
     def tokenize(self, prompt) -> list[int]:
@@ -191,14 +200,27 @@ class LLMEngine:
         return ids
 
     def add_request(self, prompt, params: SamplingParams | None = None, request_id: str | None = None,
-                    arrival_time: float | None = None, hold_kv: bool = False) -> str:
+                    arrival_time: float | None = None, hold_kv: bool = False,
+                    output_prefix: list[int] | None = None) -> str:
         """Queue a request; arrival_time (engine clock) is recorded as given, admission is not delayed.
         hold_kv (disaggregated prefill, disagg.py): when the request finishes, its sequence keeps its KV blocks
-        until release_kv(seq); the caller must keep the Sequence (self.requests[request_id][0]) to do so."""
+        until release_kv(seq); the caller must keep the Sequence (self.requests[request_id][0]) to do so.
+        output_prefix: tokens this request already generated (a continuation after an abort): they count as
+        output (max_tokens, min_tokens, the penalties) and are not searched for stop strings again; they are
+        computed with the prompt, and the outputs report only tokens generated from now on (the final
+        CompletionOutput's token_ids and text include the prefix)."""
         params = params if params is not None else SamplingParams()
         if hold_kv and params.n != 1:
             raise ValueError("hold_kv needs SamplingParams.n == 1: forked samples share blocks")
         ids = self.validate(prompt, params)
+        prefix = list(output_prefix or [])
+        if prefix:
+            if params.n != 1 or hold_kv or params.prompt_logprobs is not None:
+                raise ValueError("output_prefix needs SamplingParams.n == 1, no prompt_logprobs and no hold_kv")
+            self.tokenize(ids + prefix)  # the same checks as a prompt: ids in the vocabulary, room to generate
+            if len(prefix) >= params.max_tokens:
+                raise ValueError(f"output_prefix has {len(prefix)} tokens: max_tokens={params.max_tokens} leaves "
+                                 "nothing to generate")
         if request_id is None:
             request_id = str(next(self._ids))
             while request_id in self.requests:  # skip ids a caller chose by hand
@@ -211,6 +233,16 @@ class LLMEngine:
         seq = Sequence(next(self._seq_ids), request_id, ids, params, metrics,
                        make_generator(params.seed, 0, self.device), stop_ids=stop_ids)
         seq.hold_kv = hold_kv
+        if prefix:
+            seq.token_ids += prefix
+            seq.prefill_until = seq.num_tokens
+            if seq.stop_strings is not None:
+                seq.stop_strings = StopStrings(params.stop, params.include_stop_str_in_output, params.min_tokens,
+                                               self.tokenizer.decode(prefix))
+            if seq.logprobs is not None:
+                seq.logprobs = [None] * len(prefix)  # not known here: computed by the request that sampled them
+        if params.prompt_logprobs is not None:
+            seq.num_logits = len(ids)  # every prompt position's row (the scheduler then skips the prefix cache)
         self.requests[request_id] = [seq]
         self.scheduler.add(seq)
         return request_id
@@ -357,23 +389,45 @@ class LLMEngine:
         if not seqs and not verified:
             return []
         logits = torch.stack(last_rows) if seqs else None
-        tokens, failed = sample_isolated(logits, [s.params for s in seqs], [s.generator for s in seqs]) \
-            if seqs else ([], {})
-        tokens = tokens.tolist() if seqs else []
+        failed: dict[int, Exception] = {}
+        if seqs:
+            params = [s.params for s in seqs]
+            try:
+                processed = process_logits(logits, params, [s.token_ids for s in seqs],
+                                           [s.num_prompt_tokens for s in seqs], [s.stop_ids for s in seqs])
+            except Exception as e:  # a bug: the rows that needed processing fail alone
+                failed = {i: e for i, p in enumerate(params) if p.processes_logits}
+                processed = logits
+            tokens, sample_failed = sample_isolated(processed, params, [s.generator for s in seqs])
+            failed.update(sample_failed)
+            tokens = tokens.tolist()
+        else:
+            tokens = []
         now = self.clock()
         outputs = [self._append_verified(seq, rows, now) for seq, rows in verified]
-        for i, e in failed.items():  # a row whose sampling raised ends its request (all n samples) alone
+        for i, e in sorted(failed.items()):  # a row whose sampling raised ends its request (all n samples) alone
             rid = seqs[i].request_id
             if rid not in self.step_errors:
                 self.step_errors[rid] = e
                 outputs += self._end_request(rid, "error")[0]
+        prompt_lps: dict[str, list] = {}  # request id -> its prompt logprobs (computed once for n samples)
         for i, (seq, tok) in enumerate(zip(seqs, tokens)):
             if seq.request_id in self.step_errors:
                 continue
+            if seq.params.prompt_logprobs is not None and seq.prompt_logprobs is None:
+                if seq.request_id not in prompt_lps:
+                    rows = kept[i] if kept[i] is not None else logits[i:i + 1]
+                    prompt_lps[seq.request_id] = _prompt_logprobs(rows, seq.token_ids[:seq.num_prompt_tokens],
+                                                                  seq.params.prompt_logprobs)
+                seq.prompt_logprobs = prompt_lps[seq.request_id]
+            lp = None
             if seq.logprobs is not None:
-                seq.logprobs.append(_logprobs(logits[i], tok, seq.params.logprobs))
+                lp = _logprobs(logits[i], tok, seq.params.logprobs)  # raw: before processing and temperature
+                seq.logprobs.append(lp)
             out = self._append_token(seq, tok, now)
-            out.logits = kept[i]
+            out.logits, out.logprobs = kept[i], None if lp is None else [lp]
+            if seq.prompt_logprobs is not None and seq.num_output_tokens == 1:
+                out.prompt_logprobs = seq.prompt_logprobs
             outputs.append(out)
         return outputs
 
@@ -381,13 +435,16 @@ class LLMEngine:
         """Speculative decoding: the verifier's tokens for seq (rows [k + 1, vocab], one per verified position),
         appended one by one until one ends the sequence; one StepOutput carries them all."""
         tokens = self.spec.verify(seq, rows)
+        lps = []
         for i, tok in enumerate(tokens):
             if seq.logprobs is not None:
-                seq.logprobs.append(_logprobs(rows[i], tok, seq.params.logprobs))
+                lps.append(_logprobs(rows[i], tok, seq.params.logprobs))
+                seq.logprobs.append(lps[-1])
             out = self._append_token(seq, tok, now)
             if out.finished:
                 break
         out.new_token_ids = tokens[:i + 1]
+        out.logprobs = lps if seq.logprobs is not None else None
         return out
 
     def _fork(self, parent: Sequence) -> list[Sequence]:
@@ -413,25 +470,40 @@ class LLMEngine:
         m.token_times.append(now)
         if m.first_token_time is None:
             m.first_token_time = now
-        reason = None
-        if token in seq.stop_ids:
+        reason = hit = None
+        if token in seq.stop_ids:  # EOS (stop_reason None, as vLLM) or one of stop_token_ids
             reason = "stop"
-        elif seq.num_output_tokens >= seq.params.max_tokens or seq.num_tokens >= self.max_seq_len:
+            seq.stop_reason = token if token in seq.params.stop_token_ids and (
+                seq.params.ignore_eos or token not in self._eos) else None
+        elif seq.stop_strings is not None:
+            hit = seq.stop_strings.check(self.tokenizer.decode(seq.output_token_ids), seq.num_output_tokens)
+        if hit is not None:
+            reason, seq.stop_reason = "stop", hit[0]
+            seq.output_text = self.tokenizer.decode(seq.output_token_ids)[:hit[1]]
+        elif reason is None and (seq.num_output_tokens >= seq.params.max_tokens or seq.num_tokens >= self.max_seq_len):
             reason = "length"
         out = StepOutput(seq.request_id, seq.index, [token], reason is not None, reason)
         if reason:
             seq.finish_reason, m.finish_time = reason, now
+            out.stop_reason, out.text = seq.stop_reason, self._output_text(seq)
             self.scheduler.finish(seq, free=not seq.hold_kv)
             if all(s.status is Status.FINISHED for s in self.requests[seq.request_id]):
                 out.output = self._request_output(self.requests.pop(seq.request_id))
         return out
 
+    def _output_text(self, seq: Sequence) -> str | None:
+        """The sequence's output text: cut at its stop string if one matched (None without a tokenizer)."""
+        if seq.output_text is not None:
+            return seq.output_text
+        return self.tokenizer.decode(seq.output_token_ids) if self.tokenizer is not None else None
+
     def _request_output(self, seqs: list[Sequence]) -> RequestOutput:
-        dec = self.tokenizer.decode if self.tokenizer else (lambda ids: None)
-        comps = [CompletionOutput(s.index, s.output_token_ids, dec(s.output_token_ids), s.finish_reason, s.metrics, s.logprobs)
+        comps = [CompletionOutput(s.index, s.output_token_ids, self._output_text(s), s.finish_reason, s.metrics,
+                                  s.logprobs, s.stop_reason)
                  for s in sorted(seqs, key=lambda s: s.index)]
         first = seqs[0]
-        return RequestOutput(first.request_id, first.token_ids[:first.num_prompt_tokens], comps)
+        return RequestOutput(first.request_id, first.token_ids[:first.num_prompt_tokens], comps,
+                             prompt_logprobs=first.prompt_logprobs)
 
     def _record_stats(self, so, t0: float, in_prefill: list[bool], forward_time: float | None = None) -> None:
         """in_prefill: per scheduled chunk (so.scheduled order), whether its sequence was prefilling when the
@@ -484,12 +556,29 @@ class LLMEngine:
 
 
 def _logprobs(logits: torch.Tensor, token: int, k: int) -> dict[int, float]:
-    """Log-softmax of the raw logits (before temperature): the sampled token plus the top k."""
-    lp = torch.log_softmax(logits, -1)
+    """Log-softmax of the raw logits (before penalties, logit_bias and temperature: vLLM's default
+    "raw_logprobs"): the top k in rank order, then the sampled token if it is not among them."""
+    lp = torch.log_softmax(logits.float(), -1)
     top = lp.topk(min(k, lp.numel())) if k else None
     d = {} if top is None else dict(zip(top.indices.tolist(), top.values.tolist()))
     d[token] = lp[token].item()
     return d
+
+
+def _prompt_logprobs(rows: torch.Tensor, prompt: list[int], k: int) -> list[dict[int, float] | None]:
+    """Per prompt token: None for the first (nothing precedes it), then the logprob of token j under row j - 1
+    and the top k of that row, as a _logprobs dict. rows: [len(prompt), vocab] raw logits."""
+    out: list[dict[int, float] | None] = [None]
+    if len(prompt) < 2:
+        return out
+    lp = torch.log_softmax(rows[:len(prompt) - 1].float(), -1)
+    actual = lp.gather(-1, torch.tensor(prompt[1:], device=lp.device)[:, None])[:, 0].tolist()
+    top = lp.topk(min(k, lp.shape[-1]), dim=-1) if k else None
+    for j in range(len(prompt) - 1):
+        d = {} if top is None else dict(zip(top.indices[j].tolist(), top.values[j].tolist()))
+        d[prompt[j + 1]] = actual[j]
+        out.append(d)
+    return out
 
 
 def _as_prompt_list(prompts) -> list:

@@ -1,4 +1,12 @@
-"""Sampling parameters (vLLM's names and defaults) and the batched sampler."""
+"""Sampling parameters (vLLM's names and defaults), the batched sampler, and the processing before it.
+
+What a row's next token is drawn from, in vLLM's order: the model's raw logits, then logit_bias added, the
+stop tokens masked while fewer than min_tokens are out, the repetition penalty (prompt and output tokens:
+a positive logit divided by it, a negative one multiplied), the frequency and presence penalties (output
+tokens: minus penalty * count, minus penalty once), then temperature, min_p, top_k, top_p (warp_logits).
+Logprobs (engine._logprobs) are the log-softmax of the raw logits, as vLLM's default (logprobs_mode
+"raw_logprobs") returns them. Stop strings are matched on the detokenized output (StopStrings).
+"""
 from __future__ import annotations
 
 import math
@@ -33,6 +41,17 @@ class SamplingParams:
     n: int = 1  # parallel samples sharing the prompt's KV blocks (copy-on-write)
     logprobs: int | None = None  # return the sampled token's logprob and the top-`logprobs` per step
     min_p: float = 0.0  # drop tokens less likely than min_p times the most likely one (vLLM's); 0 = off
+    # Stop strings (vLLM's): the output ends before the first one it contains (after it, with
+    # include_stop_str_in_output), finish_reason "stop", stop_reason the string. A str is one stop string.
+    stop: list[str] = field(default_factory=list)
+    include_stop_str_in_output: bool = False
+    presence_penalty: float = 0.0  # in [-2, 2]: minus this from every token already in the output
+    frequency_penalty: float = 0.0  # in [-2, 2]: minus this times the token's count in the output
+    repetition_penalty: float = 1.0  # > 0: tokens in the prompt or output, logit / it if positive, * it if not
+    min_tokens: int = 0  # the stop tokens (EOS, stop_token_ids) cannot be sampled and stop strings do not match
+    #                      until this many tokens are out
+    logit_bias: dict[int, float] | None = None  # token id -> added to its logit, in [-100, 100]
+    prompt_logprobs: int | None = None  # each prompt token's logprob and the top-`prompt_logprobs` (vLLM's)
 
     def __post_init__(self):
         """Refuse what no engine can run: the error names the field (the server turns it into a 400 naming it).
@@ -60,10 +79,116 @@ class SamplingParams:
                 not all(_is_int(t) and 0 <= t <= INT64_MAX for t in self.stop_token_ids):
             bad("stop_token_ids", "must be a list of non-negative token ids")
         self.stop_token_ids = list(self.stop_token_ids)
+        if self.stop is None:
+            self.stop = []
+        elif isinstance(self.stop, str):
+            self.stop = [self.stop]
+        if not isinstance(self.stop, (list, tuple)) or not all(isinstance(x, str) and x for x in self.stop):
+            bad("stop", "must be a string or a list of non-empty strings")
+        self.stop = list(self.stop)
+        if not isinstance(self.include_stop_str_in_output, bool):
+            bad("include_stop_str_in_output", "must be a bool")
+        for name in ("presence_penalty", "frequency_penalty"):
+            if not _is_finite(getattr(self, name)) or not -2 <= getattr(self, name) <= 2:
+                bad(name, "must be a number in [-2, 2]")
+        if not _is_finite(self.repetition_penalty) or self.repetition_penalty <= 0:
+            bad("repetition_penalty", "must be a finite number > 0 (1 disables it)")
+        if not _is_int(self.min_tokens) or not 0 <= self.min_tokens <= self.max_tokens:
+            bad("min_tokens", f"must be an integer in [0, max_tokens={self.max_tokens}]")
+        if self.logit_bias is not None:
+            if not isinstance(self.logit_bias, dict) or not all(
+                    _is_int(k) and 0 <= k <= INT64_MAX and _is_finite(v) and -100 <= v <= 100
+                    for k, v in self.logit_bias.items()):
+                bad("logit_bias", "must map token ids (ints >= 0) to numbers in [-100, 100]")
+            self.logit_bias = dict(self.logit_bias) or None
+        if self.prompt_logprobs is not None and (not _is_int(self.prompt_logprobs)
+                                                 or not 0 <= self.prompt_logprobs <= MAX_TOKENS_LIMIT):
+            bad("prompt_logprobs", "must be None or an integer >= 0")
 
     @property
     def greedy(self) -> bool:
         return self.temperature < SAMPLING_EPS
+
+    @property
+    def processes_logits(self) -> bool:
+        """Whether the logits need processing before the sampler (penalties, logit_bias, min_tokens)."""
+        return bool(self.logit_bias or self.min_tokens or self.presence_penalty or self.frequency_penalty
+                    or self.repetition_penalty != 1.0)
+
+
+def process_logits(logits: torch.Tensor, params: list[SamplingParams], token_ids: list[list[int]],
+                   num_prompt_tokens: list[int], stop_ids: list) -> torch.Tensor:
+    """logits [B, V] raw -> the logits each row's sampler sees (before temperature), vLLM's way: logit_bias
+    added; stop_ids[i] masked (-inf) while row i has fewer than min_tokens output tokens; then the repetition
+    penalty over the prompt and output tokens (token_ids[i][:num_prompt_tokens[i]] and the rest), then the
+    frequency and presence penalties over the output tokens. Rows that need none of it come back unchanged
+    (and so does the tensor, when no row does)."""
+    rows = [i for i, p in enumerate(params) if p.processes_logits]
+    if not rows:
+        return logits
+    out, V, dev = logits.clone(), logits.shape[-1], logits.device
+    for i in rows:
+        p, row = params[i], out[i]
+        if p.logit_bias:
+            ids = torch.tensor(list(p.logit_bias), device=dev)
+            row.index_add_(0, ids, torch.tensor(list(p.logit_bias.values()), device=dev, dtype=row.dtype))
+        prompt, output = token_ids[i][:num_prompt_tokens[i]], token_ids[i][num_prompt_tokens[i]:]
+        if len(output) < p.min_tokens and stop_ids[i]:
+            row[torch.tensor([t for t in stop_ids[i] if t < V], device=dev, dtype=torch.long)] = float("-inf")
+        counts = torch.bincount(torch.tensor(output, device=dev, dtype=torch.long), minlength=V)[:V]
+        if p.repetition_penalty != 1.0:
+            seen = counts > 0
+            seen[torch.tensor(prompt, device=dev, dtype=torch.long)] = True
+            scaled = torch.where(row > 0, row / p.repetition_penalty, row * p.repetition_penalty)
+            row.copy_(torch.where(seen, scaled, row))
+        if p.frequency_penalty:
+            row -= p.frequency_penalty * counts.to(row.dtype)
+        if p.presence_penalty:
+            row -= p.presence_penalty * (counts > 0).to(row.dtype)
+    return out
+
+
+class StopStrings:
+    """One sequence's stop-string matcher (vLLM's check_stop_strings, run after every token).
+
+    check(text, num_output_tokens) is given the whole detokenized output after each new token. A match must
+    end in text that was not checked before (a stop string straddling the previous end is found; one wholly
+    inside earlier text was found then, or ignored on purpose), and nothing is matched while at most
+    min_tokens tokens are out (that text is never searched, as vLLM's detokenizer skips it). Text ending
+    inside a UTF-8 character (decoded as U+FFFD) waits for the character. Returns (stop string, the length
+    the output text is cut to) for the match that completes earliest (ties: the first in `stops`), or None.
+    """
+
+    def __init__(self, stops: list[str], include_in_output: bool, min_tokens: int, text: str = ""):
+        self.stops, self.include, self.min_tokens = list(stops), include_in_output, min_tokens
+        self.checked = len(text.rstrip("\ufffd"))  # characters of the output already searched
+
+    def check(self, text: str, num_output_tokens: int) -> tuple[str, int] | None:
+        if text.endswith("\ufffd"):
+            return None
+        start, self.checked = self.checked, len(text)
+        if num_output_tokens <= self.min_tokens:
+            return None
+        best = None
+        for s in self.stops:
+            i = text.find(s, max(0, start - len(s) + 1))
+            if i != -1 and (best is None or i + len(s) < best[1] + len(best[0])):
+                best = (s, i)
+        if best is None:
+            return None
+        s, i = best
+        return s, (i + len(s) if self.include else i)
+
+
+def stop_prefix_len(text: str, stops: list[str]) -> int:
+    """Length of the longest suffix of text that is a prefix of some stop string (or the whole of one):
+    what a stream must hold back, since the next tokens may complete a stop string there."""
+    longest = max((len(s) for s in stops), default=0)
+    for k in range(min(longest, len(text)), 0, -1):
+        tail = text[-k:]
+        if any(s.startswith(tail) for s in stops):
+            return k
+    return 0
 
 
 def make_generator(seed: int | None, index: int, device) -> torch.Generator | None:

@@ -183,7 +183,9 @@ class Scheduler:
         compute. Earlier lookups are undone first: the cache may have changed since."""
         self.bm.forget(self.waiting)
         slots = self.max_num_seqs - self._num_slots_used()
-        self.bm.lookup([s for s in candidates if s.is_waiting and s.num_slots <= slots])
+        # A sequence asking for more than one logit row (prompt logprobs) computes every token it wants rows
+        # for: it skips the cache, as vLLM skips reading it for prompt_logprobs.
+        self.bm.lookup([s for s in candidates if s.is_waiting and s.num_slots <= slots and s.num_logits == 1])
 
     def _preempt_newest(self, out: SchedulerOutput) -> Sequence:
         victim = self.running[-1]  # FCFS priority: the latest admitted loses its cache first

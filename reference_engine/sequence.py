@@ -10,7 +10,7 @@ from enum import Enum
 
 import torch
 
-from .sampling import SamplingParams
+from .sampling import SamplingParams, StopStrings
 
 
 class Status(Enum):
@@ -70,7 +70,15 @@ class Sequence:
         self.block_table: list[int] = []
         self.pending_forks = params.n - 1  # children still to fork once the prompt is prefilled
         self.finish_reason: str | None = None
+        # What ended it, as vLLM reports it: the stop string, or the stop_token_ids token (None for EOS).
+        self.stop_reason: int | str | None = None
+        self.output_text: str | None = None  # the detokenized output once a stop string cut it
+        self.stop_strings = StopStrings(params.stop, params.include_stop_str_in_output, params.min_tokens) \
+            if params.stop else None
         self.logprobs: list[dict[int, float]] | None = [] if params.logprobs is not None else None
+        # Per prompt token: None for the first, then {token: logprob} of the token and the top prompt_logprobs
+        # (SamplingParams.prompt_logprobs), filled when the prompt has been computed.
+        self.prompt_logprobs: list[dict[int, float] | None] | None = None
         # Tokens computed as prefill: the prompt; after a preemption, also every token that was in the cache
         # (recomputed like a prompt). Past this the sequence is decoding (one token, or k + 1 to verify drafts).
         self.prefill_until = len(prompt_token_ids)
@@ -140,6 +148,7 @@ class CompletionOutput:
     finish_reason: str | None  # "stop", "length" or "abort"
     metrics: RequestMetrics
     logprobs: list[dict[int, float]] | None = None
+    stop_reason: int | str | None = None  # the stop string or stop_token_ids token that ended it (vLLM's)
 
 
 @dataclass
@@ -148,6 +157,7 @@ class RequestOutput:
     prompt_token_ids: list[int]
     outputs: list[CompletionOutput]
     finished: bool = True
+    prompt_logprobs: list[dict[int, float] | None] | None = None  # with SamplingParams.prompt_logprobs
 
     # The first (for n = 1 the only) completion, flattened as vLLM users expect.
     @property
@@ -189,6 +199,11 @@ class StepOutput:
     # row (Sequence.num_logits); the new token was sampled from the last row. None otherwise (also when the
     # rows verified the engine's own drafts: speculative decoding consumes them).
     logits: torch.Tensor | None = None
+    # With SamplingParams.logprobs: one {token: logprob} per new token (the token's and the top-k's, raw).
+    logprobs: list[dict[int, float]] | None = None
+    stop_reason: int | str | None = None  # once finished "stop": the stop string or stop token id (EOS: None)
+    text: str | None = None  # once finished (not aborted): the sequence's whole output text, cut at a stop string
+    prompt_logprobs: list[dict[int, float] | None] | None = None  # with the first token, if asked for
 
 
 @dataclass

@@ -151,7 +151,10 @@ BAD = {
     "token id true": ({"model": MODEL, "prompt": [1, True]}, 400, "prompt"),
     "token id outside the vocabulary": ({"model": MODEL, "prompt": [1, 99999]}, 400, "prompt"),
     "unknown model": ({"model": "gpt-9", "prompt": "hi"}, 404, "model"),
-    "n > 1": ({**HI, "n": 2}, 400, "n"),
+    "n of 0": ({**HI, "n": 0}, 400, "n"),
+    "n above the server's bound": ({**HI, "n": 17}, 400, "n"),
+    "best_of above n": ({**HI, "n": 2, "best_of": 3, "temperature": 1.0}, 400, "best_of"),
+    "an unsupported field": ({**HI, "suffix": "!"}, 400, "suffix"),
     "no model field": ({"prompt": "hi"}, 400, "model"),
 }
 

@@ -68,10 +68,12 @@ class AsyncEngine:
         return self._thread is not None and self._thread.is_alive()
 
     # ---- commands (any thread) -------------------------------------------------------------------
-    def add(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams, on_outputs: OnOutputs) -> None:
+    def add(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams, on_outputs: OnOutputs,
+            output_prefix: list[int] | None = None) -> None:
         """Queue a validated request. on_outputs runs on the event loop with each step's outputs for it;
-        the last call has a finished StepOutput (or an error)."""
-        self._cmds.put(("add", request_id, prompt_token_ids, params, on_outputs, time.monotonic()))
+        the last call has a finished StepOutput (or an error). output_prefix: LLMEngine.add_request's (the
+        tokens a continued answer already has)."""
+        self._cmds.put(("add", request_id, prompt_token_ids, params, on_outputs, time.monotonic(), output_prefix))
         self._wake.set()
 
     def abort(self, request_id: str, cause: str) -> None:
@@ -107,9 +109,12 @@ class AsyncEngine:
                 return applied
             applied = True
             if cmd[0] == "add":
-                _, rid, ids, params, sink, arrival = cmd
+                _, rid, ids, params, sink, arrival, prefix = cmd
                 try:
-                    self.engine.add_request(ids, params, request_id=rid)
+                    if prefix:
+                        self.engine.add_request(ids, params, request_id=rid, output_prefix=prefix)
+                    else:
+                        self.engine.add_request(ids, params, request_id=rid)
                 except Exception as e:  # validated before queueing; this is a server bug, reported to the request
                     log.exception("adding request %s failed", rid)
                     self._count_errors(1)
@@ -180,7 +185,7 @@ class AsyncEngine:
                 first = timing[1] == timing[0]
                 (m.time_to_first_token if first else m.inter_token_latency).observe(now - timing[1])
                 timing[1] = now
-            if o.finished and o.finish_reason != "abort":
+            if o.output is not None and o.finish_reason != "abort":  # the request's last sequence (n > 1: of n)
                 m.request_success.labels(o.finish_reason).inc()
 
     def _count_step(self, new_stats) -> None:

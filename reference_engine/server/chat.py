@@ -18,8 +18,9 @@ from __future__ import annotations
 ROLES = ("system", "user", "assistant")
 
 
-def apply_chat_template(messages: list[dict]) -> str:
-    """messages: [{"role": "system" | "user" | "assistant", "content": str}, ...] -> the prompt string.
+def apply_chat_template(messages: list[dict], add_generation_prompt: bool = True) -> str:
+    """messages: [{"role": "system" | "user" | "assistant", "content": str}, ...] -> the prompt string
+    (add_generation_prompt=False: without the closing assistant marker, as /tokenize may ask).
 
     >>> apply_chat_template([{"role": "user", "content": "Hi!"}])
     '<|user|>\\nHi!\\n<|assistant|>\\n'
@@ -31,4 +32,4 @@ def apply_chat_template(messages: list[dict]) -> str:
         if m["role"] not in ROLES:
             raise ValueError(f"unknown role {m['role']!r}; use one of {ROLES}")
         parts.append(f"<|{m['role']}|>\n{m['content']}\n")
-    return "".join(parts) + "<|assistant|>\n"
+    return "".join(parts) + ("<|assistant|>\n" if add_generation_prompt else "")

@@ -44,7 +44,8 @@ class ServerMetrics:
         self.engine_steps = Counter(p + "engine_steps", "Engine steps run", registry=r)
         self.request_validation_failures = Counter(
             p + "request_validation_failures", "Requests refused for what the client sent (400: a bad field, "
-            "413: a body over the limit), by status and the field named", ["status", "param"], registry=r)
+            "401: a wrong API key, 413: a body over the limit), by status and the field named", ["status", "param"],
+            registry=r)
         for reason in ("stop", "length", "abort", "error"):  # every series exists from the start, at 0
             self.request_success.labels(reason)
 

@@ -10,6 +10,7 @@ DEFAULT_MAX_BODY_BYTES = 1 << 20  # 1 MiB: a full-context prompt as token ids is
 DEFAULT_READ_TIMEOUT_S = 30.0  # to send one request; a 1 MiB body in 30 s needs 35 KB/s
 DEFAULT_SHUTDOWN_TIMEOUT_S = 30.0
 DEFAULT_KEEP_ALIVE_S = 5.0  # uvicorn's default: an idle kept-alive connection is closed after this
+API_KEY_ENV = "COURSE_API_KEY"  # vLLM reads VLLM_API_KEY the same way
 
 
 def add_serve_arguments(p: argparse.ArgumentParser) -> None:
@@ -29,6 +30,10 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
                         "is closed (default: %(default)s)")
     p.add_argument("--keep-alive-timeout", type=float, default=DEFAULT_KEEP_ALIVE_S,
                    help="seconds an idle kept-alive connection stays open (default: %(default)s)")
+    p.add_argument("--api-key", default=None,
+                   help="every /v1 route needs `Authorization: Bearer <key>` (as vLLM's --api-key; default: the "
+                        f"environment variable {API_KEY_ENV} if set, else no key). /health, /metrics, /version, "
+                        "/tokenize and /detokenize stay open")
 
 
 def run(args, error) -> int:
@@ -40,8 +45,17 @@ def run(args, error) -> int:
     model = args.model or SHIPPED_TARGET
     if not Path(model).is_dir():
         error(f"no model directory {model}")
+    api_key = api_key_of(args)
+    if api_key == "":
+        error("--api-key is empty: give a key, or leave the option out for a server without one")
     serve(model, host=args.host, port=args.port, model_name=args.served_model_name,
           max_body_bytes=args.max_request_bytes, shutdown_timeout_s=args.shutdown_timeout,
           read_timeout_s=args.request_read_timeout, keep_alive_s=args.keep_alive_timeout,
-          tensor_parallel_size=args.tensor_parallel_size)
+          tensor_parallel_size=args.tensor_parallel_size, api_key=api_key)
     return 0
+
+
+def api_key_of(args) -> str | None:
+    """--api-key, else the COURSE_API_KEY environment variable (unless empty), else None (no key)."""
+    import os
+    return args.api_key if args.api_key is not None else (os.environ.get(API_KEY_ENV) or None)

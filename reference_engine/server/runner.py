@@ -199,20 +199,21 @@ def _small_write_buffer_protocol(high: int):
 def serve(model, host: str = "127.0.0.1", port: int = 8000, model_name: str | None = None,
           max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, shutdown_timeout_s: float = DEFAULT_SHUTDOWN_TIMEOUT_S,
           read_timeout_s: float = DEFAULT_READ_TIMEOUT_S, keep_alive_s: float = DEFAULT_KEEP_ALIVE_S,
-          **engine_kwargs) -> None:
+          api_key: str | None = None, **engine_kwargs) -> None:
     """Build the engine (printing the startup report), then serve it until SIGTERM or Ctrl-C (which drain
     for up to shutdown_timeout_s; a second one exits at once). port 0: any free port (the line printed
-    names it)."""
+    names it). api_key: every /v1 route needs it as a bearer token."""
     from ..startup import build_engine
     from .api import create_app, model_name_for
 
     engine, report = build_engine(model, **engine_kwargs)
     print(report.format(), flush=True)
     name = model_name or model_name_for(model)
-    app = create_app(engine, name, startup_report=report, max_body_bytes=max_body_bytes)
+    app = create_app(engine, name, startup_report=report, max_body_bytes=max_body_bytes, api_key=api_key)
     sock = bind_socket(host, port)
     port = sock.getsockname()[1]
-    print(f"serving {name!r} on http://{host}:{port} (OpenAI API under /v1, metrics at /metrics)", flush=True)
+    print(f"serving {name!r} on http://{host}:{port} (OpenAI API under /v1{', API key required' if api_key else ''}"
+          ", metrics at /metrics)", flush=True)
     config = server_config(app, shutdown_timeout_s=shutdown_timeout_s, read_timeout_s=read_timeout_s,
                            keep_alive_s=keep_alive_s)
     _WakeableServer(config).run(sockets=[sock])

@@ -5,10 +5,15 @@ Idempotency-Key becomes a second Subscriber of the same Generation (never a seco
 engine request is aborted when the last subscriber leaves (disconnect, slow reader); a later retry with
 the key continues from the tokens already made (ResumePolicy). Everything here runs on the event loop.
 
-A continuation is a new engine request whose prompt is the original prompt plus the tokens so far: greedy
-answers come out exactly as uninterrupted ones (the recomputed prefix gives the same logits); a seeded
-sampled answer restarts its generator, so its tail differs from an uninterrupted run's (never a token the
-client already holds, though).
+A continuation is a new engine request for the original prompt whose output starts with the tokens so far
+(LLMEngine.add_request's output_prefix: they count toward max_tokens, min_tokens and the penalties, and stop
+strings are not searched in them again): greedy answers come out exactly as uninterrupted ones (the
+recomputed prefix gives the same logits); a seeded sampled answer restarts its generator, so its tail
+differs from an uninterrupted run's (never a token the client already holds, though).
+
+n > 1 (open_group): one engine request, whose n samples the engine forks after the prompt (sharing its KV
+blocks copy-on-write), read as n Answers with one Subscriber each; the subscribers share one wake event and
+the engine request is aborted when the last of them leaves. No Idempotency-Key: a key names one answer.
 """
 from __future__ import annotations
 
@@ -16,13 +21,31 @@ import asyncio
 import hashlib
 import itertools
 import time
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
+from typing import Any
 
 from ..sampling import SamplingParams
 from .async_engine import AsyncEngine
 from .interfaces import Generation
 from .protocol import APIError
 from .streaming import StreamComponents
+
+
+@dataclass
+class Answer(Generation):
+    """A Generation with what the engine reports beside the tokens."""
+    index: int = 0  # the choice's index (n > 1)
+    logprobs: list = field(default_factory=list)  # per token with SamplingParams.logprobs: {token: logprob}
+    prompt_logprobs: list | None = None  # with SamplingParams.prompt_logprobs (echo with logprobs)
+    text: str | None = None  # the engine's output text once finished: cut at a stop string
+    text_whole: bool = True  # text covers every token of token_ids (False after a continuation without prefix)
+    stop_reason: Any = None  # the stop string or stop token id that ended it (vLLM's stop_reason)
+    error: Any = None  # the exception, for finish_reason "error"
+    group: list | None = None  # the n Answers of one engine request (n > 1)
+
+    @property
+    def members(self) -> list:
+        return self.group or [self]
 
 
 class Subscriber:
@@ -63,7 +86,7 @@ class GenerationService:
             if received:
                 raise APIError(400, "X-Resume-From needs the Idempotency-Key of an answer this server still holds",
                                param="X-Resume-From", code="unknown_idempotency_key")
-            gen = Generation(key, fp, list(prompt_token_ids), params.max_tokens, params=params)
+            gen = Answer(key, fp, list(prompt_token_ids), params.max_tokens, params=params)
             gen.uid = f"gen-{next(self._uids)}"
             sub = self._attach(gen, [], 0)
             self._start(gen, gen.prompt_token_ids, params)
@@ -88,6 +111,22 @@ class GenerationService:
             self._start(gen, plan.continue_prompt, replace(gen.params, max_tokens=plan.max_tokens))
         return sub
 
+    def open_group(self, prompt_token_ids: list[int], params: SamplingParams, fp: str) -> list[Subscriber]:
+        """n = params.n > 1 samples of one prompt: one engine request, n Answers (choice i reads sample i),
+        one subscriber each, sharing one wake event."""
+        gens = []
+        for i in range(params.n):
+            gen = Answer(None, fp, list(prompt_token_ids), params.max_tokens, params=params, index=i)
+            gen.uid = f"gen-{next(self._uids)}"
+            gens.append(gen)
+        subs = []
+        for gen in gens:
+            gen.group = gens
+            subs.append(self._attach(gen, [], 0))
+            subs[-1].wake = subs[0].wake
+        self._start(gens[0], gens[0].prompt_token_ids, params)
+        return subs
+
     def _attach(self, gen: Generation, replay: list[int], received: int) -> Subscriber:
         sub = Subscriber(gen, self.components.new_buffer(), replay, received)
         self._subs.setdefault(gen.uid, []).append(sub)
@@ -95,37 +134,60 @@ class GenerationService:
         return sub
 
     def _start(self, gen: Generation, prompt: list[int], params: SamplingParams) -> None:
-        gen.request_id = f"{gen.uid}-{gen.engine_requests}"
-        gen.engine_requests += 1
-        gen.in_flight, gen.finish_reason = True, None
-        rid = gen.request_id
-        self.aengine.add(rid, prompt, params, lambda outs, err: self._on_outputs(gen, rid, outs, err))
+        """Queue the engine request for gen (and its group). A prompt that is gen's prompt plus tokens it
+        has (a resume plan's continue_prompt) continues it: those tokens are the request's output_prefix and
+        max_tokens counts them again."""
+        rid, prefix, base = f"{gen.uid}-{gen.engine_requests}", None, gen.prompt_token_ids
+        if len(prompt) > len(base) and prompt[:len(base)] == base and prompt[len(base):] == gen.token_ids:
+            prefix, prompt = prompt[len(base):], base
+            params = replace(params, max_tokens=params.max_tokens + len(prefix), prompt_logprobs=None)
+        for g in getattr(gen, "members", [gen]):
+            g.request_id = rid
+            g.engine_requests += 1
+            g.in_flight, g.finish_reason = True, None
+            if isinstance(g, Answer):
+                g.text_whole = prefix is not None or not g.token_ids
+        sink = lambda outs, err: self._on_outputs(gen, rid, outs, err)  # noqa: E731
+        if prefix:
+            self.aengine.add(rid, prompt, params, sink, output_prefix=prefix)
+        else:  # (the signature of AsyncEngine stand-ins without continuations)
+            self.aengine.add(rid, prompt, params, sink)
 
     # ---- engine outputs ---------------------------------------------------------------------------------
-    def _on_outputs(self, gen: Generation, rid: str, outs, err) -> None:
-        subs = self._subs.get(gen.uid, [])
+    def _on_outputs(self, gen: Answer, rid: str, outs, err) -> None:
+        group = gen.members
         if err is not None:  # the engine failed this request (alone, or with its whole step): it has ended
-            gen.in_flight, gen.finish_reason = False, "error"
-            gen.error = err
+            for g in group:
+                g.in_flight, g.finish_reason, g.error = False, "error", err
         now = time.monotonic()
         for o in outs:
+            g = group[o.index] if o.index < len(group) else gen
             if o.new_token_ids:
-                gen.token_ids += o.new_token_ids
-                gen.engine_tokens += len(o.new_token_ids)
-                for sub in list(subs):
+                g.token_ids += o.new_token_ids
+                g.engine_tokens += len(o.new_token_ids)
+                if g.params is not None and g.params.logprobs is not None:
+                    g.logprobs += o.logprobs or [None] * len(o.new_token_ids)
+                for sub in list(self._subs.get(g.uid, [])):
                     if not sub.buffer.push(list(o.new_token_ids), now):
                         self.drop(sub, "slow_reader")
+            if o.prompt_logprobs is not None:
+                g.prompt_logprobs = o.prompt_logprobs
             if o.finished:
-                gen.in_flight, gen.finish_reason = False, o.finish_reason
-        if gen.finish_reason == "abort" and err is None and gen.subscribers and not self.closing:
+                g.in_flight, g.finish_reason, g.stop_reason, g.text = False, o.finish_reason, o.stop_reason, o.text
+                if o.finish_reason in ("abort", "error"):  # the request ended: every sample with it (some of
+                    for other in group:  # which the engine may not have forked yet)
+                        if other.in_flight:
+                            other.in_flight, other.finish_reason = False, o.finish_reason
+        if len(group) == 1 and gen.finish_reason == "abort" and err is None and gen.subscribers and not self.closing:
             # Aborted because its last reader left, but a retry attached before the abort landed: go on.
             plan = self.components.resume.plan(gen, len(gen.token_ids))
             if plan.continue_prompt is not None:
                 self._start(gen, plan.continue_prompt, replace(gen.params, max_tokens=plan.max_tokens))
-        for sub in subs:
-            sub.wake.set()
-        if not gen.in_flight and not gen.subscribers:
-            self._subs.pop(gen.uid, None)
+        for g in group:
+            for sub in self._subs.get(g.uid, []):
+                sub.wake.set()
+            if not g.in_flight and not g.subscribers:
+                self._subs.pop(g.uid, None)
 
     # ---- leaving -----------------------------------------------------------------------------------------
     def drop(self, sub: Subscriber, cause: str) -> None:
@@ -149,31 +211,51 @@ class GenerationService:
         if sub in subs:
             subs.remove(sub)
         gen.subscribers -= 1
-        if gen.subscribers == 0:
-            if gen.in_flight:
+        group = getattr(gen, "members", [gen])
+        if all(g.subscribers == 0 for g in group):
+            if any(g.in_flight for g in group):
                 self.aengine.abort(gen.request_id, cause)
             else:
-                self._subs.pop(gen.uid, None)
+                for g in group:
+                    self._subs.pop(g.uid, None)
 
     # ---- reading -----------------------------------------------------------------------------------------
     async def iterate(self, sub: Subscriber, keep_alive_s: float):
         """Yield lists of new token ids as they come (coalesced when the reader is behind), None after
         keep_alive_s of silence; return when the answer is complete or the stream was dropped."""
+        async for item in self.iterate_group([sub], keep_alive_s):
+            yield None if item is None else item[1]
+
+    async def iterate_group(self, subs: list[Subscriber], keep_alive_s: float):
+        """iterate() over the subscribers of one response (sharing one wake event): yield (index in subs,
+        new token ids), or None after keep_alive_s of silence; return when every answer is complete, or when
+        one stream was dropped (the others are dropped with it: one response, one fate)."""
         try:
-            if sub.replay:
-                replay, sub.replay = sub.replay, []
-                yield replay
+            for i, sub in enumerate(subs):
+                if sub.replay:
+                    replay, sub.replay = sub.replay, []
+                    yield i, replay
             while True:
-                tokens = sub.buffer.pop(time.monotonic())
-                if tokens:
-                    yield tokens
+                got = False
+                for i, sub in enumerate(subs):
+                    tokens = sub.buffer.pop(time.monotonic())
+                    if tokens:
+                        got = True
+                        yield i, tokens
+                if got:
                     continue
-                if sub.dropped or (not sub.gen.in_flight and sub.gen.finish_reason is not None):
+                dropped = next((sub.dropped for sub in subs if sub.dropped), None)
+                if dropped:
+                    for sub in subs:
+                        self.drop(sub, dropped)
                     return
-                sub.wake.clear()
+                if all(not sub.gen.in_flight and sub.gen.finish_reason is not None for sub in subs):
+                    return
+                subs[0].wake.clear()
                 try:
-                    await asyncio.wait_for(sub.wake.wait(), keep_alive_s)
+                    await asyncio.wait_for(subs[0].wake.wait(), keep_alive_s)
                 except asyncio.TimeoutError:
                     yield None
         finally:
-            self.release(sub)
+            for sub in subs:
+                self.release(sub)
