@@ -37,7 +37,7 @@ GRADING_THREADS = 1
 
 def limit_threads(n: int = GRADING_THREADS) -> None:
     """From now on torch in this process computes with n threads: set now if torch is imported, else through
-    OMP_NUM_THREADS, which torch reads when it is (a process for a lesson without tensors, lessons.NO_TORCH,
+    OMP_NUM_THREADS, which torch reads when it is (a process for a lesson without tensors, Lesson.torch False,
     may never import it). For a forked process: it must not reuse its parent's thread pool either."""
     torch = sys.modules.get("torch")
     if torch is None:

@@ -4,7 +4,7 @@ A learner process forked straight from the grader would inherit everything the
 grader holds: the imported `solutions` modules and check modules, expected values
 in memory. So learner processes come from a zygote instead, a process with torch,
 the engine and what the lesson needs imported (so a check starts in milliseconds;
-a lesson without tensors, lessons.NO_TORCH, gets neither torch nor the engine) but
+a lesson without tensors, Lesson.torch False, gets neither torch nor the engine) but
 no solutions and no checks (holds_solutions):
 
 - on CPU, when nothing under `solutions` or `autograder.checks` has been imported
@@ -149,8 +149,8 @@ def _fork(body) -> int:
 
 def serve(ctrl: socket.socket, warm: tuple = (), later: tuple = (), base: bool = True):
     """The zygote's loop; returns when the grader closes the control socket. BASE_WARM (unless not `base`: a
-    lesson without tensors, lessons.NO_TORCH) and `warm` are imported before the first request is served,
-    `later` between requests, while none is waiting (lessons.WARM and WARM_LATER)."""
+    lesson without tensors, Lesson.torch False) and `warm` are imported before the first request is served,
+    `later` between requests, while none is waiting (Lesson.warm and warm_later)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C in a notebook interrupts the grader, not us
     from .oslimits import make_undumpable
     make_undumpable()  # no learner process may ptrace us or read our /proc/<pid>/fd (learner_side undoes it)
@@ -439,7 +439,7 @@ def shutdown():
 
 
 # What every learner process needs. Triton is not here: it costs a quarter of a second of the zygote's start, on
-# the critical path of every `course check`, and only the kernel lessons' processes use it (lessons.WARM).
+# the critical path of every `course check`, and only the kernel lessons' processes use it (Lesson.triton).
 BASE_WARM = ("reference_engine.engine", "reference_engine.kernels", "reference_engine.llm", "tokenizers")
 
 

@@ -21,7 +21,7 @@ nbclient = pytest.importorskip("nbclient")
 
 READY = lessons.available()
 CELL_BUDGET_S = 120  # no single cell may take longer than this on a 2-core CPU
-TRITON_LESSONS = ("l04_paged_attention", "l15_attention_layouts", "l16_quantization")
+TRITON_LESSONS = tuple(lesson.stem for lesson in lessons.LESSONS if lesson.triton)
 PROBE_MARK = "course-notebook-probe:"
 
 # The first cell the tests add: it watches matplotlib from IPython. It wraps the display formatters of

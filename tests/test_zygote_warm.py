@@ -1,4 +1,4 @@
-"""What a lesson's zygote imports once for all its learner processes (lessons.WARM, zygote.BASE_WARM)."""
+"""What a lesson's zygote imports once for all its learner processes (Lesson.warm, zygote.BASE_WARM)."""
 import ast
 import subprocess
 import sys
@@ -9,8 +9,8 @@ from autograder import lessons, zygote
 def test_warm_lists_name_lessons_and_real_modules_and_start_no_thread():
     """Importing them in a zygote starts no thread: a fork keeps only the thread that forked, so a thread
     holding a lock at that moment would leave the lock held forever in every learner process."""
-    assert set(lessons.WARM) | set(lessons.WARM_LATER) <= {lesson.stem for lesson in lessons.LESSONS}
-    every = lessons.warm_imports(list(lessons.WARM)) + lessons.later_imports(list(lessons.WARM_LATER))
+    stems = [lesson.stem for lesson in lessons.LESSONS]
+    every = lessons.warm_imports(stems) + lessons.later_imports(stems)
     code = ("import sys, threading\nfrom autograder import zygote\n"
             f"zygote._warm_imports({every!r})\n"
             f"print(threading.active_count(), [m for m in {zygote.BASE_WARM + every!r} if m not in sys.modules])")
@@ -49,15 +49,17 @@ def test_want_adds_to_every_zygote_started_later():
 
 
 def test_lessons_without_tensors_import_no_torch():
-    """lessons.NO_TORCH: what grading such a lesson imports (the grader's modules, its checks, solution and
+    """A lesson whose record says torch=False: what grading such a lesson imports (the grader's modules, its checks, solution and
     exercise) leaves torch out; were one of them to import it, its zygote would lack it and every learner
     process would import it itself (1-2 s each)."""
+    no_torch = [lesson.stem for lesson in lessons.LESSONS if not lesson.torch]
+    assert len(no_torch) >= 6, no_torch
     mods = ["autograder.cli", "autograder.runner", "autograder.parallel", "autograder.reference"] + [
-        f"{pkg}.{stem}" for stem in sorted(lessons.NO_TORCH) for pkg in ("autograder.checks", "solutions", "exercises")]
+        f"{pkg}.{stem}" for stem in no_torch for pkg in ("autograder.checks", "solutions", "exercises")]
     code = f"import sys\nfor m in {mods!r}: __import__(m)\nprint('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "False"
-    assert lessons.needs_torch(["l10_autoscaling", "l04_paged_attention"]) and not lessons.needs_torch(lessons.NO_TORCH)
+    assert lessons.needs_torch(["l10_autoscaling", "l04_paged_attention"]) and not lessons.needs_torch(no_torch)
 
 
 def test_a_lesson_without_tensors_is_graded_without_torch_in_any_process(tmp_path):
@@ -154,7 +156,7 @@ def test_grading_hands_back_the_thread_count_and_the_collector_as_it_found_them(
 
 
 def test_a_zygote_serves_before_its_later_modules_and_imports_them_while_idle(tmp_path):
-    """lessons.WARM_LATER: the first learner process is forked at once (it imports what it lacks itself); one
+    """Lesson.warm_later: the first learner process is forked at once (it imports what it lacks itself); one
     forked once the zygote has been idle finds them imported."""
     import time
 

@@ -6,30 +6,10 @@ time), so that this package can ship in a student's copy, where it says what it 
 from __future__ import annotations
 
 import importlib
+import importlib.util
 
 from .. import lessons, runtime
 from .. import reference as course_reference
-from . import (  # noqa: F401 - importing a lesson's module registers its templates
-    l01_roofline,
-    l02_kv_cache,
-    l03_continuous_batching,
-    l04_paged_attention,
-    l05_latency_metrics,
-    l06_capacity_planning,
-    l07_chunked_prefill,
-    l08_tail_latency,
-    l09_engine_choice,
-    l10_autoscaling,
-    l11_cold_start,
-    l12_streaming,
-    l13_gpu_utilization,
-    l14_speculative_decoding,
-    l15_attention_layouts,
-    l16_quantization,
-    l17_disaggregation,
-    l18_prefix_caching,
-    l19_offline_batch,
-)
 from .question import REGISTRY, Template
 
 NEEDS_FULL_COURSE = (
@@ -52,6 +32,16 @@ def solutions(stem: str):
     require_solutions()
     runtime.setup()  # kernel modules need Triton's mode chosen before they are imported
     return importlib.import_module(f"solutions.{stem}")
+
+
+def _register() -> None:
+    """Import every lesson's interview module (Lesson.interview_module), which registers its templates."""
+    for lesson in lessons.LESSONS:
+        if importlib.util.find_spec(lesson.interview_module) is not None:
+            importlib.import_module(lesson.interview_module)
+
+
+_register()
 
 
 def stems() -> list[str]:
