@@ -19,7 +19,7 @@ def _seed(args) -> int:
 
 
 # The instructor's commands: a student's copy has neither them nor the files they need.
-INSTRUCTOR_COMMANDS = ("sync", "release", "nbgrader")
+INSTRUCTOR_COMMANDS = ("sync", "new-lesson", "release", "nbgrader")
 SEED_IN_COPY = ("--seed is not available in this copy of the course: it grades the visible cases only, at a fixed "
                 "seed; the hidden cases, which a seed reproduces, are graded by your instructor")
 
@@ -54,7 +54,7 @@ def _run_seed(args) -> tuple[bool, int | None]:
 def _check_names(stem: str) -> list[str]:
     """The lesson's check names, loaded as grade_lesson loads them (its zygote started first)."""
     from . import runtime, zygote
-    from .runner import load_checks
+    from .core import load_checks
     runtime.setup()
     zygote.prepare(lessons.warm_imports([stem]), lessons.later_imports([stem]), lessons.needs_torch([stem]))
     return [spec.name for spec in load_checks(stem)]
@@ -214,6 +214,11 @@ def cmd_sync(args) -> int:
     return 0
 
 
+def cmd_new_lesson(args) -> int:
+    from . import new_lesson
+    return new_lesson.command(args.number, args.stem, args.title)
+
+
 def cmd_release(args) -> int:
     from . import release
     try:
@@ -311,6 +316,12 @@ def parser(in_copy: bool | None = None) -> argparse.ArgumentParser:
                                         "overwrites exercises/")
         s.add_argument("--check", action="store_true", help="only report files that are out of date")
         s.set_defaults(func=cmd_sync)
+        nl = sub.add_parser("new-lesson", help="(maintainers) write a new lesson's files with one working example, "
+                                               "add it to LESSONS, run sync")
+        nl.add_argument("number", type=int, help="the lesson's number, e.g. 20")
+        nl.add_argument("stem", help="lNN_name, e.g. l20_kv_offload")
+        nl.add_argument("title", help="its title, as `course list` shows it")
+        nl.set_defaults(func=cmd_new_lesson)
         r = sub.add_parser("release", help="(instructors) write the copy a student receives: no solutions")
         r.add_argument("dir")
         r.add_argument("lessons", nargs="*", help="default: every ready lesson")

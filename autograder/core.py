@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import importlib
 import random
 import re
 from typing import Any, Callable, Iterable
@@ -87,6 +88,12 @@ def triton_missing() -> str | None:
 
 def registered(lesson: str) -> list[CheckSpec]:
     return list(_REGISTRY.get(lesson, []))
+
+
+def load_checks(stem: str, checks_module: str | None = None) -> list[CheckSpec]:
+    """The lesson's checks, in file order. `checks_module` overrides where they live (tests)."""
+    importlib.import_module(checks_module or f"autograder.checks.{stem}")
+    return registered(stem)
 
 
 # Part.kind: how a case ended.
@@ -192,6 +199,32 @@ class _CasesIterator:
 
 def _untrusted_seq_types() -> tuple:
     return (LearnerObject, LearnerFunction)
+
+
+@dataclasses.dataclass
+class CheckResult:
+    lesson: str
+    name: str
+    section: str
+    points: float
+    earned: float
+    status: str
+    message: str
+    parts: list = dataclasses.field(default_factory=list)
+    output: str = ""
+    seconds: float = 0.0
+    mistakes_tested: list = dataclasses.field(default_factory=list)  # names whose value differed on a case
+    hidden_case: str = ""  # the hidden case the check stopped in ("hidden 2"): `message` is not for the student
+
+    @property
+    def graded(self) -> bool:
+        return self.status != NOT_GRADED
+
+    def to_dict(self) -> dict:
+        d = dataclasses.asdict(self)
+        d["parts"] = [dataclasses.asdict(p) if isinstance(p, Part) else p for p in self.parts]
+        return d
+
 
 
 class Trial:

@@ -18,8 +18,8 @@ from pathlib import Path
 
 import nbformat
 
+from .core import load_checks
 from .lessons import ROOT, available, find
-from .runner import load_checks
 
 CONFIG = '''\
 # nbgrader configuration for the LLM inference course (written by `course nbgrader build`).

@@ -23,8 +23,7 @@ import signal
 from collections.abc import Callable
 
 from . import lessons, zygote
-from .core import Part
-from .runner import CheckResult, load_checks
+from .core import CheckResult, Part, load_checks
 
 
 def grade_lessons(stems: list[str], grade: Callable[..., list[CheckResult]], jobs: int) -> dict:
@@ -182,7 +181,7 @@ def run_checks(specs: list, run_one: Callable[..., CheckResult], jobs: int) -> l
         return [run_one(spec) for spec in specs]
     try:
         clone_pid, clone_sock = zygote.get().clone()
-    except zygote.ZygoteGone:
+    except (zygote.ZygoteGone, zygote.ForkFailed):  # one grader then
         return [run_one(spec) for spec in specs]
     queue_r, queue_w = os.pipe()
     order = sorted(range(len(shared)), key=lambda i: -shared[i].cost)

@@ -6,7 +6,7 @@ import textwrap
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # the table code needs no torch: `course list` stays instant
-    from .runner import CheckResult
+    from .core import CheckResult
 
 PASSED, NOT_GRADED = "passed", "not graded here"
 

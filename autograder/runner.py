@@ -21,36 +21,25 @@ import zlib
 from pathlib import Path
 
 from . import core, lessons, reference, runtime, scan, zygote
-from .core import CRASHED, ERROR, FAILED, NOT_GRADED, NOT_STARTED, PASSED, REJECTED, TIMEOUT, CheckSpec, Part
+from .core import (
+    CRASHED,
+    ERROR,
+    FAILED,
+    NOT_GRADED,
+    NOT_STARTED,
+    PASSED,
+    REJECTED,
+    TIMEOUT,
+    CheckResult,
+    CheckSpec,
+    Part,
+    load_checks,
+)
+from .parallel import run_checks
 from .sandbox import LearnerGone, LearnerProcess, LearnerRaised
 
 ROOT = Path(__file__).resolve().parent.parent
 _STATUS_OF = {"timeout": TIMEOUT, "signal": CRASHED, "exit": ERROR}
-
-
-@dataclasses.dataclass
-class CheckResult:
-    lesson: str
-    name: str
-    section: str
-    points: float
-    earned: float
-    status: str
-    message: str
-    parts: list = dataclasses.field(default_factory=list)
-    output: str = ""
-    seconds: float = 0.0
-    mistakes_tested: list = dataclasses.field(default_factory=list)  # names whose value differed on a case
-    hidden_case: str = ""  # the hidden case the check stopped in ("hidden 2"): `message` is not for the student
-
-    @property
-    def graded(self) -> bool:
-        return self.status != NOT_GRADED
-
-    def to_dict(self) -> dict:
-        d = dataclasses.asdict(self)
-        d["parts"] = [dataclasses.asdict(p) if isinstance(p, Part) else p for p in self.parts]
-        return d
 
 
 @dataclasses.dataclass
@@ -76,12 +65,6 @@ class Target:
 
 def check_seed(seed: int, name: str) -> int:
     return zlib.crc32(f"{seed}:{name}".encode()) & 0x7FFFFFFF
-
-
-def load_checks(stem: str, checks_module: str | None = None) -> list[CheckSpec]:
-    """The lesson's checks, in file order. `checks_module` overrides where they live (tests)."""
-    importlib.import_module(checks_module or f"autograder.checks.{stem}")
-    return core.registered(stem)
 
 
 def _summarise(spec: CheckSpec, parts: list[Part]) -> tuple[float, str, str]:
@@ -170,6 +153,8 @@ def run_check(spec: CheckSpec, target: Target, ref, seed: int, cuda: bool, timeo
         status, msg = _raised_status(e)
     except core.CaseFailed as e:
         t.parts.append(Part("check", 1.0, False, str(e), kind=core.WRONG, hidden=t.hidden_now))
+    except zygote.ForkFailed as e:
+        status, msg = ERROR, fork_failed_message(e)
     except zygote.ZygoteGone:
         status, msg = CRASHED, ("the grader's process that starts your code's processes was killed while this "
                                 "check ran (does your code kill its parent process, os.getppid()?)")
@@ -191,6 +176,11 @@ def run_check(spec: CheckSpec, target: Target, ref, seed: int, cuda: bool, timeo
         earned = 0.0
     return CheckResult(spec.lesson, spec.name, spec.section, spec.points, earned, status, msg, parts, output, seconds,
                        sorted(t.offered), t.hidden_now if status is not None else "")
+
+
+def fork_failed_message(e: zygote.ForkFailed) -> str:
+    return (f"this machine refused to start a process for your code ({e}), even after a few seconds: it has too "
+            "many processes, or too little free memory, right now. Run the check again.")
 
 
 def _import_failure(e: Exception, target: Target) -> tuple[str, str]:
@@ -218,7 +208,10 @@ def preflight(target: Target, timeout: float = 60.0, stem: str | None = None) ->
         return ERROR, f"{target.label or target.path} could not be read: {e}"
     if findings:
         return REJECTED, scan.report(findings, target.label or target.path)
-    proc = LearnerProcess.start(time.monotonic() + timeout, target=target.path, readable=target.sys_path)
+    try:
+        proc = LearnerProcess.start(time.monotonic() + timeout, target=target.path, readable=target.sys_path)
+    except zygote.ForkFailed as e:
+        return ERROR, fork_failed_message(e)
     try:
         proc.load(target.path, target.module_name, list(target.sys_path), engine.to_dict() if engine else None)
     except (LearnerRaised, LearnerGone) as e:
@@ -252,7 +245,6 @@ def grade_lesson(stem: str, target: Target, seed: int, only: list[str] | None = 
     pre = preflight(target, stem=stem)
     if pre is not None:
         return [CheckResult(stem, spec.name, spec.section, spec.points, 0.0, pre[0], pre[1]) for spec in specs]
-    from .parallel import run_checks
     with runtime.grading_threads(), _imports_out_of_the_collector():
         results = run_checks(specs, lambda spec: run_check(spec, target, ref, seed, cuda, spec.timeout * scale,
                                                            visible_only), jobs)

@@ -32,6 +32,8 @@ from . import oslimits, runtime, wire, zygote
 from .learner_side import recv_exact  # noqa: F401 - framing shared with the learner side
 
 DEFAULT_MEMORY_GB = 6.0
+# Waits between tries when the system refuses the zygote a fork (EAGAIN), then None: give up (~3 s in all).
+FORK_RETRIES = (0.1, 0.2, 0.4, 0.8, 1.6, None)
 _OUTPUT_LIMIT = 4000
 
 
@@ -111,11 +113,18 @@ class LearnerProcess:
             spec["sandbox"] = {"scratch": scratch, "target": target, "readable": list(readable),
                                "namespaces": oslimits.namespaces()["available"]}
         try:
-            try:
-                pid = zyg.spawn(theirs.fileno(), spec)
-            except zygote.ZygoteGone:  # killed since it last answered (by the previous check's code): a new one
-                zyg = zygote.get()
-                pid = zyg.spawn(theirs.fileno(), spec)
+            for wait in FORK_RETRIES:
+                try:
+                    try:
+                        pid = zyg.spawn(theirs.fileno(), spec)
+                    except zygote.ZygoteGone:  # killed since it last answered (by the previous check's code): a new one
+                        zyg = zygote.get()
+                        pid = zyg.spawn(theirs.fileno(), spec)
+                    break
+                except zygote.ForkFailed:  # the system's process table or memory is full now: it may not be soon
+                    if wait is None:
+                        raise
+                    time.sleep(wait)
         finally:
             theirs.close()
         return cls(pid, mine, capture, zyg, deadline, scratch)

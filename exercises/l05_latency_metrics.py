@@ -21,7 +21,6 @@ from __future__ import annotations
 import bisect
 import math
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Sequence
 
 PERCENTILES = (50, 90, 99)
@@ -237,22 +236,15 @@ class Replay:
         return self.steps[i] if i >= 0 else None
 
 
-def engine_dir() -> Path:
-    """The repository's reference_engine/ folder (found from the package, never a fixed path)."""
-    # Import a submodule, not the package: it has a file even where an old editable install
-    # makes `reference_engine` itself resolve as a namespace package.
-    from reference_engine import trace
-    return Path(trace.__file__).resolve().parent
-
-
 def load_llm(max_num_seqs: int = 16, threads: int = 1):
     """The shipped ~3M-parameter target model in the reference engine, fp32, on the CPU/GPU default."""
     import torch
 
     from reference_engine.llm import LLM
+    from reference_engine.shipped import TARGET
 
     torch.set_num_threads(threads)
-    return LLM(model=str(engine_dir() / "checkpoints" / "target"), max_num_seqs=max_num_seqs,
+    return LLM(model=str(TARGET), max_num_seqs=max_num_seqs,
                dtype=torch.float32)
 
 
@@ -269,12 +261,13 @@ def load_modeled_llm(max_num_seqs: int = 16, chip: str = "H100", model: str = "l
 
     from reference_engine.gpu_model import CHIPS, MODELS, engine_kwargs
     from reference_engine.llm import LLM
+    from reference_engine.shipped import TARGET
 
     torch.set_num_threads(threads)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # engine_kwargs warns that it caps the block count: intended here
         kw = engine_kwargs(MODELS[model], CHIPS[chip])
-    return LLM(model=str(engine_dir() / "checkpoints" / "target"), max_num_seqs=max_num_seqs,
+    return LLM(model=str(TARGET), max_num_seqs=max_num_seqs,
                dtype=torch.float32, **kw)
 
 

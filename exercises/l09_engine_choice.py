@@ -229,15 +229,14 @@ def recommend(w: Workload) -> Recommendation:
 
 def load_engine(max_num_seqs: int = 64, threads: int = 1):
     """The shipped ~3.3M-parameter target model in fp32 on this machine (the engine's own clock)."""
-    from pathlib import Path
 
     import torch
 
-    from reference_engine import trace
     from reference_engine.llm import LLM
+    from reference_engine.shipped import TARGET
 
     torch.set_num_threads(threads)
-    return LLM(model=str(Path(trace.__file__).resolve().parent / "checkpoints" / "target"), dtype=torch.float32,
+    return LLM(model=str(TARGET), dtype=torch.float32,
                max_num_seqs=max_num_seqs, max_num_batched_tokens=max(512, max_num_seqs))
 
 

@@ -201,8 +201,8 @@ def break_even_batch(model: str, chip: str, alpha: float, gamma: int, context: i
 
 def checkpoints_dir() -> Path:
     """reference_engine/checkpoints (found from the package, never a fixed path)."""
-    from reference_engine import train
-    return Path(train.__file__).resolve().parent / "checkpoints"
+    from reference_engine.shipped import CHECKPOINTS
+    return CHECKPOINTS
 
 
 def load_models(threads: int = 1):

@@ -40,8 +40,7 @@ import numpy as np
 import torch
 
 from reference_engine import trace as tr
-
-DEFAULT_MODEL = Path(__file__).parent / "checkpoints" / "target"
+from reference_engine.shipped import TARGET
 
 
 @dataclass
@@ -262,7 +261,7 @@ def _finite(x):
 
 def parse_args(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", default=str(DEFAULT_MODEL))
+    ap.add_argument("--model", default=str(TARGET))
     ap.add_argument("--trace", default="conv", choices=sorted(tr.TRACES))
     ap.add_argument("--num-requests", type=int, default=64)
     ap.add_argument("--rate", type=float, default=math.inf, help="requests/s; inf = all at t=0")

@@ -18,11 +18,11 @@ from __future__ import annotations
 import time
 import warnings
 from dataclasses import dataclass, replace
-from pathlib import Path
 
 import numpy as np
 
 from .gpu_model import CHIPS, MODELS, Chip, engine_kwargs
+from .shipped import TARGET
 from .trace import Request
 
 # The causes a diagnosis names, in the order a tail is usually ruled out (lesson 08 explains the order).
@@ -117,10 +117,6 @@ class FaultSpec:
             raise ValueError("a bad replica needs healthy ones to stand out from: replicas >= 2")
 
 
-def engine_dir() -> Path:
-    return Path(__file__).resolve().parent
-
-
 def skip_forward(engine) -> None:
     """Make `engine` skip the model's forward when only timing matters: its runner's execute() returns one
     zero logit per row ([n, 1]: greedy picks token 0, and nothing allocates or scans a vocabulary-wide row;
@@ -155,7 +151,7 @@ def make_engine(spec: FaultSpec, chip: Chip | None = None, compute: bool = True)
         kw["num_blocks"] = spec.small_pool
     if not compute:  # the cache is never written: a 1-byte one is a quarter of the memory to allocate and zero
         kw["kv_cache_dtype"] = "fp8"
-    engine = LLMEngine(str(engine_dir() / "checkpoints" / "target"), max_num_seqs=spec.max_num_seqs,
+    engine = LLMEngine(str(TARGET), max_num_seqs=spec.max_num_seqs,
                        max_num_batched_tokens=spec.max_num_batched_tokens, dtype=torch.float32, **kw)
     if not compute:
         skip_forward(engine)

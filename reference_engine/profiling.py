@@ -28,7 +28,6 @@ from pathlib import Path
 
 from .gpu_model import Chip, Composition, ModelShape, gemm_shapes, rank_dims, step_time
 
-SHIPPED_TARGET = Path(__file__).parent / "checkpoints" / "target"  # the shipped ~3.3M-parameter model
 TILE = 128  # output tile of a GEMM thread block (a common CUTLASS / Triton choice): an ASSUMPTION
 
 

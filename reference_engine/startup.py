@@ -21,7 +21,7 @@ import time
 from dataclasses import dataclass, fields
 from pathlib import Path
 
-SHIPPED_TARGET = Path(__file__).parent / "checkpoints" / "target"
+from .shipped import TARGET
 
 
 @dataclass
@@ -59,7 +59,7 @@ class StartupReport:
         return f"startup on {self.device}:\n" + "\n".join(rows)
 
 
-def build_engine(model=SHIPPED_TARGET, warm_up: bool = True, **engine_kwargs):
+def build_engine(model=TARGET, warm_up: bool = True, **engine_kwargs):
     """Build an LLMEngine on `model` (a local model directory), timing each phase.
 
     Returns (engine, StartupReport). engine_kwargs go to LLMEngine unchanged. warm_up=False skips the

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import time
 from collections import Counter
-from pathlib import Path
 from typing import NamedTuple, Sequence
 
 
@@ -227,21 +226,16 @@ class StaticPolicy:
 
 # -- the engine harness (given) ---------------------------------------------------------------------
 
-def engine_dir() -> Path:
-    """The repository's reference_engine/ folder (found from the package, never a fixed path)."""
-    from reference_engine import trace
-    return Path(trace.__file__).resolve().parent
-
-
 def load_llm(policy=None, max_num_seqs: int = 8, num_blocks: int | None = None, threads: int = 1):
     """The shipped ~3M-parameter target model, fp32, no chunked prefill and a token budget that admits
     a whole batch of prompts in one step (so one engine step = one step of the simulations above)."""
     import torch
 
     from reference_engine.llm import LLM
+    from reference_engine.shipped import TARGET
 
     torch.set_num_threads(threads)
-    return LLM(model=str(engine_dir() / "checkpoints" / "target"), max_num_seqs=max_num_seqs,
+    return LLM(model=str(TARGET), max_num_seqs=max_num_seqs,
                num_blocks=num_blocks, enable_chunked_prefill=False, max_num_batched_tokens=4096,
                scheduler_policy=policy, dtype=torch.float32)
 
@@ -259,12 +253,13 @@ def load_modeled_llm(policy=None, max_num_seqs: int = 8, chip: str = "H100", mod
 
     from reference_engine.gpu_model import CHIPS, MODELS, engine_kwargs
     from reference_engine.llm import LLM
+    from reference_engine.shipped import TARGET
 
     torch.set_num_threads(threads)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # engine_kwargs warns that it caps the block count: intended here
         kw = engine_kwargs(MODELS[model], CHIPS[chip])
-    return LLM(model=str(engine_dir() / "checkpoints" / "target"), max_num_seqs=max_num_seqs,
+    return LLM(model=str(TARGET), max_num_seqs=max_num_seqs,
                enable_chunked_prefill=False, max_num_batched_tokens=4096, scheduler_policy=policy,
                dtype=torch.float32, **kw)
 

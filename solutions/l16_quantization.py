@@ -18,7 +18,6 @@ from typing import NamedTuple
 
 import torch
 
-import reference_engine
 from reference_engine.kernels.launch import launch
 from reference_engine.kernels.triton_compat import tl, triton  # Triton; without it (macOS) a stand-in: see there
 
@@ -302,14 +301,14 @@ def choose_method(bottleneck: str, workload: dict) -> str:
 def heldout_windows(n: int = 16, seq_len: int = 256) -> torch.Tensor:
     """n windows [n, seq_len] spread over the held-out token stream, chosen as reference_engine/train.py does:
     the 128 windows behind checkpoints/metrics.json, every (128 // n)-th of them (the first n when n > 128)."""
-    from pathlib import Path
 
     from tokenizers import Tokenizer
 
     from reference_engine import train
+    from reference_engine.shipped import TARGET
 
     _, held, _ = train.split_corpus()
-    tok = Tokenizer.from_file(str(Path(reference_engine.__file__).parent / "checkpoints/target/tokenizer.json"))
+    tok = Tokenizer.from_file(str(TARGET / "tokenizer.json"))
     windows = train.eval_windows(train.token_stream(tok, held), seq_len, 128)
     return windows[:: max(1, 128 // n)][:n]
 

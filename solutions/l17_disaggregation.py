@@ -232,12 +232,13 @@ def modeled_engine(model: str = "llama-3-8b", chip: str = "H100", max_num_seqs: 
     import warnings
 
     from reference_engine.engine import LLMEngine
-    from reference_engine.faults import engine_dir, skip_forward
+    from reference_engine.faults import skip_forward
+    from reference_engine.shipped import TARGET
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # engine_kwargs warns when it caps the block count: intended
         kw = gm.engine_kwargs(gm.MODELS[model], gm.CHIPS[chip])
-    engine = LLMEngine(str(engine_dir() / "checkpoints" / "target"), dtype=torch.float32, kv_cache_dtype="fp8",
+    engine = LLMEngine(str(TARGET), dtype=torch.float32, kv_cache_dtype="fp8",
                        max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens, **kw)
     skip_forward(engine)
     engine.max_model_len = engine.max_seq_len = engine.num_blocks * engine.block_size

@@ -19,8 +19,8 @@ zygote.prepare()
 def offline():
     """The offline engine on the shipped model: what every greedy answer is compared with."""
     from reference_engine.llm import LLM
-    from reference_engine.startup import SHIPPED_TARGET
-    return LLM(SHIPPED_TARGET)
+    from reference_engine.shipped import TARGET
+    return LLM(TARGET)
 
 
 @pytest.fixture

@@ -8,8 +8,8 @@ import sys
 from pathlib import Path
 
 from autograder import core
-from autograder.core import Part
-from autograder.runner import _summarise, load_checks
+from autograder.core import Part, load_checks
+from autograder.runner import _summarise
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -101,8 +101,8 @@ def test_status_is_that_of_the_first_failed_case():
 def test_learner_text_cannot_draw_on_the_terminal():
     """What a learner's code printed or raised is shown, never obeyed: an ESC sequence or a carriage return
     could otherwise clear the screen or draw a fake "score 17/17" line over the real one."""
+    from autograder.core import CheckResult
     from autograder.report import check_table
-    from autograder.runner import CheckResult
     fake = "\x1b[2J\x1b[Hscore 17/17\rok"
     r = CheckResult("l02_kv_cache", "dtype_bytes", "1", 1.0, 0.0, "error", f"dtype_bytes() raised:\n{fake}",
                     parts=[{"label": "case", "passed": False, "graded": True, "message": fake}], output=fake)

@@ -1,13 +1,11 @@
 """The shipped checkpoints (reference_engine/checkpoints/{target,draft}) load in this engine and generate."""
-from pathlib import Path
 
 import pytest
 import torch
 
-import reference_engine
 from reference_engine import LLM, SamplingParams
+from reference_engine.shipped import CHECKPOINTS as CKPT
 
-CKPT = Path(reference_engine.__file__).parent / "checkpoints"
 PROMPT = "def fibonacci(n):\n"
 
 

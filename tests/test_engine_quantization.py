@@ -6,8 +6,8 @@ from reference_engine import LLM, SamplingParams
 from reference_engine import quantization as Q
 from reference_engine.attention import AttentionMetadata
 from reference_engine.kernels import triton_compat
+from reference_engine.shipped import DRAFT, TARGET
 
-TARGET = "reference_engine/checkpoints/target"
 PROMPTS = ["def ", "import os\n", "class Foo:", "for i in range(10):", "return self.", "if __name__ ==",
            "    def __init__(self", "# Copyright"]
 
@@ -130,7 +130,7 @@ def test_bad_options_are_refused():
 def test_fp8_kv_cache_with_a_draft_model():
     """The draft model shares the backend but keeps its own full-precision cache: speculation still runs."""
     sp = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
-    spec = {"model": "reference_engine/checkpoints/draft", "num_speculative_tokens": 3}
+    spec = {"model": str(DRAFT), "num_speculative_tokens": 3}
     plain = [o.outputs[0].token_ids for o in LLM(TARGET, kv_cache_dtype="fp8").generate(PROMPTS[:2], sp)]
     got = [o.outputs[0].token_ids for o in
            LLM(TARGET, kv_cache_dtype="fp8", speculative_config=spec).generate(PROMPTS[:2], sp)]

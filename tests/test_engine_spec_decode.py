@@ -6,24 +6,21 @@ target's distribution; rejected drafts leave no trace in the sequence, its KV bl
 """
 import itertools
 from collections import Counter
-from pathlib import Path
 
 import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import reference_engine
 from reference_engine import LLM, LLMEngine, SamplingParams
 from reference_engine import spec_decode as sd
 from reference_engine.gpu_model import H100, LLAMA_3_8B, Composition, ModeledClock, step_time
 from reference_engine.sampling import warp_logits
 
 transformers = pytest.importorskip("transformers")
+from reference_engine.shipped import DRAFT, TARGET  # noqa: E402
 from reference_engine.testing import drive_events, save_tiny_model, tiny_hf_model  # noqa: E402
 
-CKPT = Path(reference_engine.__file__).parent / "checkpoints"
-TARGET, DRAFT = str(CKPT / "target"), str(CKPT / "draft")
 GREEDY = dict(temperature=0, ignore_eos=True)
 K = 4
 DRAFT_CFG = {"model": DRAFT, "num_speculative_tokens": K}

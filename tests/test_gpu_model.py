@@ -2,7 +2,6 @@
 published measurements it should land near, the engine hook, and the CLI."""
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -10,10 +9,10 @@ import torch
 from reference_engine import LLM, SamplingParams
 from reference_engine import gpu_model as G
 from reference_engine.gpu_model import H100, H200, LLAMA_3_8B, LLAMA_3_70B, Composition, step_time
+from reference_engine.shipped import TARGET
 from solutions import l01_roofline as L01
 from solutions import l06_capacity_planning as L06
 
-TARGET = Path(G.__file__).parent / "checkpoints" / "target"
 L01_CHIP = {G.A100: "A100 SXM 80GB", G.H100: "H100 SXM", G.H200: "H200 SXM"}
 GEMMS = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj")
 

@@ -141,7 +141,7 @@ def try_read(path):
 SCRIPT = r'''
 import json, sys, time
 from autograder import lessons, oslimits, wire, zygote
-from autograder.runner import load_checks
+from autograder.core import load_checks
 from autograder.sandbox import LearnerProcess, LearnerRaised
 
 probe, check_file = sys.argv[1], sys.argv[2]
@@ -161,7 +161,7 @@ try:
     out["read"] = call("try_read", check_file)
     out["refused"] = []
     for fn in ("autograder.checks.l02_kv_cache:kv_bytes_per_token", "solutions.l02_kv_cache:kv_bytes_per_token",
-               "autograder.runner:load_checks"):
+               "autograder.core:load_checks"):
         try:
             proc.harness(fn, ("l02_kv_cache",), {}, what=fn)
             out["refused"].append(None)
@@ -209,7 +209,7 @@ GRADE = r'''
 import json, os, sys
 from autograder import zygote
 from autograder.parallel import grade_lessons
-from autograder.runner import CheckResult, load_checks
+from autograder.core import CheckResult, load_checks
 
 MAIN = os.getpid()
 

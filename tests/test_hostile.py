@@ -71,7 +71,7 @@ def _graded(target: Target, only=CHECK, seed=1):
 def _bypass_scan(target: Target, only=CHECK, seed=1):
     """Grade without the source scan: what the process boundary alone lets through."""
     import importlib
-    spec = next(s for s in runner.load_checks(STEM) if s.name == only)
+    spec = next(s for s in core.load_checks(STEM) if s.name == only)
     ref = importlib.import_module(f"solutions.{STEM}")
     return runner.run_check(spec, target, ref, seed, cuda=False, timeout=20)
 

@@ -49,8 +49,8 @@ def test_every_ready_lesson_has_five_numeric_templates_and_an_open_one():
         kinds = [type(build(t, 0)).__name__ for t in templates.for_lesson(stem)]
         assert kinds.count("Numeric") >= 5 and "Open" in kinds, (
             f"{stem} is ready but has {kinds.count('Numeric')} numeric interview templates and "
-            f"{kinds.count('Open')} open ones (want 5+ and 1+): add autograder/interview/{stem}.py (see "
-            "l02_kv_cache.py there) and import it in autograder/interview/templates.py")
+            f"{kinds.count('Open')} open ones (want 5+ and 1+): add them to autograder/interview/{stem}.py (see "
+            "l02_kv_cache.py there; found from the stem)")
 
 
 @pytest.mark.parametrize("t", TEMPLATES, ids=[t.key for t in TEMPLATES])

@@ -179,3 +179,35 @@ def _in_child(fn, pass_fd: bool = False) -> bytes:
     os.waitpid(pid, 0)
     os.close(r)
     return got
+
+
+@pytest.mark.parametrize("refusals", [2, 10**6], ids=["refused twice", "refused always"])
+def test_a_fork_the_system_refuses_is_retried_then_reported_and_the_zygote_lives_on(tmp_path, monkeypatch, refusals):
+    """fork() failing with EAGAIN (a full process table, a process limit, no memory) is the machine's state, not the
+    learner's doing: the zygote answers it instead of dying, the grader tries again for a few seconds, and then
+    reports the check as an error that says so (and never raises out of grading)."""
+    import errno
+
+    from autograder import zygote
+    grader, real, left = os.getpid(), zygote._fork, [refusals]
+
+    def flaky(body):
+        if os.getpid() != grader and left[0]:  # in the zygote: its forks of learner processes
+            left[0] -= 1
+            raise BlockingIOError(errno.EAGAIN, "Resource temporarily unavailable")
+        return real(body)
+
+    monkeypatch.setattr(zygote, "_fork", flaky)
+    monkeypatch.setattr(zygote, "_ZYGOTE", None)  # a zygote of this test's (forked with flaky), restored after
+    try:
+        res = grade(Target.from_source("def double(x):\n    return 2 * x\n" + GOOD_COUNT, tmp_path, "good"))
+        if refusals == 2:
+            assert {r.status for r in res.values()} == {"passed"}, [(r.status, r.message) for r in res.values()]
+        else:
+            for r in res.values():
+                assert r.status == "error" and r.earned == 0, (r.status, r.message)
+                assert "refused to start a process for your code" in r.message and "BlockingIOError" in r.message
+                assert "Run the check again" in r.message
+            assert zygote.get() is not None and zygote._ZYGOTE.alive()  # the same zygote, still answering
+    finally:
+        zygote.shutdown()

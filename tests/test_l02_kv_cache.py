@@ -9,7 +9,8 @@ import torch.nn.functional as F
 
 from autograder.checks import _attention
 from autograder.checks import l02_kv_cache as checks
-from autograder.runner import Target, grade_lesson, load_checks
+from autograder.core import load_checks
+from autograder.runner import Target, grade_lesson
 from solutions import l02_kv_cache as sol
 
 STEM = "l02_kv_cache"

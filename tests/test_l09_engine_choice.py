@@ -11,10 +11,8 @@ from autograder.compare import compare
 from reference_engine import SamplingParams
 from reference_engine import gpu_model as gm
 from reference_engine.llm import LLM
+from reference_engine.shipped import TARGET
 from solutions import l09_engine_choice as S
-
-TARGET = str(S.gm.__file__).rsplit("/", 1)[0] + "/checkpoints/target"
-
 
 # ---- the engine's StepStats.forward_time ------------------------------------------------------------
 

@@ -10,6 +10,7 @@ from reference_engine import LLM
 from reference_engine import profiling as prof
 from reference_engine.gpu_model import H100, LLAMA_3_8B, LLAMA_3_70B, Composition, step_time
 from reference_engine.sampling import SamplingParams
+from reference_engine.shipped import TARGET
 from solutions import l13_gpu_utilization as S
 
 
@@ -158,7 +159,7 @@ def test_grid_blocks():
 
 def test_counting_clock_and_profile_steps_on_the_engine():
     clock = prof.CountingClock()
-    engine = LLM(str(prof.SHIPPED_TARGET), clock=clock).engine
+    engine = LLM(str(TARGET), clock=clock).engine
     for i in range(3):
         engine.add_request([1 + i, 2, 3, 4] * 3, SamplingParams(temperature=0, max_tokens=8, ignore_eos=True))
     engine.step()
@@ -170,7 +171,7 @@ def test_counting_clock_and_profile_steps_on_the_engine():
     assert len(clock.compositions) == len(engine.step_stats) == 4
     assert clock.compositions[0].num_prefill_tokens == 36  # three 12-token prompts in the first step
     assert clock.compositions[-1].decodes == (14, 14, 14)  # the fourth step: 12 prompt + 2 generated tokens cached
-    shape = prof.model_shape(prof.SHIPPED_TARGET)
+    shape = prof.model_shape(TARGET)
     assert (shape.layers, shape.hidden, shape.kv_heads, shape.weight_bytes) == (4, 256, 2, 4)
 
 

@@ -3,7 +3,6 @@ a second batcher, the engine itself), and the lesson's files in shape."""
 import itertools
 import json
 import random
-from pathlib import Path
 
 import pytest
 import torch
@@ -14,10 +13,10 @@ from hypothesis import strategies as st
 from autograder.checks import _attention
 from autograder.checks import l19_offline_batch as checks
 from autograder.runner import Target, grade_lesson
+from reference_engine.shipped import TARGET
 from solutions import l19_offline_batch as sol
 
 STEM = "l19_offline_batch"
-TARGET = Path(__file__).resolve().parent.parent / "reference_engine" / "checkpoints" / "target"
 
 
 # -- packing and the mask -----------------------------------------------------------------------

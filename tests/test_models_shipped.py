@@ -8,10 +8,11 @@ import pytest
 import torch
 
 from reference_engine import train as T
+from reference_engine.shipped import CHECKPOINTS as CKPT
+from reference_engine.shipped import METRICS as METRICS_FILE
 
-CKPT = Path(T.__file__).parent / "checkpoints"
 NAMES = ("target", "draft")
-METRICS = json.loads((CKPT / "metrics.json").read_text())
+METRICS = json.loads(METRICS_FILE.read_text())
 
 transformers = pytest.importorskip("transformers")
 

@@ -26,9 +26,10 @@ pytest.importorskip("nbgrader")
 
 from autograder import compare as cmp  # noqa: E402
 from autograder import core, oslimits, report  # noqa: E402
+from autograder.core import load_checks  # noqa: E402
 from autograder.nbgrader_build import build  # noqa: E402
 from autograder.nbgrader_grade import seed_for, submission_source  # noqa: E402
-from autograder.runner import Target, grade_lesson, load_checks  # noqa: E402
+from autograder.runner import Target, grade_lesson  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 STEM = "l01_roofline"
@@ -425,7 +426,7 @@ def test_without_the_sandbox_autograde_refuses_unless_the_config_opts_in(flow):
 def test_a_hidden_case_is_known_by_its_label_or_by_the_loop_it_is_opened_in():
     """Trial marks the parts of hidden cases, labelled (pairs) or bare; the report for the student names them and
     shows none of their inputs or expected values, the instructor's shows them all."""
-    from autograder.runner import CheckResult
+    from autograder.core import CheckResult
     t = core.Trial(None, None, seed=1, cuda=False)
     draw = lambda rng: rng.randint(10**6, 10**7)  # noqa: E731
     for label, x in t.cases([("visible", 11)], draw, n=2):

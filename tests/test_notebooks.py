@@ -7,6 +7,7 @@ kernels also run where `import triton` fails: their Triton cells say Triton is n
 """
 
 import json
+import os
 import re
 from urllib.parse import unquote
 
@@ -14,8 +15,7 @@ import nbformat
 import pytest
 
 from autograder import lessons
-from autograder.core import registered
-from autograder.runner import load_checks
+from autograder.core import load_checks, registered
 
 nbclient = pytest.importorskip("nbclient")
 
@@ -145,7 +145,7 @@ def execute(lesson, monkeypatch, tmp_path, impl: str | None, block_triton: bool 
         fake = tmp_path / "no_triton"
         (fake / "triton").mkdir(parents=True)
         (fake / "triton" / "__init__.py").write_text(BLOCK_TRITON)
-        monkeypatch.setenv("PYTHONPATH", str(fake))
+        monkeypatch.setenv("PYTHONPATH", str(fake), prepend=os.pathsep)  # first, before whatever is there
     nb = nbformat.read(lesson.notebook, as_version=4)
     nb.cells = [nbformat.v4.new_code_cell(PROBE_FIRST), *nb.cells, nbformat.v4.new_code_cell(PROBE_LAST)]
     client = nbclient.NotebookClient(nb, timeout=CELL_BUDGET_S, kernel_name="python3",

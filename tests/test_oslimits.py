@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from autograder import oslimits, runner, wire, zygote
+from autograder import core, oslimits, runner, wire, zygote
 from autograder.runner import Target
 from autograder.sandbox import LearnerGone, LearnerProcess, LearnerRaised
 from tests.processes import running
@@ -29,7 +29,7 @@ def _bypass_scan(tmp_path, body: str):
     import importlib
     header = (runner.ROOT / "exercises" / f"{STEM}.py").read_text()
     target = Target.from_source(header + "\n\n" + textwrap.dedent(body), tmp_path, "hostile", label="hostile.py")
-    spec = next(s for s in runner.load_checks(STEM) if s.name == "kv_bytes_per_token")
+    spec = next(s for s in core.load_checks(STEM) if s.name == "kv_bytes_per_token")
     return runner.run_check(spec, target, importlib.import_module(f"solutions.{STEM}"), 1, cuda=False, timeout=20)
 
 

@@ -16,7 +16,7 @@ SCRIPT = r'''
 import json, os, sys
 from autograder import lessons
 from autograder.parallel import grade_lessons
-from autograder.runner import CheckResult, load_checks
+from autograder.core import CheckResult, load_checks
 
 MAIN = os.getpid()
 die = sys.argv[1] if len(sys.argv) > 1 else ""
@@ -84,7 +84,7 @@ def _fake_run_one(main: int, die: str = ""):
     import os
     import time
 
-    from autograder.runner import CheckResult
+    from autograder.core import CheckResult
 
     def run_one(spec):
         if spec.name == die and os.getpid() != main:

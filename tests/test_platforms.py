@@ -70,13 +70,13 @@ def test_the_engine_runs_without_triton(no_triton):
     code = """
 import json, torch
 from reference_engine import LLM, SamplingParams
-from reference_engine.startup import SHIPPED_TARGET
+from reference_engine.shipped import TARGET
 from reference_engine.kernels import triton_compat
-llm = LLM(SHIPPED_TARGET, dtype=torch.float32, max_num_seqs=4)
+llm = LLM(TARGET, dtype=torch.float32, max_num_seqs=4)
 outs = llm.generate([[1, 2, 3, 4, 5], [9, 8, 7]], SamplingParams(temperature=0, max_tokens=8, ignore_eos=True),
                     use_tqdm=False)
 try:
-    LLM(SHIPPED_TARGET, dtype=torch.float32, attention_backend="triton", max_num_seqs=4)
+    LLM(TARGET, dtype=torch.float32, attention_backend="triton", max_num_seqs=4)
     refused = ""
 except triton_compat.TritonUnavailable as e:
     refused = str(e)

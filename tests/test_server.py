@@ -19,7 +19,8 @@ from reference_engine.server.api import create_app
 from reference_engine.server.chat import apply_chat_template
 from reference_engine.server.runner import ServerThread
 from reference_engine.server.streaming import BoundedStreamBuffer, DefaultSSEFramer, StreamComponents
-from reference_engine.startup import SHIPPED_TARGET, StartupReport, build_engine
+from reference_engine.shipped import TARGET
+from reference_engine.startup import StartupReport, build_engine
 from tests.server_helpers import idle, wait_until
 
 MODEL = "target"
@@ -28,7 +29,7 @@ HIGH_WATER = 48  # tokens a stream may have pending before it is dropped as a sl
 
 @pytest.fixture(scope="module")
 def server():
-    engine, report = build_engine(SHIPPED_TARGET, max_num_seqs=16)
+    engine, report = build_engine(TARGET, max_num_seqs=16)
     comps = StreamComponents(make_buffer=lambda: BoundedStreamBuffer(high_water=HIGH_WATER, max_lag_s=30.0),
                              framer=DefaultSSEFramer(keep_alive_interval=0.5), write_timeout_s=30.0)
     app = create_app(engine, MODEL, components=comps, startup_report=report)
@@ -394,7 +395,7 @@ def _quietly(fn, *args):
 def test_queued_stream_gets_keep_alives_and_shutdown_frees_everything():
     """One slot: a second stream waits in the queue, hearing keep-alive comments; stopping the server
     mid-stream aborts what runs and frees every block."""
-    engine, _ = build_engine(SHIPPED_TARGET, warm_up=False, max_num_seqs=1)
+    engine, _ = build_engine(TARGET, warm_up=False, max_num_seqs=1)
     app = create_app(engine, MODEL, components=StreamComponents(framer=DefaultSSEFramer(keep_alive_interval=0.05)))
     s = ServerThread(app).start()
     try:

@@ -28,7 +28,8 @@ from reference_engine.sampling import make_generator, sample, sample_isolated
 from reference_engine.server.api import create_app
 from reference_engine.server.runner import ServerThread
 from reference_engine.server.streaming import LRUIdempotencyCache
-from reference_engine.startup import SHIPPED_TARGET, build_engine
+from reference_engine.shipped import TARGET
+from reference_engine.startup import build_engine
 from tests.server_helpers import idle, wait_until
 
 MODEL = "target"
@@ -38,7 +39,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 @pytest.fixture(scope="module")
 def server():
-    engine, _ = build_engine(SHIPPED_TARGET, warm_up=False, max_num_seqs=32)
+    engine, _ = build_engine(TARGET, warm_up=False, max_num_seqs=32)
     app = create_app(engine, MODEL)
     with ServerThread(app, read_timeout_s=READ_TIMEOUT_S) as s:
         s.engine, s.aengine, s.app = engine, app.state.aengine, app
@@ -293,7 +294,7 @@ def test_a_streamed_10_mb_body_gets_413_while_health_answers_fast(server):
 
 
 def test_the_body_limit_is_configurable():
-    engine, _ = build_engine(SHIPPED_TARGET, warm_up=False)
+    engine, _ = build_engine(TARGET, warm_up=False)
     app = create_app(engine, MODEL, max_body_bytes=200)
     with ServerThread(app) as s:
         small = {"model": MODEL, "prompt": "hi", "max_tokens": 1}
@@ -327,7 +328,7 @@ def test_partial_connections_are_closed_by_the_read_timeout(server):
 def test_shutdown_does_not_wait_past_its_deadline_for_partial_connections():
     """With a long read timeout, 200 stalled uploads would hold the server; stopping it takes the shutdown
     deadline (1 s) and closes them all."""
-    engine, _ = build_engine(SHIPPED_TARGET, warm_up=False)
+    engine, _ = build_engine(TARGET, warm_up=False)
     s = ServerThread(create_app(engine, MODEL), read_timeout_s=60.0, shutdown_timeout_s=1.0).start()
     socks = [partial_request(s.port) for _ in range(200)]
     try:

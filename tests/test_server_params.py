@@ -19,7 +19,8 @@ from reference_engine import SamplingParams
 from reference_engine.server.api import create_app
 from reference_engine.server.chat import apply_chat_template
 from reference_engine.server.runner import ServerThread
-from reference_engine.startup import SHIPPED_TARGET, build_engine
+from reference_engine.shipped import TARGET
+from reference_engine.startup import build_engine
 from tests.server_helpers import idle, wait_until
 
 MODEL = "target"
@@ -28,7 +29,7 @@ PROMPT = "Once upon a time"  # greedy: '.', '\n   ', ' """', '\n   ', ' if', ' n
 
 @pytest.fixture(scope="module")
 def server():
-    engine, _ = build_engine(SHIPPED_TARGET, max_num_seqs=16)
+    engine, _ = build_engine(TARGET, max_num_seqs=16)
     app = create_app(engine, MODEL)
     with ServerThread(app) as s:
         s.engine, s.aengine, s.app = engine, app.state.aengine, app
@@ -501,7 +502,7 @@ def test_version(server):
 
 
 def test_api_key_guards_every_v1_route():
-    engine, _ = build_engine(SHIPPED_TARGET, warm_up=False, max_num_seqs=2)
+    engine, _ = build_engine(TARGET, warm_up=False, max_num_seqs=2)
     app = create_app(engine, MODEL, api_key="s3cret")
     with ServerThread(app) as s:
         url = s.base_url

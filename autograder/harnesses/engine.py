@@ -18,10 +18,8 @@ refusals of a policy, POLICY_ERRORS; `step_bound()`) is autograder/checks/_engin
 from __future__ import annotations
 
 import dataclasses
-from pathlib import Path
 
-TARGET = Path(__file__).resolve().parents[2] / "reference_engine" / "checkpoints" / "target"
-DRAFT = TARGET.parent / "draft"
+from reference_engine.shipped import DRAFT, TARGET
 
 
 def target_path() -> str:

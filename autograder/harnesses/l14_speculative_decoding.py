@@ -5,11 +5,10 @@ the learner's verifier is autograder/harnesses/engine.py's run_speculative."""
 from __future__ import annotations
 
 from functools import lru_cache
-from pathlib import Path
 
 import torch
 
-CKPT = Path(__file__).resolve().parents[2] / "reference_engine" / "checkpoints"
+from reference_engine.shipped import CHECKPOINTS as CKPT
 
 
 @lru_cache(maxsize=None)

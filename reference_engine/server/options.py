@@ -40,9 +40,9 @@ def run(args, error) -> int:
     """Serve with the parsed options; `error(message)` reports a bad one (exits)."""
     from pathlib import Path
 
-    from ..startup import SHIPPED_TARGET
+    from ..shipped import TARGET
     from .runner import serve
-    model = args.model or SHIPPED_TARGET
+    model = args.model or TARGET
     if not Path(model).is_dir():
         error(f"no model directory {model}")
     api_key = api_key_of(args)
