@@ -317,8 +317,8 @@ class Trial:
         except CaseFailed as e:
             self.parts.append(Part(label, weight, False, str(e), kind=WRONG, hidden=hidden))
         except LearnerRaised as e:
-            if e.info.get("not_implemented"):
-                raise NotStarted(e.info.get("message") or "the stub still raises NotImplementedError") from None
+            if e.not_implemented:
+                raise NotStarted(e.stub_message) from None
             self.parts.append(Part(label, weight, False, f"{e.what}() raised:\n{e.tb_text}", kind=RAISED,
                                    hidden=hidden))
         except NotRecorded:
@@ -353,6 +353,21 @@ class Trial:
         arguments. The reference runs first: a broken case is the grader's bug, not the learner's."""
         expected = getattr(self.ref, name)(*args, **kwargs)
         return self.call(name, *args, **kwargs), expected
+
+    def attempt(self, call: Callable, *args, **kwargs) -> tuple[Any, LearnerRaised | None]:
+        """call(*args, **kwargs), a call of learner code (t.call, t.call_fn, t.run, a LearnerFunction): (its value,
+        None), or (None, what the learner's code raised) for a check that judges the exception itself. A stub's
+        NotImplementedError is never returned: it ends the check "not started", as everywhere.
+
+            got, raised = t.attempt(t.call, "dtype_bytes", spec)
+            if raised and not raised.is_a(ValueError): t.fail(...)
+        """
+        try:
+            return call(*args, **kwargs), None
+        except LearnerRaised as e:
+            if e.not_implemented:
+                raise NotStarted(e.stub_message) from None
+            return None, e
 
     def call(self, name: str, *args, **kwargs) -> Any:
         """Call learner function `name` over there, and notice if it mutates its arguments."""
@@ -515,13 +530,11 @@ class Trial:
     def expect_raises(self, exc_type: type, fn: str | LearnerFunction, *args, why: str, what: str = ""):
         """Pass only if the learner's function (a name or a proxy) raises `exc_type` on `args`."""
         what = what or (fn if isinstance(fn, str) else getattr(fn, "what", "your code"))
-        try:
-            got = self.call(fn, *args) if isinstance(fn, str) else self.call_fn(fn, *args, what=what)
-        except LearnerRaised as e:
-            if e.info.get("not_implemented"):
-                raise NotStarted(e.info.get("message") or "") from None
-            if not e.is_a(exc_type):
-                self.fail(f"{what}() raised {e.type_name}, expected {exc_type.__name__}: {why}")
+        got, raised = self.attempt(self.call, fn, *args) if isinstance(fn, str) else \
+            self.attempt(self.call_fn, fn, *args, what=what)
+        if raised:
+            if not raised.is_a(exc_type):
+                self.fail(f"{what}() raised {raised.type_name}, expected {exc_type.__name__}: {why}")
             return
         self.fail(f"{what}() returned {cmp.fmt(got)[:60]} instead of raising {exc_type.__name__}: {why}")
 

@@ -102,8 +102,8 @@ def _gone_message(e: LearnerGone, timeout: float) -> str:
 
 
 def _raised_status(e: LearnerRaised) -> tuple[str, str]:
-    if e.info.get("not_implemented"):
-        return NOT_STARTED, e.info.get("message") or "the stub still raises NotImplementedError"
+    if e.not_implemented:
+        return NOT_STARTED, e.stub_message
     if e.type_name == "SystemExit":
         return ERROR, f"your code called sys.exit() ({e.info.get('message')}); return a value instead"
     return ERROR, f"{e.what}() raised:\n{e.tb_text}"
@@ -192,7 +192,7 @@ def _import_failure(e: Exception, target: Target) -> tuple[str, str]:
             return CRASHED, f"importing {what} crashed the interpreter: {e.detail}"
         return ERROR, f"importing {what} ended the process: {e.detail}"
     assert isinstance(e, LearnerRaised)
-    if e.info.get("not_implemented"):
+    if e.not_implemented:
         return NOT_STARTED, f"{what} raises NotImplementedError when imported"
     return ERROR, f"{what} could not be imported:\n{e.tb_text}"
 

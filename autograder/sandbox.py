@@ -55,6 +55,15 @@ class LearnerRaised(Exception):
     def is_a(self, exc_type: type) -> bool:
         return exc_type.__name__ in self.info.get("mro", [])
 
+    @property
+    def not_implemented(self) -> bool:
+        """A stub's NotImplementedError (an exercise not started), not a bug in learner code."""
+        return bool(self.info.get("not_implemented"))
+
+    @property
+    def stub_message(self) -> str:
+        return self.info.get("message") or "the stub still raises NotImplementedError"
+
 
 class LearnerGone(Exception):
     """The learner's process gave no reply: kind is "timeout", "signal" or "exit"."""

@@ -105,7 +105,7 @@ def call(t, name: str, *args, **kwargs):
     except LearnerRaised as e:
         nulls = [f for a in args if isinstance(a, dict) for f in null_fields(a)]
         if nulls and e.is_a(TypeError) and "NoneType" in str(e.info.get("message") or "") \
-                and not e.info.get("not_implemented"):
+                and not e.not_implemented:
             shown = " and ".join(f'"{f}": null' for f in dict.fromkeys(nulls))
             t.fail(f"{name}() raised TypeError on a config with {shown}. Looks like your code treats a field "
                    "that is present but null as set (config.get(key, default) returns None for it); null means "

@@ -73,13 +73,10 @@ def rng_case(rng, name: str) -> str:
 
 def _refused(t, spec, why: str):
     """dtype_bytes(spec) must raise ValueError; returning a width is named when the usual mistake explains it."""
-    try:
-        got = t.call("dtype_bytes", spec)
-    except LearnerRaised as e:
-        if e.info.get("not_implemented"):
-            raise
-        if not e.is_a(ValueError):
-            t.fail(f"dtype_bytes({spec!r}) raised {e.type_name}, expected ValueError: {why}")
+    got, raised = t.attempt(t.call, "dtype_bytes", spec)
+    if raised:
+        if not raised.is_a(ValueError):
+            t.fail(f"dtype_bytes({spec!r}) raised {raised.type_name}, expected ValueError: {why}")
         return
     if spec is True and got == 1:
         t.fail("dtype_bytes(True) returned 1. Looks like your code accepts a bool as a byte width: bool is a "
@@ -371,12 +368,9 @@ def kv_cache(t):
     with t.case("filling to exactly max_tokens fits; one token more raises ValueError"):
         cache, ref = new_cache(t, 1, 6, 2, 4)
         append_both(t, cache, ref, 0, *_kv(t, 4, 2, 4))
-        try:
-            append_both(t, cache, ref, 0, *_kv(t, 2, 2, 4))
-        except LearnerRaised as e:
-            if e.info.get("not_implemented"):
-                raise
-            t.fail(f"append of 2 tokens after 4, with max_tokens=6, raised {e.type_name}. Looks like your code "
+        _, raised = t.attempt(append_both, t, cache, ref, 0, *_kv(t, 2, 2, 4))
+        if raised:
+            t.fail(f"append of 2 tokens after 4, with max_tokens=6, raised {raised.type_name}. Looks like your code "
                    "refuses to fill the cache to exactly max_tokens (an off-by-one: 4 + 2 <= 6 fits)")
         expect_read(t, cache, ref, 0, 6)
         t.expect_raises(ValueError, cache.append, 0, *_kv(t, 1, 2, 4), what="KVCache.append",

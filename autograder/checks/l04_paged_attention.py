@@ -60,12 +60,10 @@ class _Drive:
 
     def _call(self, fn, *args, what: str, inplace: bool = False):
         """Learner code over there; an exception it raises fails the case with the operations before it."""
-        try:
-            return self.t.call_fn(fn, *args, what=what, inplace=inplace)
-        except LearnerRaised as e:
-            if e.info.get("not_implemented"):
-                raise
-            self.fail(f"{what}({', '.join(map(repr, args))}) raised:\n{e.tb_text}")
+        got, raised = self.t.attempt(self.t.call_fn, fn, *args, what=what, inplace=inplace)
+        if raised:
+            self.fail(f"{what}({', '.join(map(repr, args))}) raised:\n{raised.tb_text}")
+        return got
 
     def method(self, name: str):
         if name not in self._methods:
@@ -243,11 +241,8 @@ class _Drive:
         for a, b in zip(mt, rt):
             if self.ref.ref_count(b) == 0:
                 self.log.append(f"free block {a} again (it is free)")
-                try:
-                    self.t.call_fn(self.method("free"), a, what="PagedBlockAllocator.free")
-                except LearnerRaised as e:
-                    if e.info.get("not_implemented"):
-                        raise
+                _, raised = self.t.attempt(self.t.call_fn, self.method("free"), a, what="PagedBlockAllocator.free")
+                if raised:
                     self.check("a refused double free")  # any error is right, if it changed nothing
                     return
                 self.fail(f"free({a}) of a block that is already free did not raise. Looks like your code lets "
@@ -258,14 +253,11 @@ class _Drive:
     def must_raise(self, op: str, *args, why: str):
         """op(*args) must raise RuntimeError (the interface's error) and change nothing."""
         self.log.append(f"{op}({', '.join(map(repr, args))}) (must raise)")
-        try:
-            self.t.call_fn(self.method(op), *args, what=f"PagedBlockAllocator.{op}")
-        except LearnerRaised as e:
-            if e.info.get("not_implemented"):
-                raise
-            if not e.is_a(RuntimeError):
-                self.fail(f"{op}({', '.join(map(repr, args))}) raised {e.type_name}, expected RuntimeError. Looks "
-                          f"like your code lets {e.type_name} escape ({why}): the BlockAllocator interface "
+        _, raised = self.t.attempt(self.t.call_fn, self.method(op), *args, what=f"PagedBlockAllocator.{op}")
+        if raised:
+            if not raised.is_a(RuntimeError):
+                self.fail(f"{op}({', '.join(map(repr, args))}) raised {raised.type_name}, expected RuntimeError. Looks "
+                          f"like your code lets {raised.type_name} escape ({why}): the BlockAllocator interface "
                           "raises RuntimeError, which is what a caller catches")
             self.check(f"a refused {op}")
             return

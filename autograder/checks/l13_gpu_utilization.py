@@ -39,7 +39,7 @@ def both_accepting(t, name: str, args: tuple, refusals: dict) -> tuple:
         return t.call(name, *args), expected
     except LearnerRaised as e:
         why = next((msg for exc, msg in refusals.items() if e.is_a(exc)), None)
-        if why is None or e.info.get("not_implemented"):
+        if why is None or e.not_implemented:
             raise
         t.fail(f"{name}() raised {e.type_name} on an input it must accept. Looks like your code {why}\n{e.tb_text}")
 

@@ -120,7 +120,7 @@ def _call_on_nulls(t, name: str, cfg: dict, *args):
     except LearnerRaised as e:
         nulls = [k for k in ("num_key_value_heads", "head_dim", "kv_lora_rank", "qk_rope_head_dim")
                  if k in cfg and cfg[k] is None]
-        if not nulls or not e.is_a(TypeError) or e.info.get("not_implemented"):
+        if not nulls or not e.is_a(TypeError) or e.not_implemented:
             raise
         t.fail(f"{name}() raised on a config whose {', '.join(nulls)} are present but null:\n{e.tb_text}\n"
                "Looks like your code reads a null field as a value: config.get(key, default) gives None when "

@@ -500,17 +500,15 @@ class _Drive:
         self.t.fail(f"{msg}\n  (page_size={self.P}; the operations so far, last 8:\n    {ops})")
 
     def _call(self, fn, *args, what: str):
-        try:
-            return self.t.call_fn(fn, *args, what=what)
-        except LearnerRaised as e:
-            if e.info.get("not_implemented"):
-                raise
+        got, e = self.t.attempt(self.t.call_fn, fn, *args, what=what)
+        if e:
             hint = ""
             if e.type_name == "WireError" and "nested too deeply" in e.tb_text:
                 hint = ("\n  Your node reached the grader as data, not as a reference: a dataclass or NamedTuple is "
                         "sent field by field (its parent and children too). Use a plain class, such as the given "
                         "TreeNode.")
             self.fail(f"{what}({', '.join(map(_short, args))}) raised:\n{e.tb_text}{hint}")
+        return got
 
     def method(self, name: str):
         if name not in self._methods:
@@ -576,12 +574,10 @@ class _Drive:
 
     def read_view(self, node=None) -> _View:
         handles = [_handle(h) for h, _, _ in self.handles] + ([_handle(node)] if node is not None else [])
-        try:
-            data = self.t.run(tree_view, self.mine.handle, handles, what="reading your tree (tree_view)")
-        except LearnerRaised as e:
-            if e.info.get("not_implemented"):
-                raise
-            self.fail(f"reading your tree after {self.log[-1]} raised:\n{e.tb_text}\n  {FIELDS_NOTE}")
+        data, raised = self.t.attempt(self.t.run, tree_view, self.mine.handle, handles,
+                                      what="reading your tree (tree_view)")
+        if raised:
+            self.fail(f"reading your tree after {self.log[-1]} raised:\n{raised.tb_text}\n  {FIELDS_NOTE}")
         if "error" in data:
             self.fail(f"after {self.log[-1]}: {data['error']}. {FIELDS_NOTE}")
         held = _path_tokens(data["nodes"])
@@ -814,13 +810,10 @@ class _Drive:
         """unlock of a node that is not locked (any more): RuntimeError, and nothing changes."""
         self.log.append(f"unlock(the node of the match ending after {len(end)} tokens) again (must raise)")
         before = self.ref.copy()
-        try:
-            self.t.call_fn(self.method("unlock"), _handle(node), what="RadixTree.unlock")
-        except LearnerRaised as e:
-            if e.info.get("not_implemented"):
-                raise
-            if not e.is_a(RuntimeError):
-                self.fail(f"unlock of a node that is not locked raised {e.type_name}, expected RuntimeError")
+        _, raised = self.t.attempt(self.t.call_fn, self.method("unlock"), _handle(node), what="RadixTree.unlock")
+        if raised:
+            if not raised.is_a(RuntimeError):
+                self.fail(f"unlock of a node that is not locked raised {raised.type_name}, expected RuntimeError")
             self.after("refused unlock", before, end=end, node=node)
             return
         self.fail("unlock of a node that is not locked did not raise. Looks like your code lets a lock count go "

@@ -312,7 +312,7 @@ def form_batches(t):
             try:  # padded=False is the default: leave it out, as a caller would
                 got = t.call("form_batches", costs, budget, **non_default(padded=(padded, False)))
             except LearnerRaised as e:
-                if any(c > budget for c in costs) and e.is_a(ValueError) and not e.info.get("not_implemented"):
+                if any(c > budget for c in costs) and e.is_a(ValueError) and not e.not_implemented:
                     t.fail("form_batches() raised ValueError for a request larger than the budget; "
                            "it should get a batch of its own")
                 raise
