@@ -31,6 +31,7 @@ from typing import Any, Callable, Iterable
 
 from . import compare as cmp
 from . import wire
+from .harnesses import is_harness
 from .reference import NotRecorded
 from .sandbox import LearnerGone, LearnerRaised
 
@@ -397,8 +398,7 @@ class Trial:
         """Run a trusted harness function (a module-level function of an autograder module) in the
         learner's process, e.g. the engine with the learner's policy plugged in. Pass learner names
         with t.learner("Name"). It must return plain data: the grader judges that, not the learner."""
-        name = f"{harness.__module__}:{harness.__qualname__}"
-        value = self._learner.harness(name, args, kwargs, what=what)
+        value = self._learner.harness(_harness_name(harness), args, kwargs, what=what)
         return self._wrap(value)
 
     def run_against(self, reference: Callable[[], Any], harness: Callable, *args, what: str = "your code",
@@ -409,8 +409,7 @@ class Trial:
         answer: on two cores an engine check takes the time of one run instead of two. The reference
         still never sees learner output, and a reference that raises (a grader bug) is re-raised after
         the learner's answer is read, so the process stays in step."""
-        name = f"{harness.__module__}:{harness.__qualname__}"
-        self._learner.send_harness(name, args, kwargs)
+        self._learner.send_harness(_harness_name(harness), args, kwargs)
         try:
             expected = reference()
         except BaseException:
@@ -537,6 +536,13 @@ class Trial:
                 self.fail(f"{what}() raised {raised.type_name}, expected {exc_type.__name__}: {why}")
             return
         self.fail(f"{what}() returned {cmp.fmt(got)[:60]} instead of raising {exc_type.__name__}: {why}")
+
+
+def _harness_name(harness: Callable) -> str:
+    """"module:qualname" of a function marked @harness (the learner process would refuse any other)."""
+    if not is_harness(harness):
+        raise TypeError(f"{harness!r} is not a harness: mark it @harness in autograder/harnesses/")
+    return f"{harness.__module__}:{harness.__qualname__}"
 
 
 def _same(a, b, rtol, atol, check_dtype) -> bool:

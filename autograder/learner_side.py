@@ -204,15 +204,18 @@ class Server:
         return {"value": value}
 
     def op_harness(self, req):
-        """Run a harness function ("module:qualname"). It may come from the learner side of the checks
-        (autograder/harnesses/; never autograder.checks, which a learner process may neither import nor read),
-        or from the engine (reference_engine)."""
+        """Run a harness function ("module:qualname"): a function of the learner side of the checks
+        (autograder/harnesses/; never autograder.checks, which a learner process may neither import nor read)
+        marked @harness. Nothing else, whatever the request names."""
+        from .harnesses import is_harness
         modname, _, qual = req["fn"].partition(":")
-        if not modname.startswith(("autograder.harnesses.", "reference_engine.")):
+        if not modname.startswith("autograder.harnesses."):
             raise ValueError(f"not a harness function: {req['fn']} (harnesses live in autograder/harnesses/)")
         fn = importlib.import_module(modname)
         for part in qual.split("."):
             fn = getattr(fn, part)
+        if not is_harness(fn):
+            raise ValueError(f"not a harness function: {req['fn']} is not marked @harness")
         return {"value": fn(*req.get("args", []), **req.get("kwargs", {}))}
 
     def serve(self):

@@ -161,7 +161,8 @@ try:
     out["read"] = call("try_read", check_file)
     out["refused"] = []
     for fn in ("autograder.checks.l02_kv_cache:kv_bytes_per_token", "solutions.l02_kv_cache:kv_bytes_per_token",
-               "autograder.core:load_checks"):
+               "autograder.core:load_checks", "reference_engine.shipped:Path",  # (the engine: not a harness module)
+               "autograder.harnesses.engine:build_llm"):  # a helper of a harness module, not marked @harness
         try:
             proc.harness(fn, ("l02_kv_cache",), {}, what=fn)
             out["refused"].append(None)
@@ -200,6 +201,7 @@ def test_a_learner_process_holds_no_check_and_cannot_import_or_read_one(tmp_path
     for key in ("import", "import_package"):
         assert out[key].startswith("ImportError") and "cannot be imported while your code is graded" in out[key]
     assert all(msg and "not a harness function" in msg for msg in out["refused"]), out["refused"]
+    assert "is not marked @harness" in out["refused"][-1]
     assert out["harness"] == str(ROOT / "reference_engine" / "checkpoints" / "target")
     if out["landlock"]:
         assert out["read"] == "PermissionError"
@@ -266,3 +268,14 @@ def test_the_lpm_stand_in_tree_matches_as_the_checks_trie_does():
         for _ in range(5):
             w = rng.choice(pool + cached + [[]])[:rng.randint(0, 14)] + [rng.randrange(4) for _ in range(rng.randint(0, 3))]
             assert tree.match_prefix(w)[0] == trie.match_prefix(w)[0], (P, cached, w)
+
+
+def test_the_grader_sends_no_unmarked_function():
+    """Trial.run / run_against refuse, in the grader, a function not marked @harness (a check's own bug, found before
+    any learner process is asked)."""
+    from autograder import core
+    from autograder.harnesses import engine, harness, is_harness
+    assert is_harness(engine.run_engine) and not is_harness(engine.build_llm)
+    with pytest.raises(TypeError, match="not a harness: mark it @harness"):
+        core._harness_name(engine.build_llm)
+    assert core._harness_name(harness(lambda: None)).endswith(":test_the_grader_sends_no_unmarked_function.<locals>.<lambda>")

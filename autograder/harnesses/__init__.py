@@ -19,4 +19,23 @@ its reach. It may read autograder/'s top-level modules and this package. So a mo
 A check imports what it shares with its harness from here (the grader may import harnesses; a learner process
 may not import checks). The grader's own side of a shared harness lives beside the checks
 (autograder/checks/_engine.py for engine.py).
+
+Every function a check runs there is marked `@harness`: a learner process runs nothing else that a request
+names (learner_side.op_harness), and the grader sends nothing else (core.Trial.run): the trust boundary is
+declared where the code is, not kept by convention.
 """
+from __future__ import annotations
+
+from collections.abc import Callable
+
+MARK = "__course_harness__"
+
+
+def harness(fn: Callable) -> Callable:
+    """Mark fn as a harness: a function the grader may ask a learner process to run."""
+    setattr(fn, MARK, True)
+    return fn
+
+
+def is_harness(fn) -> bool:
+    return getattr(fn, MARK, False) is True

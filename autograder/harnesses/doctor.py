@@ -2,7 +2,10 @@
 right numbers on this machine."""
 from __future__ import annotations
 
+from autograder.harnesses import harness
 
+
+@harness
 def selftest() -> str:
     """Run a masked add and a tl.dot matmul (with a reduction loop); return '' or what is wrong."""
     import torch

@@ -19,9 +19,11 @@ from __future__ import annotations
 
 import dataclasses
 
+from autograder.harnesses import harness
 from reference_engine.shipped import DRAFT, TARGET
 
 
+@harness
 def target_path() -> str:
     """The shipped target model's directory."""
     return str(TARGET)
@@ -124,6 +126,7 @@ def _error(e: Exception) -> dict:
     return {"type": type(e).__name__, "message": str(e)[:2000], "tb": tb[-4000:]}
 
 
+@harness
 def run_engine(prompts: list, max_tokens: list[int] | int, llm_kwargs: dict | None = None,
                make: dict | None = None, max_steps: int = 10_000, record_policy: bool = False,
                catch: bool = False, model: str = "target") -> dict:
@@ -216,6 +219,7 @@ class YourVerifier:
         return self._verify(target_probs, draft_probs, draft_tokens, generator)
 
 
+@harness
 def run_speculative(prompts: list, params: list[dict], proposer: str | None, k: int = 4,
                     llm_kwargs: dict | None = None, verify_greedy=None, verify=None) -> dict:
     """Generate `prompts` (token-id lists) with speculative decoding on, one SamplingParams(**params[i]) per

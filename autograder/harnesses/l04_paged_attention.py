@@ -9,10 +9,12 @@ import random
 
 import torch
 
+from autograder.harnesses import harness
 from autograder.harnesses.engine import build_llm, consistency
 from autograder.harnesses.timing import seconds_per_call
 
 
+@harness
 def observe(allocator, blocks: list[int], ks: list[int]) -> dict:
     """(A harness: runs in the learner's process under `t.run`.) What _Drive.check reads after every operation,
     in one round trip: {"ref_count": per block, "num_free": [one], "can_allocate": per k}, each entry
@@ -30,6 +32,7 @@ def observe(allocator, blocks: list[int], ks: list[int]) -> dict:
             "can_allocate": [ask(allocator.can_allocate, k) for k in ks]}
 
 
+@harness
 def fork_aliasing(allocator_cls) -> dict:
     """(A harness: runs in the learner's process under `t.run`.) fork a two-block table, then copy-on-write
     the child's last block through append_slot, which edits the child's list in place. Returns whether fork
@@ -43,6 +46,7 @@ def fork_aliasing(allocator_cls) -> dict:
     return {"same_object": same, "parent_before": before, "parent_after": list(parent)}
 
 
+@harness
 def sample_in_engine(prompts: list, llm_kwargs: dict, n: int, max_tokens: int, seed: int) -> dict:
     """(A harness: runs where it is called, in the learner's process under `t.run`.) Seeded sampling of
     `n` completions per prompt, EOS ignored: after the prompt's prefill the engine forks the sequence,
@@ -85,12 +89,14 @@ def make_decode_case(gen, rng, B, H, H_kv, D, bs, lens, dtype=torch.float32, dev
             lens_t.to(device), D ** -0.5 if scale is None else scale)
 
 
+@harness
 def call_with_table_view(fn, q, k_cache, v_cache, wide_tables, width: int, context_lens, scale):
     """(A harness: runs in the learner's process.) fn with block_tables = wide_tables[:, :width], a view
     whose row stride exceeds its width: a tensor crosses between processes as a contiguous copy."""
     return fn(q, k_cache, v_cache, wide_tables[:, :width], context_lens, scale)
 
 
+@harness
 def time_decode(fn, lens: list[int], seed: int, reps: int = 20) -> dict:
     """(A harness: runs in the learner's process, on CUDA.) Seconds per call of `fn` and of the engine's
     Triton paged decode on the same bf16 inputs (64 seqs, 32 heads on 8 KV heads, head_dim 128,

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from autograder.harnesses import harness
+
 STEP_FIELDS = ("start", "end", "prefill_tokens", "decode_tokens", "preempted", "running", "waiting")
 REQUEST_FIELDS = ("arrival", "first_scheduled", "finish", "num_preemptions", "prompt_tokens", "replica")
 
@@ -36,6 +38,7 @@ def from_columns(cols: dict) -> tuple[list[dict], list[list[dict]]]:
     return requests, steps
 
 
+@harness
 def call_on_replay(fn, cols: dict, calls: list) -> list:
     """Harness (runs in the learner's process): `fn` called once per entry of `calls` on the replay `cols`,
     in one round trip. An entry is a list of arguments, each a literal or one of ["$request", i] (request

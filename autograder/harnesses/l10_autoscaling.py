@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
+from autograder.harnesses import harness
+
 
 class KPAState(NamedTuple):
     panic_since: float | None = None
@@ -22,6 +24,7 @@ def drive_kpa(decide, conc, ready, cfg, tick=2.0):
     return out
 
 
+@harness
 def drive_learner_kpa(decide, conc, ready, cfg) -> dict:
     """(A harness: runs in the learner's process.) drive_kpa with the learner's kpa_decide, every tick in one
     round trip: {"decisions": [desired per tick], "problem": None}, or decisions None and the problem (a reply
@@ -45,6 +48,7 @@ class _Problem(Exception):
     """A reply the check cannot use, found in the learner's process by drive_learner_kpa."""
 
 
+@harness
 def simulate_unmodified(simulate_fleet, jobs, fleet, scaler) -> dict:
     """(A harness: runs in the learner's process.) {"sim": simulate_fleet(jobs, fleet, scaler), "modified":
     whether the call changed the jobs list} (fleet and scaler are NamedTuples: they cannot change)."""

@@ -7,7 +7,10 @@ import functools
 
 import torch
 
+from autograder.harnesses import harness
 
+
+@harness
 def count_header_reads(header_fn, path: str) -> dict:
     """(A harness: runs in the learner's process under `t.run`.) Call header_fn(path) once to warm up (a
     first call may import modules, which reads files), then again while counting the bytes read: those
@@ -111,6 +114,7 @@ class _CountingOpen:
         return lambda *args, **kwargs: self._counter.add(attr(*args, **kwargs))
 
 
+@harness
 def count_shard_reads(load_fn, model_dir: str, tp: int, rank: int) -> dict:
     """(A harness: runs in the learner's process under `t.run`.) load_fn(model_dir, tp, rank) with
     safetensors.safe_open wrapped (in safetensors, in safetensors.torch, whose load_file uses it, and

@@ -8,6 +8,7 @@ from functools import lru_cache
 
 import torch
 
+from autograder.harnesses import harness
 from reference_engine.shipped import CHECKPOINTS as CKPT
 
 
@@ -18,6 +19,7 @@ def shipped_model(name: str):
     return train.load_checkpoint(CKPT / name)
 
 
+@harness
 def greedy_loop(verify_fn, prompts: list, gamma: int, max_new: int) -> dict:
     """(A harness: runs in the learner's process under `t.run`, and here with `greedy_rule`.) Speculative greedy
     decoding with the shipped draft and target, every forward recomputed from the whole sequence: per step the
@@ -47,6 +49,7 @@ def greedy_loop(verify_fn, prompts: list, gamma: int, max_new: int) -> dict:
     return {"tokens": out, "problem": None}
 
 
+@harness
 def sample_verify(verify_fn, target_probs, draft_probs, drafts, seed: int) -> dict:
     """(A harness: runs in the learner's process under `t.run`.) verify_fn(target_probs, draft_probs, drafts[j],
     generator) for every row j of drafts, one torch.Generator seeded with `seed` for all of them. Returns

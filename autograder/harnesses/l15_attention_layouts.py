@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import torch
 
+from autograder.harnesses import harness
 from autograder.harnesses.timing import seconds_per_call
 
 
@@ -18,6 +19,7 @@ def gqa_timing_inputs(lens: list[int], seed: int) -> tuple:
     return q, k, v, torch.tensor(lens, dtype=torch.int32, device="cuda")
 
 
+@harness
 def time_gqa(fn, lens: list[int], seed: int, reps: int = 20) -> dict:
     """(A harness: runs in the learner's process, on CUDA.) {"mine": seconds per call of fn(q, k, v, seq_lens)} on
     gqa_timing_inputs(lens, seed). The torch reference it is compared with is timed by the check, in the grader,
@@ -41,6 +43,7 @@ class _ShapeWatch(torch.overrides.TorchFunctionMode):
         return out
 
 
+@harness
 def watch_shapes(fn, S: int, widths: set, *args) -> dict:
     """(A harness: runs in the learner's process.) fn(*args) under a _ShapeWatch: returns {"out": its
     result, "seen": the shapes of the tensors it built with S and one of `widths` in their shape}."""

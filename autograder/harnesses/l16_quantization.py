@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import torch
 
+from autograder.harnesses import harness
 from autograder.harnesses.timing import seconds_per_call
 
 
+@harness
 def time_w4a16(fn, quantize, seed: int, reps: int = 20) -> dict:
     """(A harness: runs in the learner's process, on CUDA.) Seconds per call of fn(x, qw) and of x @ W.T in bf16."""
     gen = torch.Generator().manual_seed(seed)

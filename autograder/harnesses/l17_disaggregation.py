@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import random
 
+from autograder.harnesses import harness
 
+
+@harness
 def pack_layout(pack, k, v, table, n) -> dict:
     """(A harness: runs in the learner's process.) What the wire cannot show (it sends a tensor's values, made
     contiguous): whether pack_kv's buffer is contiguous, as a transport that sends its storage needs."""
@@ -21,6 +24,7 @@ def engine_kw(work: dict) -> dict:
     return {**ENGINE_KW, **({"kv_cache_dtype": work["kv_cache_dtype"]} if "kv_cache_dtype" in work else {})}
 
 
+@harness
 def pair_harness(pack, unpack, work: dict, scramble: bool = True) -> dict:
     """(A harness: runs in the learner's process under `t.run`.) The shipped draft model as a prefill engine and
     a decode engine, the KV shipped with `pack`/`unpack` over the loopback link, two messages per step, the

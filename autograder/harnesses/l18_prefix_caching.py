@@ -3,6 +3,8 @@ TreeNode's fields as plain data (tree_view), and the learner's lpm_order run on 
 every lookup (lpm_harness)."""
 from __future__ import annotations
 
+from autograder.harnesses import harness
+
 NODE_FIELDS = ("tokens", "blocks", "children", "parent", "last_access", "lock_ref")
 
 
@@ -14,6 +16,7 @@ def _number(x):
         return repr(x)
 
 
+@harness
 def tree_view(tree, handles: list) -> dict:
     """(A harness: runs in the learner's process under `t.run`.) The learner's tree read through the given
     TreeNode's fields, as plain data: every node reachable from tree.root, parents before children, with
@@ -85,6 +88,7 @@ def stand_in_tree(page_size: int, cached: list):
     return LookupOnly(cache)
 
 
+@harness
 def lpm_harness(lpm_order, page_size: int, cached: list, waiting: list):
     """(A harness: runs in the learner's process under `t.run`.) Your lpm_order on a stand-in tree holding
     `cached`; returns its answer, the prompts it looked up and `waiting` as it left it, as plain data."""

@@ -25,6 +25,8 @@ import threading
 import time
 from pathlib import Path
 
+from autograder.harnesses import harness
+
 DRAFT = Path(__file__).resolve().parents[2] / "reference_engine" / "checkpoints" / "draft"
 MODEL = "m"
 # The prompts of run_server's clients whose whole answer is judged (greedy, so the answer is a fact of the model).
@@ -35,6 +37,7 @@ RESUME_PROMPT = [51, 52]
 # -- one component at a time -------------------------------------------------------------------------------
 
 
+@harness
 def drive_buffer(cls, high_water: int, max_lag_s: float, ops: list) -> list:
     """ops: ("push", token_ids, now) or ("pop", now). Returns, per op, (what it returned, pending after)."""
     buf = cls(high_water, max_lag_s)
@@ -46,6 +49,7 @@ def drive_buffer(cls, high_water: int, max_lag_s: float, ops: list) -> list:
     return out
 
 
+@harness
 def drive_buffer_lists(cls) -> dict:
     """Whether a buffer leaves its caller's lists alone: push [1, 2], push [3], pop, push [4], push [5], pop
     on cls(16, 60.0); returns the pushed lists and the popped ones as the caller holds them afterwards."""
@@ -64,6 +68,7 @@ BLOCKED_S = 0.02  # every gap between handing watch a message and its next recei
 HUNG_S = 5.0  # how long drive_watcher waits, past its own deadline, for a watcher that never returns
 
 
+@harness
 def drive_watcher(cls, messages: list, timeout_s: float = 1.0) -> dict:
     """Run watch() over a scripted receive channel: `messages` are the ASGI message types it returns in
     order, after which receive() waits forever (like a connection that stays open). Returns how many
@@ -134,6 +139,7 @@ def drive_watcher(cls, messages: list, timeout_s: float = 1.0) -> dict:
     return box["value"]
 
 
+@harness
 def drive_cache(cls, max_entries: int, ops: list) -> list:
     """ops: ("put", key, in_flight, subscribers[, finish_reason]), ("get", key), ("set", key, in_flight,
     subscribers[, finish_reason]) (change the state of the Generation put under key). Returns per op: put
@@ -157,6 +163,7 @@ def drive_cache(cls, max_entries: int, ops: list) -> list:
     return out
 
 
+@harness
 def drive_resume(plan, cases: list) -> list:
     """cases: dicts of Generation fields (prompt_token_ids, token_ids, max_tokens, finish_reason, in_flight)
     and "received". Returns per case (replay, continue_prompt, max_tokens), or (exception type name, message)
@@ -177,6 +184,7 @@ def drive_resume(plan, cases: list) -> list:
     return out
 
 
+@harness
 def drive_framer(cls, interval: float, payloads: list) -> dict:
     """Every output of an SSEFramer(interval), as bytes; and whether event() refused a two-line payload
     (split by \\n) and a payload ending in \\r (SSE ends a line at either)."""
@@ -319,6 +327,7 @@ def _aborts(metrics, cause: str) -> float:
 POLITE_TOKENS, RETRY_TOKENS, RESUME_TOKENS = 24, 112, 40
 
 
+@harness
 def run_server(buffer_cls, watcher_cls, cache_cls, plan, framer_cls, high_water: int = 48,
                long_tokens: int = 400, polite_tokens: int = POLITE_TOKENS, retry_tokens: int = RETRY_TOKENS,
                resume_tokens: int = RESUME_TOKENS, wait_s: float = 20.0, budget_s: float = 90.0,
