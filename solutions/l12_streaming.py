@@ -1,4 +1,5 @@
-"""Lesson 12: streaming robustness. Five defenses of a GPU slot against the clients of a streamed answer.
+"""Lesson 12: streaming robustness. Five defenses of a GPU slot against the clients of a streamed answer,
+and the text each chunk shows.
 
 A streamed answer holds an engine slot and its KV blocks from the first token to the last. Four kinds of
 client waste that slot, each in its own way, and each has its own defense, written here against the
@@ -12,6 +13,8 @@ server's interfaces (reference_engine/server/interfaces.py) and plugged into the
     12.4 plan_resume       a client that lost the tail: replay what it lacks, generate only what no
                            one has generated yet
     12.5 SSEFramer         the bytes on the wire: `data:` events, keep-alive comments, [DONE]
+    12.6 StopStringDetokenizer  the text of each chunk: decode a window of tokens, hold back a character
+                           not yet complete and any tail a stop string may still claim, cut at the stop string
 
 `components(...)` (given) builds the server's StreamComponents from these classes. The bottom of the file
 holds the cost model the notebook and the interview use (given, not an exercise).
@@ -240,16 +243,114 @@ class SSEFramer:
         ### END SOLUTION
 
 
+# -- 12.6 the text of each chunk ----------------------------------------------------------------------------
+
+
+class StopStringDetokenizer:
+    """Exercise 12.6: one choice's text as its tokens arrive, with stop strings (a TextStreamer).
+
+    StopStringDetokenizer(decode, stop, include_stop_str_in_output=False, min_tokens=0): decode(token_ids) -> str
+    is the tokenizer's (a character whose bytes are split across tokens decodes as U+FFFD until its last byte
+    is there); stop is a list of stop strings. The answer's text is decode(all its tokens), cut at the first
+    stop string to complete: before it, or after it with include_stop_str_in_output.
+
+      add(token_ids) -> str: take the next tokens (one or more) and return the text they make safe to show:
+          all the text not shown yet, except
+            - a character not yet complete at the end (the decoded text ends in U+FFFD: wait for the rest), and
+            - the longest tail of the text that some stop string begins with (the next tokens may complete
+              it; hold nothing back with include_stop_str_in_output: a stop string is shown then anyway).
+          Token by token, look for a stop string that ends in the text this token added (it may begin in
+          text shown or held back before). When one completes (if several, the one that ends first; on a tie
+          the one listed first): return the text up to it (and it, with include_stop_str_in_output), set
+          stop_reason to it, and return "" from every later add. Text that the first min_tokens tokens make
+          is never searched (a stop string that begins there and ends later counts).
+      finish() -> str: the answer ended without a stop string (length, EOS): return everything held back, a
+          character never completed included (as decode gives it: U+FFFD). "" after a stop string, and ""
+          when called again.
+      stop_reason (attribute): the stop string that ended the text; None until then.
+
+    What add and finish return only appends: joined, it is the answer's text, however the tokens came.
+    Decode incrementally, as vLLM does: per token, decode a window of the last few tokens (the ones since the
+    text last ended in a whole character, and the run before them), not all the tokens (an answer of n tokens
+    would then cost n^2 / 2 token ids of decoding); search only the new text and the longest stop string's
+    length - 1 characters before it.
+
+    Example, stop ["END"], one add per token "Hi", " E", "ND", "!": "Hi", " " (holds "E" back), "" (stop_reason
+    "END"), "". With tokens "caf", b"\\xc3", b"\\xa9" (the two bytes of "é"): "caf", "", "é".
+    """
+
+    def __init__(self, decode, stop: list[str], include_stop_str_in_output: bool = False, min_tokens: int = 0):
+        self.decode, self.stop = decode, list(stop)
+        self.include_stop_str_in_output, self.min_tokens = include_stop_str_in_output, min_tokens
+        self.stop_reason: str | None = None
+        ### BEGIN SOLUTION
+        self._ids: list[int] = []
+        self._prefix = self._read = 0  # the window: ids[_prefix:_read] decode to text already in _text
+        self._text = ""  # the whole characters decoded so far (cut at the stop string once one completes)
+        self._searched = 0  # characters of _text already searched (or made by the first min_tokens tokens)
+        self._shown = 0  # characters of _text returned
+        self._done = False
+        ### END SOLUTION
+
+    def add(self, token_ids: list[int]) -> str:
+        ### BEGIN SOLUTION
+        if self._done:
+            return ""
+        for token in token_ids:
+            self._ids.append(token)
+            # What the tokens past _read add, decoded after the run before them (a tokenizer may decode a
+            # token differently at the start of a string): vLLM's prefix_offset / read_offset window.
+            before = self.decode(self._ids[self._prefix:self._read])
+            new = self.decode(self._ids[self._prefix:])[len(before):]
+            if new and not new.endswith("\ufffd"):  # else: nothing yet, or a character still incomplete
+                self._text += new
+                self._prefix, self._read = self._read, len(self._ids)
+            start, self._searched = self._searched, len(self._text)
+            if len(self._ids) <= self.min_tokens or start == len(self._text):
+                continue
+            hits = []
+            for i, s in enumerate(self.stop):
+                at = self._text.find(s, max(0, start - len(s) + 1))  # a match must end in the new text
+                if at != -1:
+                    hits.append((at + len(s), i, at))
+            if hits:
+                end, i, at = min(hits)
+                self.stop_reason, self._done = self.stop[i], True
+                self._text = self._text[:end if self.include_stop_str_in_output else at]
+                break
+        held = 0
+        if not self._done and not self.include_stop_str_in_output:
+            longest = max(map(len, self.stop), default=0)
+            held = next((k for k in range(min(longest, len(self._text)), 0, -1)
+                         if any(s.startswith(self._text[-k:]) for s in self.stop)), 0)
+        out = self._text[self._shown:len(self._text) - held]
+        self._shown += len(out)
+        return out
+        ### END SOLUTION
+
+    def finish(self) -> str:
+        ### BEGIN SOLUTION
+        if self._done:
+            return ""
+        self._done = True
+        before = self.decode(self._ids[self._prefix:self._read])
+        self._text += self.decode(self._ids[self._prefix:])[len(before):]
+        out, self._shown = self._text[self._shown:], len(self._text)
+        return out
+        ### END SOLUTION
+
+
 # -- given: plugging them into the server -----------------------------------------------------------------
 
 
 def components(high_water: int = 256, max_lag_s: float = 10.0, max_entries: int = 4096,
                keep_alive_interval: float = 5.0, write_timeout_s: float = 10.0) -> StreamComponents:
-    """The server's StreamComponents built from this module's five classes:
+    """The server's StreamComponents built from this module's six classes:
     create_app(engine, components=components(...))."""
     return StreamComponents(make_buffer=lambda: CoalescingBuffer(high_water, max_lag_s), disconnect=DisconnectWatcher(),
                             cache=IdempotencyCache(max_entries), resume=Resume(),
-                            framer=SSEFramer(keep_alive_interval), write_timeout_s=write_timeout_s)
+                            framer=SSEFramer(keep_alive_interval), write_timeout_s=write_timeout_s,
+                            make_detokenizer=StopStringDetokenizer)
 
 
 # -- given: what a vanished client costs --------------------------------------------------------------------

@@ -10,6 +10,7 @@ import pytest
 
 import solutions.l12_streaming as sol
 from autograder.checks import l12_streaming as chk
+from autograder.harnesses import server as harness
 from autograder.harnesses.server import drive_buffer, drive_cache, drive_framer, drive_resume, drive_watcher
 from reference_engine.server import interfaces
 from reference_engine.server.interfaces import Generation, ResumePlan
@@ -84,11 +85,31 @@ def test_framer():
         f.event("a\nb")
 
 
+def _streamed(cls, pieces, stop, chunks, include=False, min_tokens=0):
+    s = cls(harness.ByteDecoder(pieces), stop, include, min_tokens)
+    return [s.add(c) for c in chunks] + [s.finish()], s.stop_reason
+
+
+def test_detokenizer_docstring_example():
+    pieces = [b"Hi", b" E", b"ND", b"!"]
+    got = _streamed(sol.StopStringDetokenizer, pieces, ["END"], [[0], [1], [2], [3]])
+    assert got == (["Hi", " ", "", "", ""], "END")
+    pieces = [b"caf", b"\xc3", b"\xa9"]
+    assert _streamed(sol.StopStringDetokenizer, pieces, [], [[0], [1], [2]]) == (["caf", "", "\u00e9", ""], None)
+
+
+def test_detokenizer_releases_a_held_back_start_once_at_finish():
+    s = sol.StopStringDetokenizer(harness.ByteDecoder([b"a E", b"N"]), ["END"])
+    assert (s.add([0]), s.add([1]), s.finish(), s.finish(), s.stop_reason) == ("a ", "", "EN", "", None)
+
+
 def test_components_satisfy_the_server_interfaces():
     c = sol.components(high_water=8)
     assert isinstance(c.new_buffer(), interfaces.StreamBuffer) and c.new_buffer().high_water == 8
     assert isinstance(c.disconnect, interfaces.DisconnectWatcher) and isinstance(c.cache, interfaces.IdempotencyCache)
     assert isinstance(c.resume, interfaces.ResumePolicy) and isinstance(c.framer, interfaces.SSEFramer)
+    streamer = c.new_detokenizer(lambda ids: "", ["x"])
+    assert isinstance(streamer, interfaces.TextStreamer) and isinstance(streamer, sol.StopStringDetokenizer)
 
 
 def test_cost_model():
@@ -118,6 +139,65 @@ def test_cache_variant_without_a_mistake_is_the_reference(seed):
 def test_resume_variant_without_a_mistake_is_the_reference(seed):
     cases = chk.random_resume_case(random.Random(seed))
     assert chk._plans(drive_resume(chk._plan_variant(""), cases)) == chk._plans(drive_resume(sol.plan_resume, cases))
+
+
+@pytest.mark.parametrize("seed", range(200))
+def test_streamer_variant_without_a_mistake_and_the_servers_default_are_the_reference(seed):
+    from reference_engine.server.streaming import IncrementalDetokenizer
+    case = chk.random_streamer_case(random.Random(seed))
+    drive = harness.drive_streamer
+    want = drive(sol.StopStringDetokenizer, *case)
+    assert drive(chk._Streamer, *case) == want and drive(IncrementalDetokenizer, *case) == want
+
+
+@pytest.mark.parametrize("variant", list(chk.STREAMER_MISTAKES.values()))
+def test_each_streamer_mistake_shows_on_a_visible_case(variant):
+    drive = harness.drive_streamer
+    assert any(drive(partial(chk._Streamer, variant=variant), *case) != drive(chk._Streamer, *case)
+               for _, case in chk.STREAMER_CASES)
+
+
+def test_the_streamer_decodes_a_window_per_token():
+    got = harness.drive_streamer_cost(sol.StopStringDetokenizer)
+    n = got["tokens"]
+    assert got["text"] == harness.ByteDecoder(harness.cost_pieces(n))(range(n)) and got["ids_decoded"] <= 5 * n
+
+    class WholeEachTime(sol.StopStringDetokenizer):
+        def add(self, token_ids):
+            self.decode(self._ids + list(token_ids))
+            return super().add(token_ids)
+    assert harness.drive_streamer_cost(WholeEachTime)["ids_decoded"] > chk.DECODE_BUDGET * n
+
+
+def test_the_servers_detokenizer_gives_the_engines_text_with_the_shipped_tokenizer():
+    """With the shipped tokenizer's decode, any chunking: the deltas joined are the text the engine makes (it decodes
+    every token's whole output and cuts it at the first stop string, sampling.StopStrings), with the same stop."""
+    from reference_engine.loader import Tokenizer
+    from reference_engine.sampling import StopStrings
+    from reference_engine.server.streaming import IncrementalDetokenizer
+    from reference_engine.shipped import TARGET
+    tok, rng = Tokenizer(TARGET / "tokenizer.json"), random.Random(0)
+    for _ in range(300):
+        words = ["a", "\u00e9", " the", "\U0001f600", "\n", "\u20ac", "def ", "x("]
+        text = "".join(rng.choice(words) for _ in range(30))
+        ids = tok.encode(text) if rng.random() < 0.5 else [rng.randrange(2048) for _ in range(40)]
+        full = tok.decode(ids)
+        stops = [full[i:i + rng.randint(2, 4)] for i in (rng.randrange(max(1, len(full))) for _ in range(2))]
+        stops = [s for s in stops if s] or ["zz"]
+        include, min_tokens = rng.random() < 0.3, rng.choice([0, 0, 2])
+        engine, want, reason = StopStrings(stops, include, min_tokens), full, None
+        for k in range(1, len(ids) + 1):
+            hit = engine.check(tok.decode(ids[:k]), k)
+            if hit is not None:
+                reason, want, ids = hit[0], tok.decode(ids[:k])[:hit[1]], ids[:k]
+                break
+        d, out, i = IncrementalDetokenizer(tok.decode, stops, include, min_tokens), "", 0
+        while i < len(ids):
+            step = rng.randint(1, 3)
+            out += d.add(ids[i:i + step])
+            i += step
+        out += d.finish()
+        assert (out, d.stop_reason) == (want, reason), (ids, stops, include, min_tokens)
 
 
 def _visible_differs(results_of, cases) -> bool:
@@ -250,16 +330,17 @@ def test_the_expected_answers_are_what_the_reference_server_streams():
     """The retry, resume and polite cases judge whole answers against the engine's offline greedy answers: a
     server with its own defaults streams exactly those."""
     from autograder.checks.l12_streaming import expected_answers
-    from autograder.harnesses.server import RESUME_TOKENS, run_server
+    from autograder.harnesses.server import RESUME_TOKENS, TEXT_STOP, run_server
     from reference_engine.server.streaming import (
         BoundedStreamBuffer,
         ContinueResumePolicy,
         DefaultSSEFramer,
+        IncrementalDetokenizer,
         LRUIdempotencyCache,
         ReceiveDisconnectWatcher,
     )
     run = run_server(BoundedStreamBuffer, ReceiveDisconnectWatcher, LRUIdempotencyCache,
-                     ContinueResumePolicy().plan, DefaultSSEFramer)
+                     ContinueResumePolicy().plan, DefaultSSEFramer, IncrementalDetokenizer)
     want = expected_answers()
     assert [p["tokens"] for p in run["stall"]["polite"]] == [a["tokens"] for a in want["polite"]]
     assert all(a["finish_reason"] == "length" and len(a["tokens"]) == 24 for a in want["polite"])
@@ -267,6 +348,18 @@ def test_the_expected_answers_are_what_the_reference_server_streams():
     assert whole and all(p["tokens"] == want["retry"]["tokens"] for p in whole)
     assert run["resume"]["head"] + run["resume"]["tail"]["tokens"] == want["resume"]["tokens"]
     assert run["resume"]["engine_tokens"] == len(want["resume"]["tokens"]) == RESUME_TOKENS
+    text, stream = run["text"], run["text"]["stream"]
+    assert want["text"]["finish_reason"] == "stop" and want["text"]["stop_reason"] == TEXT_STOP
+    assert "".join(t for t, _ in stream["chunks"]) == text["whole"]["chunks"][0][0] == want["text"]["text"]
+    assert [i for _, ids in stream["chunks"] for i in ids] == want["text"]["tokens"]
+    assert (stream["finish_reason"], stream["stop_reason"]) == ("stop", TEXT_STOP)
+    # the stop string came across two chunks at least (run_server reads it again until it does), and its start was
+    # held back once ("writing" then " =": released with the token that ruled it out)
+    assert [len(ids) for _, ids in stream["chunks"] if ids][-2:] == [1, 1], stream["chunks"]
+    assert any(282 in ids and "writing =" in t for t, ids in stream["chunks"]), stream["chunks"]
+    assert "".join(t for t, _ in text["short"]["chunks"]) == want["short"]["text"]
+    assert want["short"]["finish_reason"] == "length" and want["short"]["text"].endswith("writ")
+    assert text["short"]["chunks"][-1] == ("writ", []), "the start of the stop string, held back until the end"
 
 
 @pytest.mark.parametrize("body", ["while True:\n            pass", "time.sleep(3600)"])

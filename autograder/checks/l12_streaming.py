@@ -1,11 +1,13 @@
-"""Checks for lesson 12: the five streaming defenses, each alone, then all five inside the real server.
+"""Checks for lesson 12: the five streaming defenses and the text streamer, each alone, then all six inside the
+real server.
 
 Each component runs in the learner's process under a scripted driver (autograder/harnesses/server.py) and
 here with the reference; wrong answers are named by running the usual wrong versions (written below, in
 the grader) through the same driver. The last check starts the real server in the learner's process with
-the learner's five parts, drives it with a vanishing, a stalled, a retrying and a resuming client, and
-judges what came back: every whole answer against the engine's own greedy answer to the same prompt,
-generated here while the server runs (no second server: its timing would be one more thing to go wrong).
+the learner's six parts, drives it with a vanishing, a stalled, a retrying and a resuming client and one that
+reads an answer's text, and judges what came back: every whole answer against the engine's own greedy answer
+to the same prompt, generated here while the server runs (no second server: its timing would be one more thing
+to go wrong).
 """
 from __future__ import annotations
 
@@ -14,6 +16,7 @@ from functools import partial
 
 from autograder.core import SKIPPED, CaseFailed, LearnerRaised, NotStarted, Part, check
 from autograder.harnesses.server import (
+    COST_TOKENS,
     DRAFT,
     HUNG_S,
     POLITE_PROMPTS,
@@ -22,11 +25,19 @@ from autograder.harnesses.server import (
     RESUME_TOKENS,
     RETRY_PROMPT,
     RETRY_TOKENS,
+    TEXT_PROMPT,
+    TEXT_SHORT,
+    TEXT_STOP,
+    TEXT_TOKENS,
+    ByteDecoder,
+    cost_pieces,
     drive_buffer,
     drive_buffer_lists,
     drive_cache,
     drive_framer,
     drive_resume,
+    drive_streamer,
+    drive_streamer_cost,
     drive_watcher,
     run_server,
 )
@@ -589,7 +600,221 @@ def sse_framer(t):
                                if v != "ka_data"})
 
 
-# -- 12.6 all five, in the real server -----------------------------------------------------------------------------
+# -- 12.6 the text of each chunk -----------------------------------------------------------------------------------
+
+
+class _Streamer:
+    """The contract and its usual wrong versions, over any decode (trusted, run here through drive_streamer). It
+    decodes all the tokens each time (the cases are short). Its rule is answer code: the checks drive it only
+    inside `streamer_mistakes`."""
+
+    def __init__(self, decode, stop, include_stop_str_in_output=False, min_tokens=0, variant=""):
+        self.decode, self.stops, self.include = decode, list(stop), include_stop_str_in_output
+        self.min_tokens, self.v, self.ids, self.text, self.shown, self.searched = min_tokens, variant, [], "", 0, 0
+        self.stop_reason, self.ended = None, False
+
+    @answer_code
+    def add(self, token_ids):
+        if self.ended:
+            return ""
+        first = len(self.text)  # where this add's text begins
+        for token in token_ids:
+            self.ids.append(token)
+            if self.v == "drops_char":  # each token decoded alone; the U+FFFD of its pieces dropped
+                self.text += self.decode([token]).replace("\ufffd", "")
+            else:
+                whole = self.decode(self.ids)
+                if self.v == "shows_char" or not whole.endswith("\ufffd"):
+                    self.text = whole
+            start, self.searched = self.searched, len(self.text)
+            if len(self.ids) <= self.min_tokens and self.v != "min_tokens":
+                continue
+            hits = []
+            for i, s in enumerate(self.stops):
+                at = self.text.find(s, first if self.v == "chunk_only" else max(0, start - len(s) + 1))
+                if at != -1:
+                    hits.append((i, at) if self.v == "first_listed" else (at + len(s), i, at))
+            if hits:
+                i, at = min(hits)[-2:]
+                s = self.stops[i]
+                self.stop_reason, self.ended = s, True
+                cut = at + len(s) if self.include or self.v == "cut_after" else at
+                self.text = self.text[:cut] + (self.text[at + len(s):] if self.v == "keeps_after" else "")
+                break
+        held = 0
+        if not (self.ended or self.include or self.v == "no_hold"):
+            longest = max(map(len, self.stops), default=0)
+            held = min(len(self.text), longest - 1) if self.v == "max_len" else next(
+                (k for k in range(min(longest, len(self.text)), 0, -1)
+                 if any(s.startswith(self.text[-k:]) for s in self.stops)), 0)
+        end = max(self.shown, len(self.text) - held)
+        out, self.shown = self.text[self.shown:end], end
+        return out
+
+    @answer_code
+    def finish(self):
+        if self.ended:
+            return ""
+        if self.v == "finish_never":
+            self.ended = True
+            return ""
+        if self.v not in ("drops_char", "drops_partial"):
+            self.text = self.decode(self.ids)
+        out = self.text[self.shown:]
+        if self.v != "finish_twice":
+            self.shown, self.ended = len(self.text), True
+        return out
+
+
+STREAMER_MISTAKES = {
+    "holds back nothing: it shows the start of a stop string, which the next tokens may complete (and then that "
+    "text was never the answer's); hold back the longest tail of the text that a stop string begins with": "no_hold",
+    "always holds back the longest stop string's length - 1 characters, as vLLM does: never wrong, but this "
+    "contract shows text as soon as no stop string can claim it (hold back only the longest tail of the text "
+    "that a stop string begins with)": "max_len",
+    "finds a stop string only inside one add's text: one that begins in text shown or held back by an earlier add "
+    "and ends in this one is missed (search the new text and the longest stop string's length - 1 characters "
+    "before it)": "chunk_only",
+    "cuts the text after the stop string instead of before it: without include_stop_str_in_output the stop string "
+    "is not part of the text": "cut_after",
+    "removes the stop string but keeps the text after it: everything after a stop string is cut": "keeps_after",
+    "takes the first stop string in the list that appears, not the one that ends first (the engine stops at the "
+    "first token that completes one; on a tie, the one listed first)": "first_listed",
+    "drops a multi-byte character split across tokens: each token decoded alone gives U+FFFD for its piece of the "
+    "character; decode the window of tokens since the text last ended in a whole character": "drops_char",
+    "shows a character before all its bytes have come (U+FFFD): while the decoded text ends in U+FFFD, wait for "
+    "the next token": "shows_char",
+    "never releases the held-back text at finish(): an answer that ends without a stop string (length, EOS) ends "
+    "with everything held back": "finish_never",
+    "releases the held-back text at every finish() call: a second call must return \"\" (what is returned only "
+    "appends)": "finish_twice",
+    "drops a character never completed at finish(): the answer's text is decode(all its tokens), U+FFFD "
+    "included": "drops_partial",
+    "matches a stop string inside the text of the first min_tokens tokens: that text is never searched (a stop "
+    "string counts only if it ends after it)": "min_tokens",
+}
+
+
+def _tokens(*parts) -> list[bytes]:
+    return [p if isinstance(p, bytes) else p.encode() for p in parts]
+
+
+def _each(n: int, finishes: int = 1) -> list:
+    """One add per token, then finish()."""
+    return [("add", [i]) for i in range(n)] + [("finish",)] * finishes
+
+
+STREAMER_CASES = [
+    ("visible: the docstring example", (_tokens("Hi", " E", "ND", "!"), ["END"], False, 0, _each(4))),
+    ("visible: a stop string split across two chunks, its start held back, released, held back again",
+     (_tokens("a <", "e", "x", "> b <e", "os> c", " d"), ["<eos>"], False, 0,
+      [("add", [0]), ("add", [1]), ("add", [2]), ("add", [3]), ("add", [4]), ("add", [5]), ("finish",)])),
+    ("visible: a stop string across three tokens that come in two chunks",
+     (_tokens("x = ", "<", "|e", "nd|>", "y"), ["<|end|>"], False, 0, [("add", [0, 1]), ("add", [2, 3, 4]),
+                                                                       ("finish",)])),
+    ("visible: characters split across tokens (the two bytes of \u00e9, the four of \U0001f600)",
+     (_tokens("caf", b"\xc3", b"\xa9", " ok ", b"\xf0\x9f", b"\x98", b"\x80", "!"), [], False, 0, _each(8))),
+    ("visible: a character split across tokens next to a stop string",
+     (_tokens("na", b"\xc3", b"\xaf", "ve", b"\xc3", b"\xa9!"), ["\u00e9!"], False, 0, _each(6))),
+    ("visible: one stop string is the start of another", (_tokens("x", "a", "bc"), ["abc", "ab"], False, 0, _each(3))),
+    ("visible: two stop strings complete in one token; the one that ends first wins",
+     (_tokens("xabcd", "e"), ["bcd", "ab"], False, 0, [("add", [0, 1]), ("finish",)])),
+    ("visible: two stop strings end at the same character; the one listed first wins",
+     (_tokens("zab", "cd", "e"), ["cd", "bcd"], False, 0, _each(3))),
+    ("visible: overlapping matches of one stop string", (_tokens("a", "a", "a", "b", "c"), ["aab"], False, 0,
+                                                          _each(5))),
+    ("visible: include_stop_str_in_output", (_tokens("Hi", " E", "ND", "!"), ["END"], True, 0, _each(4))),
+    ("visible: a stop string at the very start", (_tokens("EN", "D and more", " text"), ["END"], False, 0, _each(3))),
+    ("visible: one token holds the stop string and text after it",
+     (_tokens("foo EN", "D bar", " baz"), ["END"], False, 0, _each(3))),
+    ("visible: the answer ends without its stop string: finish() releases the start of it, once",
+     (_tokens("The en", "d is ne", "ar: E", "N"), ["END"], False, 0, _each(4, finishes=2))),
+    ("visible: the answer ends inside a character", (_tokens("ok ", b"\xe2\x82"), ["x"], False, 0, _each(2))),
+    ("visible: min_tokens=2: the first two tokens' text is never searched",
+     (_tokens("ab", "c", "xa", "b"), ["ab"], False, 2, _each(4))),
+    ("visible: min_tokens=1: a stop string that begins in the first token's text and ends after it",
+     (_tokens("a", "b", "c"), ["ab"], False, 1, _each(3))),
+]
+
+
+def _show(p: bytes) -> str:
+    try:
+        return repr(p.decode())
+    except UnicodeDecodeError:
+        return repr(p)
+
+
+def describe_streamer_case(pieces, stop, include, min_tokens, ops) -> str:
+    adds = ", ".join(f"add {op[1]}" if op[0] == "add" else "finish()" for op in ops)
+    extra = (", include_stop_str_in_output" if include else "") + (f", min_tokens={min_tokens}" if min_tokens else "")
+    return (f"tokens {' '.join(f'{i}={_show(p)}' for i, p in enumerate(pieces))}; stop {stop}{extra}; "
+            f"then {adds}")
+
+
+def random_streamer_case(rng):
+    """A short text with multi-byte characters, cut into 1- to 4-byte tokens, added 1 to 3 tokens at a time; stop
+    strings mostly taken from the text (so they complete), some not."""
+    text = "".join(rng.choice(["a", "b", "c", " ", "\n", "\u00e9", "\u20ac", "\U0001f600", "ab", "ba"])
+                   for _ in range(rng.randint(12, 30)))
+    stops = []
+    for _ in range(rng.randint(1, 3)):
+        if rng.random() < 0.7:
+            i = rng.randrange(len(text))
+            stops.append(text[i:i + rng.choice([1, 2, 2, 3, 4])])
+        else:
+            stops.append("".join(rng.choice(["a", "b", "\u00e9", "x"]) for _ in range(rng.randint(1, 3))))
+    data, pieces = text.encode(), []
+    while len(b"".join(pieces)) < len(data):
+        at = len(b"".join(pieces))
+        pieces.append(data[at:at + rng.randint(1, 4)])
+    ops, i = [], 0
+    while i < len(pieces):
+        k = rng.randint(1, 3)
+        ops.append(("add", list(range(i, min(i + k, len(pieces))))))
+        i += k
+    ops.append(("finish",))
+    return pieces, list(dict.fromkeys(stops)), rng.random() < 0.3, rng.choice([0, 0, 0, 1, 3]), ops
+
+
+@answer_code
+def streamer_mistakes(pieces, stop, include, min_tokens, ops) -> dict:
+    """{mistake: what drive_streamer reports for it} (STREAMER_MISTAKES) over one scripted answer."""
+    return {name: drive_streamer(partial(_Streamer, variant=v), pieces, stop, include, min_tokens, ops)
+            for name, v in STREAMER_MISTAKES.items()}
+
+
+def _streamer_ref(ref, pieces, stop, include, min_tokens, ops):
+    return drive_streamer(ref.StopStringDetokenizer, pieces, stop, include, min_tokens, ops)
+
+
+DECODE_BUDGET = 20  # token ids decoded per token, at most (the reference: about 3; all of them each time: ~1,000)
+WHOLE_DECODE = ("decodes the whole output at every token: {ids:,} token ids decoded for {n:,} tokens added one at "
+                "a time (about n^2 / 2 = {quad:,}; at most {budget:,} expected). Decode a window: the tokens since the "
+                "text last ended in a whole character, after the run before them (vLLM's prefix_offset and "
+                "read_offset), and keep the text already decoded")
+
+
+@check(points=3, section="12.6", timeout=60)
+def stop_string_detokenizer(t):
+    """StopStringDetokenizer: the text each add and finish returns and stop_reason, over scripted answers of byte
+    tokens; and how many token ids it decodes over a long answer."""
+    for label, case in t.cases(visible=STREAMER_CASES, hidden=random_streamer_case, n=3):
+        with t.case(f"{label}: {describe_streamer_case(*case)}"):
+            expected = t.reference(_streamer_ref, *case)
+            got = t.run(drive_streamer, t.learner("StopStringDetokenizer"), *case, what="your StopStringDetokenizer")
+            t.expect(got, expected, "per add or finish: (the text returned, stop_reason after it)",
+                     mistakes=streamer_mistakes(*case))
+    with t.case(f"visible: an answer of {COST_TOKENS:,} tokens added one at a time decodes a window per token"):
+        got = t.run(drive_streamer_cost, t.learner("StopStringDetokenizer"), what="your StopStringDetokenizer")
+        n = got["tokens"]
+        t.expect_true(got["text"] == ByteDecoder(cost_pieces(n))(range(n)),
+                      f"the text returned over {n:,} tokens, joined, is not the answer's text (decode of all its "
+                      "tokens: no stop string completes in it)")
+        t.expect_true(got["ids_decoded"] <= DECODE_BUDGET * n,
+                      WHOLE_DECODE.format(ids=got["ids_decoded"], n=n, quad=n * (n + 1) // 2, budget=DECODE_BUDGET * n))
+
+
+# -- 12.7 all six, in the real server -----------------------------------------------------------------------------
 
 # Beside a stalled reader the polite streams must keep at least this share of their pace beside a reader
 # that keeps up (run_server measures once more when a try falls below 0.6; the best try counts). Measured
@@ -604,7 +829,8 @@ def expected_answers(polite_tokens: int = POLITE_TOKENS, retry_tokens: int = RET
     """What every client of run_server that reads to the end must receive: the greedy answers of the same
     model to the same prompts, generated offline by the engine (no server, no timing), here in the grader.
     Returns {"polite": [three answers], "retry": answer, "resume": answer}, each as the harness's client
-    reports a whole stream."""
+    reports a whole stream, and {"text": answer, "short": answer}, the text case's answers (tokens, text,
+    finish_reason, stop_reason: the engine matches the stop string itself)."""
     import torch
 
     from reference_engine.llm import LLM
@@ -612,11 +838,15 @@ def expected_answers(polite_tokens: int = POLITE_TOKENS, retry_tokens: int = RET
     torch.set_num_threads(1)
     prompts = [*POLITE_PROMPTS, RETRY_PROMPT, RESUME_PROMPT]
     lengths = [polite_tokens] * len(POLITE_PROMPTS) + [retry_tokens, resume_tokens]
-    outs = LLM(str(DRAFT), max_num_seqs=8).generate(
-        prompts, [SamplingParams(max_tokens=n, temperature=0, ignore_eos=True) for n in lengths])
+    params = [SamplingParams(max_tokens=n, temperature=0, ignore_eos=True) for n in lengths]
+    params += [SamplingParams(max_tokens=n, temperature=0, stop=[TEXT_STOP]) for n in (TEXT_TOKENS, TEXT_SHORT)]
+    outs = LLM(str(DRAFT), max_num_seqs=8).generate(prompts + [TEXT_PROMPT, TEXT_PROMPT], params)
     answers = [{"tokens": list(o.token_ids), "finish_reason": o.outputs[0].finish_reason, "done": True,
-                "error": None} for o in outs]
-    return {"polite": answers[:len(POLITE_PROMPTS)], "retry": answers[-2], "resume": answers[-1]}
+                "error": None} for o in outs[:-2]]
+    text, short = ({"tokens": list(o.token_ids), "text": o.outputs[0].text, "finish_reason": o.outputs[0].finish_reason,
+                    "stop_reason": o.outputs[0].stop_reason} for o in outs[-2:])
+    return {"polite": answers[:len(POLITE_PROMPTS)], "retry": answers[-2], "resume": answers[-1], "text": text,
+            "short": short}
 
 
 HUNG = (f"your DisconnectWatcher.watch never gave the event loop back ({HUNG_S:g} s past the point where it should "
@@ -639,6 +869,7 @@ def _stub_guard(t):
         if _hung(t.run(drive_watcher, t.learner("DisconnectWatcher"), ["http.disconnect"], WATCH_S)):
             raise CaseFailed(HUNG + " (the server cannot run with it)")
         t.run(drive_resume, t.learner("plan_resume"), [_gen([1], [2], 3, "abort", False, 1)])
+        t.run(drive_streamer, t.learner("StopStringDetokenizer"), [b"a"], ["b"], False, 0, [("add", [0]), ("finish",)])
     except LearnerRaised as e:
         if e.info.get("not_implemented"):
             raise NotStarted(e.info.get("message") or "a stub still raises NotImplementedError") from None
@@ -697,18 +928,21 @@ def _stream(s) -> str:
     return f"{len(s['tokens'])} tokens, finish_reason {s['finish_reason']}, [DONE] {s['done']}, error {s['error']}"
 
 
-@check(points=4, section="12.6", timeout=240, timed=True, cost=1.2)
+@check(points=4, section="12.7", timeout=240, timed=True, cost=1.2)
 def streaming_server(t):
-    """The real server with your five parts: a vanished client freed within a few steps, a stalled reader
+    """The real server with your six parts: a vanished client freed within a few steps, a stalled reader
     dropped without holding up the others (they keep their pace), per-stream memory bounded, retries
-    generated once, resume continuing where the client stopped, and no KV block leaked."""
+    generated once, resume continuing where the client stopped, no KV block leaked, and an answer's text cut at
+    its stop string, the same streamed, whole and offline."""
     _stub_guard(t)
     run = None
     with t.case("the server runs your parts and shuts down cleanly"):
         run, ref = t.run_against(expected_answers, run_server, t.learner("CoalescingBuffer"),
                                  t.learner("DisconnectWatcher"), t.learner("IdempotencyCache"),
-                                 t.learner("plan_resume"), t.learner("SSEFramer"),
+                                 t.learner("plan_resume"), t.learner("SSEFramer"), t.learner("StopStringDetokenizer"),
                                  what="the server, with your components,")
+        t.expect_true(not run["streamer_errors"], "your StopStringDetokenizer raised in the server (which ends that "
+                                                  f"stream): {'; '.join(run['streamer_errors'])}")
         t.expect_true(run["engine_stopped"], "the engine loop did not stop with the server")
         t.expect_true(run["leaked_blocks"] == 0, f"{run['leaked_blocks']} KV blocks were still held after every "
                                                  "client had gone and the server stopped")
@@ -782,3 +1016,61 @@ def streaming_server(t):
                       f"head ({len(s['head'])} tokens) + resumed tail ({_stream(s['tail'])}) should be the "
                       f"{len(whole)}-token answer" + (": the resumed stream repeats tokens the client had"
                                                        if len(got) > len(whole) else "") + _framing(s["tail"]))
+    _text_cases(t, run["text"], ref)
+
+
+def _joined(answer: dict) -> str:
+    return "".join(text for text, _ in answer["chunks"])
+
+
+def _text_mistake(got: str, want: str, chunks: list) -> str:
+    """Why the streamed text of the stop-string answer differs from the answer's, as the streamer's mistake."""
+    head = (f"your StopStringDetokenizer, in the server: the stream showed {got!r}; the answer's text is {want!r} "
+            f"(cut before the stop string {TEXT_STOP!r}; the text of each chunk: {[text for text, _ in chunks]}). ")
+    at_finish = chunks[-1][0] if chunks and not chunks[-1][1] else ""  # the last chunk: finish(), no token
+    if TEXT_STOP in got and at_finish:
+        return head + (f"It never found the stop string, whose tokens came in {sum(1 for _, ids in chunks if ids)} "
+                       f"chunks, and released {at_finish!r} at finish(): looks like your code finds a stop string only "
+                       "inside one add's text (search the new text and the longest stop string's length - 1 "
+                       "characters before it)")
+    if got == want + TEXT_STOP:
+        return head + "Looks like your code cuts the text after the stop string instead of before it"
+    if len(got) > len(want) and got.startswith(want) and (want + TEXT_STOP).startswith(got):
+        return head + (f"It showed {got[len(want):]!r}, the start of the stop string, before the tokens that complete "
+                       "it: looks like your code holds back nothing (hold back the longest tail of the text that a "
+                       "stop string begins with)")
+    if TEXT_STOP in got:
+        return head + ("It never found the stop string: looks like your code finds a stop string only inside one "
+                       "add's text (search the new text and the longest stop string's length - 1 characters before it)")
+    return head + "The chunks joined must be the answer's text"
+
+
+def _text_cases(t, text: dict, ref: dict) -> None:
+    """The answer with a stop string: streamed (the stop string split across tokens and chunks) and whole, against
+    the engine's offline answer; and the same answer ended by max_tokens on the start of the stop string."""
+    want, s, whole = ref["text"], text["stream"], text["whole"]
+    with t.case(f"a stop string split across tokens ({TEXT_STOP!r}): streamed, whole and offline, the same text"):
+        t.expect_true(s["error"] is None and s["done"], f"the streamed answer failed: {s['error']}")
+        ids = [i for _, chunk in s["chunks"] for i in chunk]
+        t.expect_true(ids == want["tokens"] and s["finish_reason"] == "stop",
+                      f"the stream carried tokens {ids} (finish_reason {s['finish_reason']}); the engine's answer is "
+                      f"{want['tokens']}, ended by the stop string")
+        got = _joined(s)
+        if got != want["text"]:
+            t.fail(_text_mistake(got, want["text"], s["chunks"]))
+        t.expect_true(s["stop_reason"] == TEXT_STOP, f"the stream's stop_reason is {s['stop_reason']!r}, not "
+                                                     f"{TEXT_STOP!r}: your StopStringDetokenizer's stop_reason")
+        t.expect_true(whole["error"] is None and _joined(whole) == want["text"] and whole["stop_reason"] == TEXT_STOP,
+                      f"the whole (not streamed) answer: {_joined(whole)!r}, stop_reason {whole.get('stop_reason')!r} "
+                      f"(error {whole['error']}); expected {want['text']!r} and {TEXT_STOP!r}")
+    short, s = ref["short"], text["short"]
+    with t.case("an answer cut by max_tokens on the start of the stop string: finish() releases it"):
+        t.expect_true(s["error"] is None and s["done"], f"the streamed answer failed: {s['error']}")
+        got = _joined(s)
+        missing = short["text"][len(got):] if short["text"].startswith(got) else ""
+        t.expect_true(got == short["text"],
+                      f"your StopStringDetokenizer, in the server: the stream showed {got!r}; the answer ended by "
+                      f"max_tokens as {short['text']!r}, without its stop string {TEXT_STOP!r}"
+                      + (f". Looks like your code never releases the held-back text ({missing!r}) at finish()"
+                         if missing else ""))
+

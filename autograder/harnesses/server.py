@@ -7,13 +7,15 @@ by the grader: it runs next to learner code and returns only what a client or an
 answers a client must receive are the engine's own greedy answers to the prompts below, computed by the grader
 (autograder/checks/l12_streaming.py, expected_answers).
 
-    drive_buffer / drive_watcher / drive_cache / drive_resume / drive_framer: one component, scripted
+    drive_buffer / drive_watcher / drive_cache / drive_resume / drive_framer / drive_streamer: one component,
+        scripted (drive_streamer over ByteDecoder, a byte-level tokenizer's decode on a table of byte strings);
+        drive_streamer_cost: how many token ids a streamer decodes over a long answer
     run_server: create_app(engine, components=StreamComponents(<the parts>)) under uvicorn on a free port
         (small socket and write buffers, so that a reader that stops reading stalls the server's writes
         after a few KiB), then scripted clients, one after another: a vanishing one, polite ones beside a
         long stream read by a client that keeps up and then beside a stalled one (their pace compared), a
-        retrying one, a resuming one. Every wait is bounded; the server, its threads and
-        sockets are closed before it returns.
+        retrying one, a resuming one, and the text of an answer with a stop string, streamed and whole.
+        Every wait is bounded; the server, its threads and sockets are closed before it returns.
 """
 from __future__ import annotations
 
@@ -33,6 +35,11 @@ MODEL = "m"
 POLITE_PROMPTS = [[31, 32, 33], [31, 32, 34], [31, 32, 35]]
 RETRY_PROMPT = [41, 42, 43]
 RESUME_PROMPT = [51, 52]
+# The text case: the draft's greedy answer to TEXT_PROMPT is "(self, other):\n        self._writing =
+# self._writing()..." in tokens '(', 'self', ',', ' other', '):', '\n       ', ' self', '._', 'w', 'rit', 'ing',
+# ' =', ...: TEXT_STOP spans four tokens, and "writing" is held back once (until ' =' rules it out) before the
+# stop string completes. TEXT_SHORT tokens end on "writ", the start of TEXT_STOP, which only the end of the answer releases.
+TEXT_PROMPT, TEXT_STOP, TEXT_TOKENS, TEXT_SHORT = [71, 72], "writing()", 40, 10
 
 # -- one component at a time -------------------------------------------------------------------------------
 
@@ -204,6 +211,60 @@ def drive_framer(cls, interval: float, payloads: list) -> dict:
             "refuses_cr": refused_cr}
 
 
+class ByteDecoder:
+    """decode(token_ids) -> str as a byte-level tokenizer decodes: token i stands for the bytes pieces[i]; the
+    bytes are joined and read as UTF-8, with U+FFFD for what is not (yet) a whole character. Counts what it is
+    asked: calls, and token ids decoded in all."""
+
+    def __init__(self, pieces: list):
+        self.pieces = [bytes(p) for p in pieces]
+        self.calls = self.ids_decoded = 0
+
+    def __call__(self, token_ids) -> str:
+        ids = list(token_ids)
+        self.calls += 1
+        self.ids_decoded += len(ids)
+        return b"".join(self.pieces[i] for i in ids).decode("utf-8", errors="replace")
+
+
+@harness
+def drive_streamer(cls, pieces: list, stop: list, include: bool, min_tokens: int, ops: list) -> list:
+    """cls(ByteDecoder(pieces), stop, include, min_tokens) driven by ops: ("add", token_ids) or ("finish",).
+    Returns per op (what it returned, stop_reason after it)."""
+    s = cls(ByteDecoder(pieces), list(stop), include, min_tokens)
+    out = []
+    for op in ops:
+        got = s.add(list(op[1])) if op[0] == "add" else s.finish()
+        out.append((got, s.stop_reason))
+    return out
+
+
+COST_TOKENS = 2000
+COST_STOP = "<|end|>"
+
+
+def cost_pieces(n: int = COST_TOKENS) -> list[bytes]:
+    """n tokens of text with multi-byte characters (some split across tokens) and the start of COST_STOP now and
+    then, but never all of it: token i stands for pieces[i]."""
+    words = ["the ", "caf\u00e9 ", "<|en", "d ", "\u20ac5 ", "\U0001f600 ", "<", "|e", "x ", "na\u00efve "]
+    data = "".join(words[i % len(words)] for i in range(n)).encode()
+    out, at = [], 0
+    for i in range(n):
+        out.append(data[at:at + 1 + i % 3])
+        at += 1 + i % 3
+    return out
+
+
+@harness
+def drive_streamer_cost(cls, n: int = COST_TOKENS) -> dict:
+    """An answer of n tokens (cost_pieces) added one at a time, then finish(): the token ids decode was given
+    in all (an incremental detokenizer decodes a few per token), its calls, and the text returned, joined."""
+    decode = ByteDecoder(cost_pieces(n))
+    s = cls(decode, [COST_STOP], False, 0)
+    text = "".join(s.add([i]) for i in range(n)) + s.finish()
+    return {"tokens": n, "ids_decoded": decode.ids_decoded, "calls": decode.calls, "text": text}
+
+
 # -- the server ------------------------------------------------------------------------------------------------
 
 
@@ -308,6 +369,65 @@ def _read(base_url: str, body: dict, headers: dict | None = None, stop_after: in
     return {"tokens": ids, "finish_reason": reason, "done": done, "error": None}
 
 
+def _read_text(base_url: str, body: dict) -> dict:
+    """One answer's text. Streamed (body["stream"]): the chunks as (text, token ids) in order, with the
+    finish_reason and stop_reason of the last; whole: its text as one chunk. Or the error."""
+    import httpx
+    chunks, reason, stop_reason, done = [], None, None, False
+
+    def failed(error: str) -> dict:
+        return {"chunks": chunks, "finish_reason": reason, "stop_reason": stop_reason, "done": False, "error": error}
+    try:
+        with httpx.Client(timeout=15, verify=False) as c:
+            if not body.get("stream"):
+                r = c.post(base_url + "/v1/completions", json=body)
+                if r.status_code != 200:
+                    return failed(f"HTTP {r.status_code}: {r.text[:200]}")
+                ch = r.json()["choices"][0]
+                return {"chunks": [(ch["text"], ch["token_ids"])], "finish_reason": ch["finish_reason"],
+                        "stop_reason": ch.get("stop_reason"), "done": True, "error": None}
+            with c.stream("POST", base_url + "/v1/completions", json=body) as r:
+                if r.status_code != 200:
+                    return failed(f"HTTP {r.status_code}")
+                for ev in _sse(r.iter_lines()):
+                    if ev == "DONE":
+                        done = True
+                        break
+                    if "error" in ev:
+                        return failed(ev["error"]["code"])
+                    ch = ev["choices"][0]
+                    chunks.append((ch["text"], ch["token_ids"]))
+                    reason = ch["finish_reason"] or reason
+                    stop_reason = ch.get("stop_reason") or stop_reason
+    except (httpx.HTTPError, json.JSONDecodeError, KeyError, IndexError, TypeError) as e:
+        return failed(f"{type(e).__name__}: {str(e)[:120]}")
+    return {"chunks": chunks, "finish_reason": reason, "stop_reason": stop_reason, "done": done, "error": None}
+
+
+class _Guarded:
+    """Wraps a text streamer to record what it raised in the server (where it would only break a stream)."""
+
+    def __init__(self, inner, errors: list):
+        self.inner, self.errors = inner, errors
+
+    def _call(self, name, *args):
+        try:
+            return getattr(self.inner, name)(*args)
+        except Exception as e:
+            self.errors.append(f"{name}: {type(e).__name__}: {str(e)[:200]}")
+            raise
+
+    def add(self, token_ids):
+        return self._call("add", token_ids)
+
+    def finish(self):
+        return self._call("finish")
+
+    @property
+    def stop_reason(self):
+        return self.inner.stop_reason
+
+
 def _wait(cond, timeout_s: float) -> bool:
     deadline = time.monotonic() + timeout_s
     while not cond():
@@ -328,11 +448,12 @@ POLITE_TOKENS, RETRY_TOKENS, RESUME_TOKENS = 24, 112, 40
 
 
 @harness
-def run_server(buffer_cls, watcher_cls, cache_cls, plan, framer_cls, high_water: int = 48,
+def run_server(buffer_cls, watcher_cls, cache_cls, plan, framer_cls, streamer_cls, high_water: int = 48,
                long_tokens: int = 400, polite_tokens: int = POLITE_TOKENS, retry_tokens: int = RETRY_TOKENS,
                resume_tokens: int = RESUME_TOKENS, wait_s: float = 20.0, budget_s: float = 90.0,
                pace_retry_below: float = 0.6) -> dict:
-    """The server with these parts (plan: a function plan(generation, received) -> ResumePlan) on the draft
+    """The server with these parts (plan: a function plan(generation, received) -> ResumePlan; streamer_cls
+    made per choice as streamer_cls(decode, stop, include_stop_str_in_output, min_tokens)) on the draft
     model, greedy, driven by scripted clients. Each wait gives up after wait_s, and all of them together
     after budget_s (a broken part then shows as a client that got nothing, not as a hang). Returns plain
     data: see the keys below."""
@@ -348,10 +469,12 @@ def run_server(buffer_cls, watcher_cls, cache_cls, plan, framer_cls, high_water:
     drops: list[bool] = []  # per reader given up: whether the contract allowed it (see _Recording)
     lag = 60.0  # max_lag_s of every stream buffer
     buffers: list[_Recording] = []  # every stream's buffer, in order of creation
+    streamer_errors: list[str] = []  # what the text streamer raised in the server
     comps = StreamComponents(make_buffer=lambda: _Recording(buffer_cls(high_water, lag), peaks, drops, high_water, lag,
                                                             buffers),
                              disconnect=watcher_cls(), cache=cache_cls(1), resume=_PlanAdapter(plan),
-                             framer=framer_cls(0.5), write_timeout_s=3.0)
+                             framer=framer_cls(0.5), write_timeout_s=3.0,
+                             make_detokenizer=lambda *args: _Guarded(streamer_cls(*args), streamer_errors))
     app = create_app(engine, MODEL, components=comps)
     server = ServerThread(app, sndbuf=4096, write_buffer_bytes=2048).start()
     aengine, metrics, out = app.state.aengine, app.state.metrics, {}
@@ -488,11 +611,24 @@ def run_server(buffer_cls, watcher_cls, cache_cls, plan, framer_cls, high_water:
         requests, tokens, gens = generated(key)
         out["resume"] = {"head": part["tokens"], "tail": tail, "engine_requests": requests, "engine_tokens": tokens,
                          "generations": gens}
+        # 5. text: an answer whose stop string spans four tokens, streamed and whole; and the same answer cut by
+        # max_tokens just after the start of the stop string, which only its end releases. The stream is read
+        # again (five times at most) while its last two tokens came in one chunk (the buffer coalesces what the
+        # event loop had no time to send): the stop string should come across several chunks.
+        body = {"model": MODEL, "prompt": TEXT_PROMPT, "max_tokens": TEXT_TOKENS, "temperature": 0,
+                "stop": [TEXT_STOP]}
+        for _ in range(5):
+            streamed = _read_text(url, {**body, "stream": True})
+            if streamed["error"] or [len(ids) for _, ids in streamed["chunks"] if ids][-2:] == [1, 1]:
+                break
+        out["text"] = {"stream": streamed, "whole": _read_text(url, body),
+                       "short": _read_text(url, {**body, "max_tokens": TEXT_SHORT, "stream": True})}
         out["peak_pending"] = max(peaks, default=0)
         out["early_drops"] = drops.count(False)
         out["high_water"] = high_water
     finally:
         server.stop()
+    out["streamer_errors"] = streamer_errors[:3]
     out["leaked_blocks"] = engine.num_blocks - engine.block_manager.num_free()
     out["engine_stopped"] = not aengine.running
     return out

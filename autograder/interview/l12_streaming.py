@@ -1,4 +1,5 @@
-"""Lesson 12 questions: what vanished, slow and retrying clients cost a GPU slot, and the defenses."""
+"""Lesson 12 questions: what vanished, slow and retrying clients cost a GPU slot, the defenses, and what streaming an
+answer's text costs."""
 from __future__ import annotations
 
 from reference_engine.gpu_model import H100, LLAMA_3_8B, Composition, kv_bytes_per_token, step_time
@@ -137,6 +138,30 @@ def retry_tokens(rng, ref):
         ["the retry replays the cached tokens and continues from the last one: none is decoded again"],
         "One generation per key; the continuation prefills prompt + tokens once instead of decoding them again.",
         rtol=0))
+    return q
+
+
+@template(STEM, "token ids decoded to stream an answer's text")
+def decode_cost(rng, ref):
+    n, per, window = pick(rng, [600, 1000, 1200, 2000, 2400, 4000]), pick(rng, [1, 2, 4]), pick(rng, [2, 3, 4])
+    chunks = n // per
+    whole = per * chunks * (chunks + 1) // 2
+    each = "one token" if per == 1 else f"{per} tokens"
+    q = Numeric(
+        f"A server streams an answer of {n} tokens, {each} per chunk. For each chunk it decodes every token of the "
+        "answer so far and sends the text that is new. How many token ids does it decode over the whole answer?",
+        "tokens", whole,
+        [f"{chunks} chunks; chunk k decodes {per if per > 1 else ''}{'k' if per == 1 else ' x k'} token ids",
+         f"{per} x (1 + 2 + ... + {chunks}) = {per} x {chunks} x {chunks + 1} / 2 = {fmt(whole)}"],
+        "Decoding the whole answer at every chunk is quadratic in its length, and it runs on the event loop that "
+        "serves every stream.",
+        mistakes={"counts each token once": n, "counts n^2": n * n})
+    q.follow_ups.append(Numeric(
+        f"It now decodes a window instead, as vLLM does: per token, the tokens since the text last ended in a whole "
+        f"character and the run before them, {window} token ids on average here. Token ids decoded over the answer?",
+        "tokens", window * n, [f"{n} tokens x {window} = {fmt(window * n)}"],
+        "Linear in the answer's length: the text already decoded is kept, and only a window can still change.",
+        mistakes={"still counts the whole answer": whole}))
     return q
 
 

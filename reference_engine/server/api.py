@@ -17,10 +17,11 @@ sent wrong or asked for that is not implemented, 401 for a wrong API key, 404 fo
 body over max_body_bytes (limits.py), 500 (or, mid-stream, an error event and [DONE]) for a request the
 engine failed; that failure ends only that request.
 
-Text is detokenized from all of a choice's tokens at each chunk. A stream never shows text that a stop string
-may still claim: it holds back the longest tail that is a prefix of a stop string (and a UTF-8 character not
-yet complete) until the next tokens rule it out; the finished answer's text is the engine's, cut before the
-stop string, so streamed and whole answers are the same text.
+Each choice's text comes from its TextStreamer (components.make_detokenizer; interfaces.py): an incremental
+detokenizer that decodes a window of the last tokens, never shows text that a stop string may still claim (it
+holds back the longest tail that a stop string begins with, and a UTF-8 character not yet complete, until the
+next tokens rule it out) and cuts the text at the stop string as the engine does. Streamed and whole answers go
+through it alike, so they are the same text, and the engine's.
 
 Nothing slow runs on the event loop: prompts are tokenized in a worker thread, after a bound on their
 length in characters that refuses what cannot fit without tokenizing it.
@@ -44,7 +45,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from ..sampling import MAX_TOKENS_LIMIT, SamplingParams, stop_prefix_len
+from ..sampling import MAX_TOKENS_LIMIT, SamplingParams
 from .async_engine import AsyncEngine
 from .auth import APIKeyAuth
 from .chat import apply_chat_template
@@ -413,7 +414,7 @@ class _Handlers:
             subs = self.service.open_group(ids, params, fp)
         else:
             subs = [self.service.open(ids, params, fp, key, received)]
-        resp = _Response(kind, self.name, ids, self.engine.tokenizer, subs, params, opts)
+        resp = _Response(kind, self.name, ids, self.engine.tokenizer, subs, params, opts, self.c)
         if body.stream:
             return EventStreamResponse(self._events(subs, resp), subs, self.service, self.c)
 
@@ -542,67 +543,84 @@ LOGPROB_FLOOR = -9999.0  # what vLLM reports for a logprob of -inf (JSON has no 
 
 
 class _Choice:
-    """One choice of a response: its tokens so far, the text the client holds, and what comes next.
+    """One choice of a response: its tokens so far, and the text its detokenizer released for them.
 
-    The text shown is visible(decode(tokens)): all of it but a trailing incomplete UTF-8 character and, with
-    stop strings (not included in the output), the longest tail that is a prefix of one. Once the answer is
-    complete (finished "stop" or "length", every token read) it is the engine's text, cut at the stop string.
-    Each only grows by appending, so the deltas a stream sends add up to the whole answer's text.
+    Every token the choice reads goes through its TextStreamer (components.make_detokenizer), which shows text
+    once no stop string can claim it and no character is half there; once the answer is complete (finished "stop"
+    or "length", every token read) finish() releases what it still held back. What it returns only appends, so
+    the deltas a stream sends add up to the whole answer's text. A resumed stream feeds it the tokens the client
+    already has first, and drops that text: the client holds it.
     """
 
-    def __init__(self, index: int, sub: Subscriber, decode, hold: list[str]):
-        self.index, self.sub, self.gen, self.decode, self.hold = index, sub, sub.gen, decode, hold
+    def __init__(self, index: int, sub: Subscriber, streamer):
+        self.index, self.sub, self.gen, self.streamer = index, sub, sub.gen, streamer
         self.ids = list(sub.gen.token_ids[:sub.start])  # what the client already has (a resumed stream)
-        self.sent = self.visible(decode(self.ids)) if self.ids else ""  # the text the client holds
-        self.start = self.sent
+        if self.ids:
+            streamer.add(list(self.ids))
+        self.text = ""  # the text this response released
         self.new_ids: list[int] = []
         self.finished_sent = False
+        self.ended = False  # finish() called
         self.offset = 0  # completions' text_offset of the next token
-
-    def visible(self, text: str) -> str:
-        text = text.rstrip("\ufffd")
-        return text[:len(text) - stop_prefix_len(text, self.hold)] if self.hold else text
 
     @property
     def complete(self) -> bool:
         g = self.gen
         return not g.in_flight and g.finish_reason in ("stop", "length") and len(self.ids) == len(g.token_ids)
 
-    def text(self) -> str:
-        """The text shown for the tokens read so far."""
-        g = self.gen
-        if self.complete:
-            if g.text is not None and g.text_whole:
-                return g.text
-            return self.decode(self.ids)
-        return self.visible(self.decode(self.ids))
+    @property
+    def stop_reason(self):
+        """The stop string the detokenizer found, else the engine's (a stop token id, or None)."""
+        found = self.streamer.stop_reason
+        return found if found is not None else self.gen.stop_reason
 
     def add(self, tokens: list[int]) -> str:
         """Append tokens; return the text they release (maybe "")."""
         self.ids += tokens
         self.new_ids += tokens
-        return self.release()
+        return self._shown(self.streamer.add(list(tokens)))
 
     def release(self) -> str:
-        text = self.text()
-        if not text.startswith(self.sent):  # (never: the text only grows by appending)
+        """Once the answer is complete: the text the detokenizer still held back (else "")."""
+        if self.ended or not self.complete:
             return ""
-        delta, self.sent = text[len(self.sent):], text
+        self.ended = True
+        return self._shown(self.streamer.finish())
+
+    def _shown(self, delta: str) -> str:
+        self.text += delta
         return delta
+
+
+class _NoText:
+    """The TextStreamer of a model without a tokenizer: token ids only."""
+    stop_reason = None
+
+    def add(self, token_ids: list[int]) -> str:
+        return ""
+
+    def finish(self) -> str:
+        return ""
 
 
 class _Response:
     """OpenAI response bodies (whole, or chunks) for the choices of one request."""
 
     def __init__(self, kind: str, model: str, prompt_ids: list[int], tokenizer, subs: list[Subscriber],
-                 params: SamplingParams, opts: _Options):
+                 params: SamplingParams, opts: _Options, components: StreamComponents | None = None):
         self.kind, self.model, self.prompt_ids, self.opts = kind, model, prompt_ids, opts
         self.decode = tokenizer.decode if tokenizer is not None else (lambda ids: "")
         prefix = "chatcmpl-" if kind == "chat" else "cmpl-"
         self.id = prefix + (opts.request_id or uuid.uuid4().hex[:24])
         self.created = int(time.time())
-        hold = [] if params.include_stop_str_in_output else params.stop
-        self.choices = [_Choice(i, sub, self.decode, hold) for i, sub in enumerate(subs)]
+        comps = components or StreamComponents()
+
+        def streamer():
+            if tokenizer is None:
+                return _NoText()
+            return comps.new_detokenizer(self.decode, params.stop, params.include_stop_str_in_output,
+                                         params.min_tokens)
+        self.choices = [_Choice(i, sub, streamer()) for i, sub in enumerate(subs)]
         self._strs: dict[int, str] = {}
         # echo: each choice's text starts with the prompt's (not again for a resumed stream: the client has it)
         self.echo = opts.echo if opts.echo is not None and not any(sub.start for sub in subs) else None
@@ -635,7 +653,7 @@ class _Response:
             text = c.release()
             body = {"delta": {"content": text} if text else {}} if self.kind == "chat" else {"text": text}
             out.append(self._chunk({"index": c.index, **body, "logprobs": None, "finish_reason": c.sub.finish_reason,
-                                    "stop_reason": c.gen.stop_reason, "token_ids": []}))
+                                    "stop_reason": c.stop_reason, "token_ids": []}))
         return out
 
     def usage_chunk(self) -> dict:
@@ -661,10 +679,11 @@ class _Response:
     def full(self) -> dict:
         choices = []
         for c in self.choices:
-            text = c.text()[len(c.start):]
+            c.release()
+            text = c.text
             lps = self._logprobs(c, len(c.ids) - len(c.new_ids), len(c.ids), self.echo is not None)
             base = {"index": c.index, "logprobs": lps, "finish_reason": c.sub.finish_reason,
-                    "stop_reason": c.gen.stop_reason, "token_ids": c.new_ids}
+                    "stop_reason": c.stop_reason, "token_ids": c.new_ids}
             if self.kind == "chat":
                 choices.append({**base, "message": {"role": "assistant", "content": text}})
             else:

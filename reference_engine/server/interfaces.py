@@ -1,12 +1,15 @@
 """The streaming path's pluggable parts. The server (api.py) calls them; streaming.py has its defaults.
 
-A streamed answer passes through five decisions, each a defense against one way a client wastes a slot:
+A streamed answer passes through five decisions, each a defense against one way a client wastes a slot,
+and one that decides what text each chunk shows:
 
   StreamBuffer       a reader that falls behind        -> coalesce, then give up (abort) past a limit
   DisconnectWatcher  a reader that vanishes            -> abort the engine request within one engine step
   IdempotencyCache   a client that retries             -> attach to, or replay, the one generation per key
   ResumePolicy       a client that lost the tail       -> continue from the tokens it already has
   SSEFramer          the bytes on the wire             -> `data:` events, keep-alive comments, [DONE]
+  TextStreamer       the text of each chunk            -> decode a window of tokens; never show a character
+                                                          not yet complete or text a stop string may claim
 
 Pass replacements to api.create_app(components=StreamComponents(...)). Every method is called on the
 server's event loop (never concurrently with itself), so implementations need no locks; none may block.
@@ -147,3 +150,31 @@ class SSEFramer(Protocol):
     def keep_alive(self) -> bytes: ...
 
     def done(self) -> bytes: ...
+
+
+@runtime_checkable
+class TextStreamer(Protocol):
+    """One choice's text as its tokens arrive: incremental detokenization with stop strings (vLLM's
+    IncrementalDetokenizer and check_stop_strings, vllm/v1/engine/detokenizer.py).
+
+    Made per choice by StreamComponents.make_detokenizer(decode, stop, include_stop_str_in_output, min_tokens),
+    with decode the tokenizer's (token ids -> str; bytes of a character not all there decode as U+FFFD). The
+    answer's text is decode(all its token ids), cut at the first stop string to complete: before it, or after it
+    with include_stop_str_in_output; text made by the first min_tokens tokens is never searched. Contract:
+      - add(token_ids) takes the next tokens and returns the text they make safe to show: all of the text not
+        shown yet except a trailing character not yet complete and the longest tail that a stop string begins
+        with (the next tokens may complete it; nothing is held back with include_stop_str_in_output). Once a
+        stop string completes (the one that ends first; on a tie the one listed first) it returns the text up
+        to the cut, sets stop_reason, and every later add returns "".
+      - finish() is called once the answer ended without a stop string (length, EOS): it returns what is
+        still held back (a character never completed as U+FFFD); "" after a stop string, or when called again.
+      - What add and finish return only appends: joined, it is the answer's text, whatever the chunking.
+      - It decodes incrementally: a window of the last tokens per token, not the whole answer (which would
+        cost O(n^2) over an answer of n tokens), and searches only text that could end a new match.
+    The server feeds a resumed stream the tokens its client already holds first, and drops that text.
+    """
+    stop_reason: str | None
+
+    def add(self, token_ids: list[int]) -> str: ...
+
+    def finish(self) -> str: ...

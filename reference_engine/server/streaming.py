@@ -5,6 +5,7 @@ from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from ..sampling import StopStrings, stop_prefix_len
 from .interfaces import (
     DisconnectWatcher,
     Generation,
@@ -13,6 +14,7 @@ from .interfaces import (
     ResumePolicy,
     SSEFramer,
     StreamBuffer,
+    TextStreamer,
 )
 
 
@@ -138,16 +140,78 @@ class DefaultSSEFramer:
         return b"data: [DONE]\n\n"
 
 
+class IncrementalDetokenizer:
+    """A choice's text as its tokens arrive (the TextStreamer contract). Decoding is vLLM's
+    detokenize_incrementally (vllm/transformers_utils/detokenizer_utils.py) over decode(): each token decodes the
+    window from prefix_offset, and the text past read_offset is taken once it ends in a whole character (then the
+    window moves up); a few token ids per token, whatever the answer's length. Stop strings are matched by the
+    engine's own matcher (sampling.StopStrings: vLLM's check_stop_strings, run after each token on the text that
+    could end a new match), so the text is the engine's. The stream holds back the longest tail that a stop string
+    begins with (vLLM holds back the longest stop string's length - 1 characters: the same text, later)."""
+
+    def __init__(self, decode, stop: list[str], include_stop_str_in_output: bool = False, min_tokens: int = 0):
+        self.decode = decode
+        self.matcher = StopStrings(stop, include_stop_str_in_output, min_tokens) if stop else None
+        self.hold = [] if include_stop_str_in_output else list(stop)
+        self.ids: list[int] = []
+        self.prefix_offset = self.read_offset = 0
+        self.text = ""  # whole characters decoded so far; cut at the stop string once one matched
+        self.shown = 0  # characters of text returned
+        self.stop_reason: str | None = None
+        self.ended = False
+
+    def _tail(self) -> str:
+        """The text the tokens past read_offset add, decoded with the window before them (as vLLM does: a
+        tokenizer may decode a token differently at the start of a string)."""
+        prefix = self.decode(self.ids[self.prefix_offset:self.read_offset])
+        return self.decode(self.ids[self.prefix_offset:])[len(prefix):]
+
+    def add(self, token_ids: list[int]) -> str:
+        if self.ended:
+            return ""
+        for token in token_ids:
+            self.ids.append(token)
+            new = self._tail()
+            if new and not new.endswith("\ufffd"):  # else: nothing yet, or a character still incomplete
+                self.text += new
+                self.prefix_offset, self.read_offset = self.read_offset, len(self.ids)
+            hit = self.matcher.check(self.text, len(self.ids)) if self.matcher else None
+            if hit is not None:
+                self.stop_reason, self.text, self.ended = hit[0], self.text[:hit[1]], True
+                break
+        held = 0 if self.ended else stop_prefix_len(self.text, self.hold)
+        return self._release(len(self.text) - held)
+
+    def finish(self) -> str:
+        if self.ended:
+            return ""
+        self.ended = True
+        self.text += self._tail()
+        return self._release(len(self.text))
+
+    def _release(self, end: int) -> str:
+        out = self.text[self.shown:end]
+        self.shown = max(self.shown, end)
+        return out
+
+
 @dataclass
 class StreamComponents:
-    """The parts the server streams with. make_buffer is called once per stream. write_timeout_s: a
-    socket write that has not completed in this long means the reader stalled; the stream is aborted."""
+    """The parts the server streams with. make_buffer is called once per stream; make_detokenizer(decode, stop,
+    include_stop_str_in_output, min_tokens) once per choice of every response, streamed or whole (its text is the
+    answer's). write_timeout_s: a socket write that has not completed in this long means the reader stalled; the
+    stream is aborted."""
     make_buffer: Callable[[], StreamBuffer] = field(default=lambda: BoundedStreamBuffer())
     disconnect: DisconnectWatcher = field(default_factory=ReceiveDisconnectWatcher)
     cache: IdempotencyCache = field(default_factory=LRUIdempotencyCache)
     resume: ResumePolicy = field(default_factory=ContinueResumePolicy)
     framer: SSEFramer = field(default_factory=DefaultSSEFramer)
     write_timeout_s: float = 10.0
+    make_detokenizer: Callable[..., TextStreamer] = IncrementalDetokenizer
 
     def new_buffer(self) -> StreamBuffer:
         return self.make_buffer()
+
+    def new_detokenizer(self, decode, stop: list[str], include_stop_str_in_output: bool = False,
+                        min_tokens: int = 0) -> TextStreamer:
+        return self.make_detokenizer(decode, list(stop), include_stop_str_in_output, min_tokens)

@@ -362,3 +362,162 @@ class SSEFramer(sol.SSEFramer):  # noqa: F811
         if "\n" in payload:
             raise ValueError("an SSE data payload must be one line")
         return f"data: {payload}\n\n".encode()
+
+
+# -- 12.6 the text streamer ------------------------------------------------------------------------------------
+
+
+class _m_Streamer:
+    """A plain StopStringDetokenizer with one hook per decision, so that each mutant below changes one."""
+
+    def __init__(self, decode, stop, include_stop_str_in_output=False, min_tokens=0):
+        self.decode, self.stop, self.include = decode, list(stop), include_stop_str_in_output
+        self.min_tokens = min_tokens
+        self.stop_reason, self.ids, self.text, self.shown, self.searched = None, [], "", 0, 0
+        self.window, self.done = [0, 0], False
+
+    def new_text(self, finishing=False):
+        """The text the tokens past the window's read offset add (the window moves on when it is whole)."""
+        p, r = self.window
+        text = self.decode(self.ids[p:])[len(self.decode(self.ids[p:r])):]
+        if finishing or (text and not text.endswith("\ufffd")):
+            self.window = [r, len(self.ids)]
+            return text
+        return ""
+
+    def search_from(self, start, s, first):
+        return max(0, start - len(s) + 1)
+
+    def pick(self, hits):
+        return min(hits)
+
+    def cut(self, at, s):
+        return at + len(s) if self.include else at
+
+    def held(self):
+        if self.include:
+            return 0
+        return next((k for k in range(min(max(map(len, self.stop), default=0), len(self.text)), 0, -1)
+                     if any(s.startswith(self.text[-k:]) for s in self.stop)), 0)
+
+    def searches(self):
+        return len(self.ids) > self.min_tokens
+
+    def add(self, token_ids):
+        if self.done:
+            return ""
+        first = len(self.text)
+        for token in token_ids:
+            self.ids.append(token)
+            self.text += self.new_text()
+            start, self.searched = self.searched, len(self.text)
+            if not self.searches():
+                continue
+            hits = [(at + len(s), i, at) for i, s in enumerate(self.stop)
+                    if (at := self.text.find(s, self.search_from(start, s, first))) != -1]
+            if hits:
+                _, i, at = self.pick(hits)
+                self.stop_reason, self.done = self.stop[i], True
+                self.text = self.text[:self.cut(at, self.stop[i])]
+                break
+        end = max(self.shown, len(self.text) - (0 if self.done else self.held()))
+        out, self.shown = self.text[self.shown:end], end
+        return out
+
+    def finish(self):
+        if self.done:
+            return ""
+        self.done = True
+        self.text += self.new_text(finishing=True)
+        out, self.shown = self.text[self.shown:], len(self.text)
+        return out
+
+
+@mutant(check="stop_string_detokenizer", message="holds back nothing")
+class StopStringDetokenizer(_m_Streamer):
+    def held(self):
+        return 0  # shows every character at once, the start of a stop string too
+
+
+@mutant(check="stop_string_detokenizer", message="finds a stop string only inside one add's text")
+class StopStringDetokenizer(_m_Streamer):  # noqa: F811
+    def search_from(self, start, s, first):
+        return first  # the text of this add only: a stop string that began earlier is missed
+
+
+@mutant(check="stop_string_detokenizer", message="cuts the text after the stop string instead of before it")
+class StopStringDetokenizer(_m_Streamer):  # noqa: F811
+    def cut(self, at, s):
+        return at + len(s)
+
+
+@mutant(check="stop_string_detokenizer", message="takes the first stop string in the list that appears")
+class StopStringDetokenizer(_m_Streamer):  # noqa: F811
+    def pick(self, hits):
+        return min(hits, key=lambda h: h[1])  # by place in the list, not by where it ends
+
+
+@mutant(check="stop_string_detokenizer", message="drops a multi-byte character split across tokens")
+class StopStringDetokenizer(_m_Streamer):  # noqa: F811
+    def new_text(self, finishing=False):
+        return self.decode(self.ids[-1:]).replace("\ufffd", "") if self.ids and not finishing else ""
+
+
+@mutant(check="stop_string_detokenizer", message="shows a character before all its bytes have come")
+class StopStringDetokenizer(_m_Streamer):  # noqa: F811
+    def new_text(self, finishing=False):
+        return self.decode(self.ids)[len(self.text):]  # all that is new, a character still incomplete included
+
+
+@mutant(check="stop_string_detokenizer", message="never releases the held-back text at finish()")
+class StopStringDetokenizer(_m_Streamer):  # noqa: F811
+    def finish(self):
+        self.done = True
+        return ""
+
+
+@mutant(check="stop_string_detokenizer", message="releases the held-back text at every finish() call")
+class StopStringDetokenizer(_m_Streamer):  # noqa: F811
+    def finish(self):
+        if self.stop_reason is not None:
+            return ""
+        self.text += self.new_text(finishing=True)
+        return self.text[self.shown:]  # shown is not moved on: a second call returns it again
+
+
+@mutant(check="stop_string_detokenizer", message="always holds back the longest stop string's length - 1 characters")
+class StopStringDetokenizer(_m_Streamer):  # noqa: F811
+    def held(self):
+        return 0 if self.include else min(len(self.text), max(map(len, self.stop), default=1) - 1)
+
+
+@mutant(check="stop_string_detokenizer", message="matches a stop string inside the text of the first min_tokens tokens")
+class StopStringDetokenizer(_m_Streamer):  # noqa: F811
+    def searches(self):
+        return True
+
+
+@mutant(check="stop_string_detokenizer", message="decodes the whole output at every token")
+class StopStringDetokenizer(sol.StopStringDetokenizer):  # noqa: F811
+    def add(self, token_ids):
+        self.decode(self._ids + list(token_ids))  # "to be safe", the whole answer so far, at every add
+        return super().add(token_ids)
+
+
+@mutant(check="streaming_server", message="finds a stop string only inside one add's text")
+class StopStringDetokenizer(_m_Streamer):  # noqa: F811
+    def search_from(self, start, s, first):
+        return first
+
+
+@mutant(check="streaming_server", message="holds back nothing")
+class StopStringDetokenizer(_m_Streamer):  # noqa: F811
+    def held(self):
+        return 0
+
+
+@mutant(check="streaming_server", message="never releases the held-back text")
+class StopStringDetokenizer(_m_Streamer):  # noqa: F811
+    def finish(self):
+        self.done = True
+        return ""
