@@ -25,11 +25,10 @@ import json
 import socket
 import threading
 import time
-from pathlib import Path
 
 from autograder.harnesses import harness
+from reference_engine.shipped import DRAFT
 
-DRAFT = Path(__file__).resolve().parents[2] / "reference_engine" / "checkpoints" / "draft"
 MODEL = "m"
 # The prompts of run_server's clients whose whole answer is judged (greedy, so the answer is a fact of the model).
 POLITE_PROMPTS = [[31, 32, 33], [31, 32, 34], [31, 32, 35]]
