@@ -446,6 +446,209 @@ def _aborts(metrics, cause: str) -> float:
 POLITE_TOKENS, RETRY_TOKENS, RESUME_TOKENS = 24, 112, 40
 
 
+class ServerUnderTest:
+    """The real server on the draft model (greedy) with a learner's parts plugged in, instrumented: every engine
+    step's (start, end), every Generation the server starts and what earlier ones were doing then, the buffers'
+    peaks and drops, what the text streamer raised. Each wait gives up after wait_s, and all of them together
+    at `end` (a broken part then shows as a client that got nothing, not as a hang)."""
+
+    def __init__(self, buffer_cls, watcher_cls, cache_cls, plan, framer_cls, streamer_cls, high_water: int,
+                 wait_s: float, budget_s: float):
+        import torch
+
+        from reference_engine.server.api import create_app
+        from reference_engine.server.runner import ServerThread
+        from reference_engine.server.streaming import StreamComponents
+        from reference_engine.startup import build_engine
+        torch.set_num_threads(1)
+        self.engine, _ = build_engine(str(DRAFT), warm_up=False, max_num_seqs=8)
+        self.high_water, self.wait_s = high_water, wait_s
+        self.peaks: list[int] = []
+        self.drops: list[bool] = []  # per reader given up: whether the contract allowed it (see _Recording)
+        lag = 60.0  # max_lag_s of every stream buffer
+        self.buffers: list[_Recording] = []  # every stream's buffer, in order of creation
+        self.streamer_errors: list[str] = []  # what the text streamer raised in the server
+        comps = StreamComponents(
+            make_buffer=lambda: _Recording(buffer_cls(high_water, lag), self.peaks, self.drops, high_water, lag,
+                                           self.buffers),
+            disconnect=watcher_cls(), cache=cache_cls(1), resume=_PlanAdapter(plan), framer=framer_cls(0.5),
+            write_timeout_s=3.0, make_detokenizer=lambda *args: _Guarded(streamer_cls(*args), self.streamer_errors))
+        app = create_app(self.engine, MODEL, components=comps)
+        self.server = ServerThread(app, sndbuf=4096, write_buffer_bytes=2048).start()
+        self.url, self.port = self.server.base_url, self.server.port
+        self.aengine, self.metrics, self.service = app.state.aengine, app.state.metrics, app.state.service
+        self.started: list = []  # every engine request the server starts: (key, Generation)
+        self.steps_log: list[tuple[float, float]] = []  # (start, end) of every engine step (the engine thread's)
+        # key -> {each earlier key: (in_flight, subscribers, finish_reason, tokens) of its latest Generation} when
+        # key first started
+        self.live_at_start: dict = {}
+        engine_step, start = self.engine.step, self.service._start
+
+        def timed_step():
+            t0 = time.monotonic()
+            try:
+                return engine_step()
+            finally:
+                self.steps_log.append((t0, time.monotonic()))
+
+        def recording_start(gen, prompt, params):
+            self.live_at_start.setdefault(gen.key, {k: (g.in_flight, g.subscribers, g.finish_reason,
+                                                        len(g.token_ids)) for k, g in self.started})
+            self.started.append((gen.key, gen))
+            start(gen, prompt, params)
+        self.engine.step, self.service._start = timed_step, recording_start
+        self.end = time.monotonic() + budget_s
+
+    def left(self) -> float:
+        return max(0.0, self.end - time.monotonic())
+
+    def bounded(self, cond, timeout_s: float | None = None) -> bool:
+        return _wait(cond, min(self.wait_s if timeout_s is None else timeout_s, self.left()))
+
+    def idle(self) -> bool:
+        """The engine holds no request and no block, and every Generation has heard how its request ended
+        (the engine thread frees blocks first; the outcome reaches the event loop after that)."""
+        _, free, requests = self.aengine.snapshot
+        return requests == 0 and free == self.engine.num_blocks and not any(g.in_flight for _, g in self.started)
+
+    def generated(self, key) -> tuple[int, int, int]:
+        """(engine requests, tokens generated, Generations) for every Generation started under key: a cache that
+        lost the key shows as a second Generation, which a lookup by key alone would not see."""
+        gens = {id(g): g for k, g in self.started if k == key}
+        return sum(k == key for k, _ in self.started), sum(g.engine_tokens for g in gens.values()), len(gens)
+
+    def aborts(self, cause: str) -> float:
+        return _aborts(self.metrics, cause)
+
+    def close(self) -> dict:
+        """Stop the server; what it left behind."""
+        self.server.stop()
+        return {"streamer_errors": self.streamer_errors[:3],
+                "leaked_blocks": self.engine.num_blocks - self.engine.block_manager.num_free(),
+                "engine_stopped": not self.aengine.running}
+
+
+# -- the scenarios: scripted clients against a ServerUnderTest ---------------------------------------------
+
+
+def vanish(sut: ServerUnderTest, long_tokens: int) -> dict:
+    """A client that vanishes after 5 tokens of a long answer."""
+    head = _read(sut.url, _body([11, 12, 13], long_tokens), stop_after=5)
+    steps0 = sut.aengine.snapshot[0]
+    freed = sut.bounded(sut.idle)
+    delays = sut.aengine.abort_delays
+    return {"received": len(head["tokens"]), "error": head["error"], "freed": freed,
+            "steps_until_free": sut.aengine.snapshot[0] - steps0, "abort_delay": delays[-1] if delays else None,
+            "aborted_as_disconnect": sut.aborts("client_disconnect") == 1}
+
+
+def _polite_phase(sut: ServerUnderTest, polite_tokens: int):
+    """The three polite streams, read one after another, and the engine steps that ran meanwhile."""
+    n0, t0 = len(sut.steps_log), time.monotonic()
+    streams = [_read(sut.url, _body(p, polite_tokens)) for p in POLITE_PROMPTS]
+    t1 = time.monotonic()
+    took = [b - a for a, b in sut.steps_log[n0:] if t0 <= a and b <= t1]
+    return streams, {"tokens": sum(len(x["tokens"]) for x in streams), "steps": len(took), "wall_s": t1 - t0,
+                     "busy_s": sum(took)}
+
+
+def _stall_round(sut: ServerUnderTest, long_tokens: int, polite_tokens: int) -> dict:
+    stop, reader = threading.Event(), {}
+    keeps_up = threading.Thread(target=lambda: reader.update(r=_read(sut.url, _body([21, 23], long_tokens),
+                                                                      until=stop)), daemon=True)
+    keeps_up.start()
+    sut.bounded(lambda: sut.aengine.snapshot[2] >= 1 or not keeps_up.is_alive())
+    _, baseline = _polite_phase(sut, polite_tokens)
+    stop.set()
+    keeps_up.join(sut.left())
+    sut.bounded(sut.idle)
+    slow0 = sut.aborts("slow_reader")
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 2048)
+    try:
+        sock.connect(("127.0.0.1", sut.port))
+        raw = json.dumps(_body([21, 22], long_tokens)).encode()
+        sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                     b"Content-Length: " + str(len(raw)).encode() + b"\r\n\r\n" + raw)
+        sut.bounded(lambda: sut.aengine.snapshot[2] >= 1)
+        # The polite streams start once the stalled stream is behind (its socket full, BEHIND tokens waiting in
+        # its buffer): they are then read while the buffer has a reader to give up on.
+        n0 = len(sut.buffers)
+        sut.bounded(lambda: any(b.held >= BEHIND for b in sut.buffers[n0 - 1:]) or sut.aborts("slow_reader") > slow0)
+        polite, beside = _polite_phase(sut, polite_tokens)
+        dropped = sut.bounded(lambda: sut.aborts("slow_reader") == slow0 + 1)
+        return {"polite": polite, "dropped_as_slow": dropped, "freed": sut.bounded(sut.idle), "pace": [baseline, beside]}
+    finally:
+        sock.close()
+
+
+def stall(sut: ServerUnderTest, long_tokens: int, polite_tokens: int, pace_retry_below: float) -> dict:
+    """Three polite streams beside a fourth, long stream whose reader keeps up (the baseline), then the same
+    three beside a long stream whose reader stops reading. Step time grows with the batch, so both phases run
+    one long answer beside the polite one; what differs is only the stalled reader. On a loaded machine one
+    window can be slowed by other work: a pace ratio below pace_retry_below is measured once more (a part that
+    busy-waits or blocks is slow on every try)."""
+    def ratio(pace):
+        (b, x) = pace
+        return (x["tokens"] / x["wall_s"]) / (b["tokens"] / b["wall_s"]) if b["tokens"] and x["wall_s"] else 0.0
+    out = _stall_round(sut, long_tokens, polite_tokens)
+    out["paces"] = [out.pop("pace")]
+    if ratio(out["paces"][0]) < pace_retry_below and out["dropped_as_slow"]:
+        out["paces"].append(_stall_round(sut, long_tokens, polite_tokens)["pace"])
+    return out
+
+
+def retry(sut: ServerUnderTest, retry_tokens: int, polite_tokens: int) -> dict:
+    """A retried request: while the first attempt is in flight, another key is put into the one-entry cache
+    (only a cache that evicts a live entry loses "retry") and a second attempt attaches; a third comes after the
+    end (a replay). The answer is long, so that it is still being generated when "other" arrives; at_other
+    records whether it was (else the case is not graded)."""
+    url = sut.url
+    body, key = _body(RETRY_PROMPT, retry_tokens), {"Idempotency-Key": "retry"}
+    results: dict = {}
+    first = threading.Thread(target=lambda: results.update(first=_read(url, body, key)), daemon=True)
+    first.start()
+    sut.bounded(lambda: any(k == "retry" for k, _ in sut.started) or "first" in results)
+    other = threading.Thread(target=lambda: results.update(other=_read(url, _body([44], polite_tokens),
+                                                                        {"Idempotency-Key": "other"})), daemon=True)
+    other.start()
+    sut.bounded(lambda: "other" in sut.live_at_start or "other" in results)
+    second = _read(url, body, key)
+    first.join(sut.left())
+    other.join(sut.left())
+    third = _read(url, body, key)
+    requests, tokens, gens = sut.generated("retry")
+    return {"streams": [results.get("first"), second, third], "other": results.get("other"),
+            "engine_requests": requests, "engine_tokens": tokens, "generations": gens, "answer": retry_tokens,
+            # the server puts "other" into the cache right after starting it: the state of "retry" then
+            "at_other": sut.live_at_start.get("other", {}).get("retry")}
+
+
+def resume(sut: ServerUnderTest, resume_tokens: int) -> dict:
+    """A client that loses the tail, then resumes with the key and the count it holds."""
+    body, key = _body(RESUME_PROMPT, resume_tokens), "resume"
+    part = _read(sut.url, body, {"Idempotency-Key": key}, stop_after=10)
+    sut.bounded(sut.idle)
+    tail = _read(sut.url, body, {"Idempotency-Key": key, "X-Resume-From": str(len(part["tokens"]))})
+    requests, tokens, gens = sut.generated(key)
+    return {"head": part["tokens"], "tail": tail, "engine_requests": requests, "engine_tokens": tokens,
+            "generations": gens}
+
+
+def text(sut: ServerUnderTest) -> dict:
+    """An answer whose stop string spans four tokens, streamed and whole; and the same answer cut by max_tokens
+    just after the start of the stop string, which only its end releases. The stream is read again (five times
+    at most) while its last two tokens came in one chunk (the buffer coalesces what the event loop had no time
+    to send): the stop string should come across several chunks."""
+    body = {"model": MODEL, "prompt": TEXT_PROMPT, "max_tokens": TEXT_TOKENS, "temperature": 0, "stop": [TEXT_STOP]}
+    for _ in range(5):
+        streamed = _read_text(sut.url, {**body, "stream": True})
+        if streamed["error"] or [len(ids) for _, ids in streamed["chunks"] if ids][-2:] == [1, 1]:
+            break
+    return {"stream": streamed, "whole": _read_text(sut.url, body),
+            "short": _read_text(sut.url, {**body, "max_tokens": TEXT_SHORT, "stream": True})}
+
+
 @harness
 def run_server(buffer_cls, watcher_cls, cache_cls, plan, framer_cls, streamer_cls, high_water: int = 48,
                long_tokens: int = 400, polite_tokens: int = POLITE_TOKENS, retry_tokens: int = RETRY_TOKENS,
@@ -453,181 +656,20 @@ def run_server(buffer_cls, watcher_cls, cache_cls, plan, framer_cls, streamer_cl
                pace_retry_below: float = 0.6) -> dict:
     """The server with these parts (plan: a function plan(generation, received) -> ResumePlan; streamer_cls
     made per choice as streamer_cls(decode, stop, include_stop_str_in_output, min_tokens)) on the draft
-    model, greedy, driven by scripted clients. Each wait gives up after wait_s, and all of them together
-    after budget_s (a broken part then shows as a client that got nothing, not as a hang). Returns plain
-    data: see the keys below."""
-    import torch
-
-    from reference_engine.server.api import create_app
-    from reference_engine.server.runner import ServerThread
-    from reference_engine.server.streaming import StreamComponents
-    from reference_engine.startup import build_engine
-    torch.set_num_threads(1)
-    engine, _ = build_engine(str(DRAFT), warm_up=False, max_num_seqs=8)
-    peaks: list[int] = []
-    drops: list[bool] = []  # per reader given up: whether the contract allowed it (see _Recording)
-    lag = 60.0  # max_lag_s of every stream buffer
-    buffers: list[_Recording] = []  # every stream's buffer, in order of creation
-    streamer_errors: list[str] = []  # what the text streamer raised in the server
-    comps = StreamComponents(make_buffer=lambda: _Recording(buffer_cls(high_water, lag), peaks, drops, high_water, lag,
-                                                            buffers),
-                             disconnect=watcher_cls(), cache=cache_cls(1), resume=_PlanAdapter(plan),
-                             framer=framer_cls(0.5), write_timeout_s=3.0,
-                             make_detokenizer=lambda *args: _Guarded(streamer_cls(*args), streamer_errors))
-    app = create_app(engine, MODEL, components=comps)
-    server = ServerThread(app, sndbuf=4096, write_buffer_bytes=2048).start()
-    aengine, metrics, out = app.state.aengine, app.state.metrics, {}
-    service, started = app.state.service, []  # every engine request the server starts: (key, Generation)
-    steps_log: list[tuple[float, float]] = []  # (start, end) of every engine step, appended by the engine thread
-    engine_step = engine.step
-
-    def timed_step():
-        t0 = time.monotonic()
-        try:
-            return engine_step()
-        finally:
-            steps_log.append((t0, time.monotonic()))
-    engine.step = timed_step
-    start = service._start
-
-    # key -> {each earlier key: (in_flight, subscribers, finish_reason, tokens) of its latest Generation} when
-    # key first started
-    live_at_start: dict = {}
-
-    def recording_start(gen, prompt, params):
-        live_at_start.setdefault(gen.key, {k: (g.in_flight, g.subscribers, g.finish_reason, len(g.token_ids))
-                                           for k, g in started})
-        started.append((gen.key, gen))
-        start(gen, prompt, params)
-    service._start = recording_start
-
-    def generated(key):
-        """(engine requests, tokens generated) for every Generation started under key: a cache that lost
-        the key shows as a second Generation, which a lookup by key alone would not see."""
-        gens = {id(g): g for k, g in started if k == key}
-        return sum(k == key for k, _ in started), sum(g.engine_tokens for g in gens.values()), len(gens)
-
-    end = time.monotonic() + budget_s
-
-    def bounded(cond, timeout_s):
-        return _wait(cond, max(0.0, min(timeout_s, end - time.monotonic())))
-
-    def idle():
-        """The engine holds no request and no block, and every Generation has heard how its request ended
-        (the engine thread frees blocks first; the outcome reaches the event loop after that)."""
-        _, free, requests = aengine.snapshot
-        return requests == 0 and free == engine.num_blocks and not any(g.in_flight for _, g in started)
+    model, greedy, driven by the scenarios above, in order. Returns plain data: a key per scenario, then what
+    the buffers and the server left behind."""
+    sut = ServerUnderTest(buffer_cls, watcher_cls, cache_cls, plan, framer_cls, streamer_cls, high_water, wait_s,
+                          budget_s)
+    out = {}
     try:
-        url = server.base_url
-        # 1. a client that vanishes after 5 tokens of a long answer
-        head = _read(url, _body([11, 12, 13], long_tokens), stop_after=5)
-        steps0 = aengine.snapshot[0]
-        freed = bounded(idle, wait_s)
-        out["vanish"] = {"received": len(head["tokens"]), "error": head["error"], "freed": freed,
-                         "steps_until_free": aengine.snapshot[0] - steps0,
-                         "abort_delay": aengine.abort_delays[-1] if aengine.abort_delays else None,
-                         "aborted_as_disconnect": _aborts(metrics, "client_disconnect") == 1}
-        # 2. three polite streams beside a fourth, long stream whose reader keeps up (the baseline), then
-        # the same three beside a long stream whose reader stops reading. Step time grows with the batch,
-        # so both phases run one long answer beside the polite one; what differs is only the stalled reader.
-        # On a loaded machine one window can be slowed by other work: a pace ratio below pace_retry_below
-        # is measured once more (a part that busy-waits or blocks is slow on every try).
-        def polite_phase():
-            """The three polite streams, read one after another, and the engine steps that ran meanwhile."""
-            n0, t0 = len(steps_log), time.monotonic()
-            streams = [_read(url, _body(p, polite_tokens)) for p in POLITE_PROMPTS]
-            t1 = time.monotonic()
-            took = [b - a for a, b in steps_log[n0:] if t0 <= a and b <= t1]
-            return streams, {"tokens": sum(len(x["tokens"]) for x in streams), "steps": len(took),
-                             "wall_s": t1 - t0, "busy_s": sum(took)}
-
-        def stall_round():
-            stop, reader = threading.Event(), {}
-            keeps_up = threading.Thread(target=lambda: reader.update(r=_read(url, _body([21, 23], long_tokens),
-                                                                              until=stop)), daemon=True)
-            keeps_up.start()
-            bounded(lambda: aengine.snapshot[2] >= 1 or not keeps_up.is_alive(), wait_s)
-            _, baseline = polite_phase()
-            stop.set()
-            keeps_up.join(max(0.0, end - time.monotonic()))
-            bounded(idle, wait_s)
-            slow0 = _aborts(metrics, "slow_reader")
-            sock = socket.socket()
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 2048)
-            try:
-                sock.connect(("127.0.0.1", server.port))
-                raw = json.dumps(_body([21, 22], long_tokens)).encode()
-                sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                             b"Content-Length: " + str(len(raw)).encode() + b"\r\n\r\n" + raw)
-                bounded(lambda: aengine.snapshot[2] >= 1, wait_s)
-                # The polite streams start once the stalled stream is behind (its socket full, BEHIND tokens
-                # waiting in its buffer): they are then read while the buffer has a reader to give up on.
-                n0 = len(buffers)
-                bounded(lambda: any(b.held >= BEHIND for b in buffers[n0 - 1:])
-                        or _aborts(metrics, "slow_reader") > slow0, wait_s)
-                polite, beside = polite_phase()
-                dropped = bounded(lambda: _aborts(metrics, "slow_reader") == slow0 + 1, wait_s)
-                return {"polite": polite, "dropped_as_slow": dropped, "freed": bounded(idle, wait_s),
-                        "pace": [baseline, beside]}
-            finally:
-                sock.close()
-
-        def ratio(pace):
-            (b, x) = pace
-            return (x["tokens"] / x["wall_s"]) / (b["tokens"] / b["wall_s"]) if b["tokens"] and x["wall_s"] else 0.0
-        out["stall"] = stall_round()
-        out["stall"]["paces"] = [out["stall"].pop("pace")]
-        if ratio(out["stall"]["paces"][0]) < pace_retry_below and out["stall"]["dropped_as_slow"]:
-            out["stall"]["paces"].append(stall_round()["pace"])
-        # 3. a retried request: while the first attempt is in flight, another key is put into the one-entry
-        # cache (only a cache that evicts a live entry loses "retry") and a second attempt attaches; a third
-        # comes after the end (a replay). The answer is long, so that it is still being generated when
-        # "other" arrives; live_at_other records whether it was (else the case is not graded).
-        body, key = _body(RETRY_PROMPT, retry_tokens), {"Idempotency-Key": "retry"}
-        results: dict = {}
-        first = threading.Thread(target=lambda: results.update(first=_read(url, body, key)), daemon=True)
-        first.start()
-        bounded(lambda: any(k == "retry" for k, _ in started) or "first" in results, wait_s)
-        other = threading.Thread(target=lambda: results.update(other=_read(url, _body([44], polite_tokens),
-                                                                            {"Idempotency-Key": "other"})), daemon=True)
-        other.start()
-        bounded(lambda: "other" in live_at_start or "other" in results, wait_s)
-        second = _read(url, body, key)
-        first.join(max(0.0, end - time.monotonic()))
-        other.join(max(0.0, end - time.monotonic()))
-        third = _read(url, body, key)
-        requests, tokens, gens = generated("retry")
-        out["retry"] = {"streams": [results.get("first"), second, third], "other": results.get("other"),
-                        "engine_requests": requests, "engine_tokens": tokens, "generations": gens,
-                        "answer": retry_tokens,
-                        # the server puts "other" into the cache right after starting it: the state of "retry" then
-                        "at_other": live_at_start.get("other", {}).get("retry")}
-        # 4. a client that loses the tail, then resumes with the key and the count it holds
-        body, key = _body(RESUME_PROMPT, resume_tokens), "resume"
-        part = _read(url, body, {"Idempotency-Key": key}, stop_after=10)
-        bounded(idle, wait_s)
-        tail = _read(url, body, {"Idempotency-Key": key, "X-Resume-From": str(len(part["tokens"]))})
-        requests, tokens, gens = generated(key)
-        out["resume"] = {"head": part["tokens"], "tail": tail, "engine_requests": requests, "engine_tokens": tokens,
-                         "generations": gens}
-        # 5. text: an answer whose stop string spans four tokens, streamed and whole; and the same answer cut by
-        # max_tokens just after the start of the stop string, which only its end releases. The stream is read
-        # again (five times at most) while its last two tokens came in one chunk (the buffer coalesces what the
-        # event loop had no time to send): the stop string should come across several chunks.
-        body = {"model": MODEL, "prompt": TEXT_PROMPT, "max_tokens": TEXT_TOKENS, "temperature": 0,
-                "stop": [TEXT_STOP]}
-        for _ in range(5):
-            streamed = _read_text(url, {**body, "stream": True})
-            if streamed["error"] or [len(ids) for _, ids in streamed["chunks"] if ids][-2:] == [1, 1]:
-                break
-        out["text"] = {"stream": streamed, "whole": _read_text(url, body),
-                       "short": _read_text(url, {**body, "max_tokens": TEXT_SHORT, "stream": True})}
-        out["peak_pending"] = max(peaks, default=0)
-        out["early_drops"] = drops.count(False)
+        out["vanish"] = vanish(sut, long_tokens)
+        out["stall"] = stall(sut, long_tokens, polite_tokens, pace_retry_below)
+        out["retry"] = retry(sut, retry_tokens, polite_tokens)
+        out["resume"] = resume(sut, resume_tokens)
+        out["text"] = text(sut)
+        out["peak_pending"] = max(sut.peaks, default=0)
+        out["early_drops"] = sut.drops.count(False)
         out["high_water"] = high_water
     finally:
-        server.stop()
-    out["streamer_errors"] = streamer_errors[:3]
-    out["leaked_blocks"] = engine.num_blocks - engine.block_manager.num_free()
-    out["engine_stopped"] = not aengine.running
+        out.update(sut.close())
     return out
