@@ -10,8 +10,8 @@ baseline): no network, no install. Within a few minutes it
   3. grades every ready lesson with the solutions; on CUDA the GPU-only cases are graded too;
   4. times the engine's paged decode kernel on a Llama-3-8B-shaped decode batch and reports the bandwidth
      it reaches as a share of the chip's HBM peak (CUDA only);
-  5. prints the modeled-vs-measured kernel table of `reference_engine.gpu_model` (CUDA only);
-  6. runs the engine benchmark (`reference_engine.bench`) on CUDA (CUDA only);
+  5. prints the modeled-vs-measured kernel table of `reference_engine.sim.gpu_model` (CUDA only);
+  6. runs the engine benchmark (`reference_engine.tools.bench`) on CUDA (CUDA only);
 and writes `gpu-check.json` and `gpu-check.txt` to DIR. Each part is "passed", "failed" or "skipped"
 (with the reason); a part that needs a GPU is "skipped" on a CPU, never "passed". Exit code 0 when no
 part failed.
@@ -169,8 +169,8 @@ def paged_decode_bandwidth(device: str, quick: bool) -> tuple[str, str, dict]:
         return SKIPPED, "needs a CUDA GPU (a CPU time of the interpreter says nothing about HBM bandwidth)", {}
     import torch
 
-    from reference_engine.gpu_model import H100, _chip_of_device
     from reference_engine.kernels import triton_kernels
+    from reference_engine.sim.gpu_model import H100, _chip_of_device
     tk = triton_kernels()
     chip = _chip_of_device(torch.cuda.get_device_name(0), H100)
     rows = []
@@ -208,7 +208,7 @@ def calibration(device: str, quick: bool) -> tuple[str, str, dict]:
         return SKIPPED, "needs a CUDA GPU (the modeled clock is compared with measured GPU kernels)", {}
     import torch
 
-    from reference_engine import gpu_model as gm
+    from reference_engine.sim import gpu_model as gm
     chip = gm._chip_of_device(torch.cuda.get_device_name(0), gm.H100)
     rows = gm.calibrate(gm.LLAMA_3_8B, chip, batches=(1, 64) if quick else (1, 16, 64, 256),
                         chunks=(512,) if quick else (256, 1024))
@@ -223,11 +223,11 @@ def calibration(device: str, quick: bool) -> tuple[str, str, dict]:
 
 def engine_bench(device: str, quick: bool, out_dir: Path) -> tuple[str, str, dict]:
     if device != "cuda":
-        return SKIPPED, ("needs a CUDA GPU (on a CPU, run `python -m reference_engine.bench`: it measures this "
+        return SKIPPED, ("needs a CUDA GPU (on a CPU, run `python -m reference_engine.tools.bench`: it measures this "
                          "machine, which teaches nothing about GPU serving)"), {}
     import importlib.util
 
-    from reference_engine import bench
+    from reference_engine.tools import bench
     args = ["--device", "cuda", "--num-requests", "32" if quick else "64", "--json", str(out_dir / "bench.json")]
     if importlib.util.find_spec("transformers") is None:
         args.append("--skip-hf")

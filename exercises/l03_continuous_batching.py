@@ -180,7 +180,7 @@ def load_llm(policy=None, max_num_seqs: int = 8, num_blocks: int | None = None, 
 
 def load_modeled_llm(policy=None, max_num_seqs: int = 8, chip: str = "H100", model: str = "llama-3-8b",
                      threads: int = 1):
-    """load_llm on the modeled GPU clock (reference_engine/gpu_model.py): the engine still computes real
+    """load_llm on the modeled GPU clock (reference_engine/sim/gpu_model.py): the engine still computes real
     tokens with the shipped model on this machine, but every timestamp (and StepStats.wall_time) is the time
     the same step would take for `model`'s shape on `chip` (an estimate, not a measurement). The scheduler
     sees that GPU's KV capacity in blocks, capped at gpu_model.DEFAULT_MAX_BLOCKS (65,536 tokens: more than
@@ -189,9 +189,9 @@ def load_modeled_llm(policy=None, max_num_seqs: int = 8, chip: str = "H100", mod
 
     import torch
 
-    from reference_engine.gpu_model import CHIPS, MODELS, engine_kwargs
     from reference_engine.llm import LLM
     from reference_engine.shipped import TARGET
+    from reference_engine.sim.gpu_model import CHIPS, MODELS, engine_kwargs
 
     torch.set_num_threads(threads)
     with warnings.catch_warnings():
@@ -205,7 +205,7 @@ def load_modeled_llm(policy=None, max_num_seqs: int = 8, chip: str = "H100", mod
 def trace_workload(n: int, seed: int = 0, max_context: int = 256, trace: str = "conv"):
     """n consecutive Azure LLM inference 2023 requests, sizes scaled into max_context tokens:
     (trace requests, random prompt token ids of each prompt length)."""
-    from reference_engine import trace as tr
+    from reference_engine.sim import trace as tr
 
     reqs = tr.scale_to_context(tr.sample(n, seed=seed, trace=trace), max_context)
     return reqs, tr.prompt_token_ids(reqs, vocab_size=2048, seed=seed, exclude=(0,))

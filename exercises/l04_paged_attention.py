@@ -46,7 +46,7 @@ class ReplayResult:
 def replay_kv(requests, capacity_tokens: int, mode: str, max_context: int = 8192, block_size: int = 16,
               kv_bytes_per_token: int = LLAMA_3_8B_KV_BYTES, weight_bytes: float = LLAMA_3_8B_WEIGHT_BYTES,
               bandwidth: float = H100_BANDWIDTH, max_steps: int = 20000) -> ReplayResult:
-    """Replay trace requests (reference_engine.trace.Request) through one KV pool, FCFS (a helper).
+    """Replay trace requests (reference_engine.sim.trace.Request) through one KV pool, FCFS (a helper).
 
     mode "max": each admitted request reserves max_context token slots up front (engines before
     vLLM: the maximum sequence length, because the output length is unknown);

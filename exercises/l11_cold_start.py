@@ -21,7 +21,7 @@ bytes. Tensor parallelism (TP) here splits the way lesson 06 and Megatron-LM (Sh
                    ParallelLMHead do), so no rank holds the whole [vocab, hidden] table
   replicated       everything else (the RMSNorm weights): every rank reads all of it
 
-Files are read through reference_engine.checkpoint_io (read_range, read_json: checkpoint files only), which
+Files are read through reference_engine.tools.checkpoint_io (read_range, read_json: checkpoint files only), which
 also holds the measurement helpers the notebook uses (writing a synthetic checkpoint, dropping it from the
 page cache, timing loads).
 """
@@ -34,8 +34,8 @@ from typing import NamedTuple, Sequence
 
 import torch
 
-from reference_engine.checkpoint_io import file_size, read_json, read_range
 from reference_engine.loader import weight_files
+from reference_engine.tools.checkpoint_io import file_size, read_json, read_range
 
 # -- 2. the hops -------------------------------------------------------------------------------------------
 

@@ -265,7 +265,7 @@ VOCAB = 32_000  # synthetic token ids are drawn from 1 .. VOCAB - 1 (0 is left o
 
 
 def _rows(n: int, seed: int, trace_name: str):
-    from reference_engine import trace
+    from reference_engine.sim import trace
     return trace.sample(n, seed=seed, trace=trace_name)
 
 
@@ -381,8 +381,8 @@ def _release(tree, node) -> None:
 
 def prefill_seconds(tokens: int, cached: int, model: str = "llama-3-8b", chip: str = "H100") -> float:
     """Modeled seconds of one prefill of `tokens` new tokens after `cached` cached ones, alone in a step,
-    without the fixed per-step overhead (reference_engine.gpu_model.step_time)."""
-    from reference_engine.gpu_model import CHIPS, MODELS, Composition, step_time
+    without the fixed per-step overhead (reference_engine.sim.gpu_model.step_time)."""
+    from reference_engine.sim.gpu_model import CHIPS, MODELS, Composition, step_time
     if tokens <= 0:
         return 0.0
     return step_time(MODELS[model], CHIPS[chip], Composition(prefills=((tokens, cached),)), overhead_s=0.0).time_s
@@ -411,7 +411,7 @@ def replay(calls: Sequence[Call], tree=None, num_blocks: int = 30_000, block_siz
     seconds from when the call could be sent, its arrival or its parent's finish if later, to the end of
     the step that prefilled it: queueing included, the coarse admission of this loop, not the engine's).
     """
-    from reference_engine.gpu_model import CHIPS, MODELS, Composition, step_time
+    from reference_engine.sim.gpu_model import CHIPS, MODELS, Composition, step_time
     if policy not in ("fcfs", "lpm"):
         raise ValueError(f"policy must be 'fcfs' or 'lpm', got {policy!r}")
     P, shape, gpu = block_size, MODELS[model], CHIPS[chip]
@@ -533,7 +533,7 @@ def engine_chat(engine, calls: Sequence[Call], vocab: int) -> dict:
     found in the prefix cache) and "prompt" (its length); "prefill_tokens" (prompt tokens the engine
     computed, from its step stats) and "seconds" (the run, on the engine's clock)."""
     from reference_engine import SamplingParams
-    from reference_engine.replay import _wait_until
+    from reference_engine.sim.replay import _wait_until
 
     n = len(calls)
     mapped = [[1 + t % (vocab - 1) for t in c.prompt] for c in calls]

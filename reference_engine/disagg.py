@@ -74,22 +74,28 @@ class PrefillInstance:
         return self.engine.abort(request_id) is not None or self.sender.abort(request_id)
 
 
+def decode_receiver(transport, engine, unpack=unpack_kv) -> KVReceiver:
+    """A KVReceiver into `engine`: its runner's caches, its config.json, its received-request operations."""
+    return KVReceiver(transport, engine.runner, engine.config, engine.allocate_received, engine.admit_received,
+                      engine.free_received, engine.abort, unpack=unpack)
+
+
 class DecodeInstance:
-    """The decode side: an LLMEngine plus a KVReceiver. step() applies arrived messages, then runs one
-    engine step if anything is running."""
+    """The decode side: an LLMEngine plus a KVReceiver into it (decode_receiver). step() applies arrived
+    messages, then runs one engine step if anything is running."""
 
     def __init__(self, engine, receiver: KVReceiver):
         _check_engine(engine)
         self.engine, self.receiver = engine, receiver
 
     def step(self) -> list[StepOutput]:
-        outs = self.receiver.poll(self.engine)
+        outs = self.receiver.poll()
         if self.engine.has_unfinished():
             outs += self.engine.step()
         return outs
 
     def abort(self, request_id: str) -> bool:
-        return self.receiver.abort(self.engine, request_id)
+        return self.receiver.abort(request_id)
 
 
 class DisaggPair:
@@ -104,7 +110,7 @@ class DisaggPair:
         self.link = LoopbackTransport()
         sender = KVSender(self.link, prefill_engine.runner, prefill_engine.release_kv, pack=pack)
         self.prefill = PrefillInstance(prefill_engine, sender, messages_per_step)
-        self.decode = DecodeInstance(decode_engine, KVReceiver(self.link, unpack=unpack))
+        self.decode = DecodeInstance(decode_engine, decode_receiver(self.link, decode_engine, unpack))
         self._ids = 0
 
     def add_request(self, prompt, params: SamplingParams | None = None, request_id: str | None = None) -> str:
@@ -223,13 +229,13 @@ def _decode_loop(engine, link, inbox, outbox, faults: dict) -> dict:
     faults["decode_abort_on_start"] = [request_id, ...]: abort those requests here as soon as their
     transfer has begun (blocks allocated, layers still to come)."""
     cut = set(faults.get("decode_abort_on_start", []))
-    inst = DecodeInstance(engine, KVReceiver(link))
+    inst = DecodeInstance(engine, decode_receiver(link, engine))
     while not (inst.receiver.stopped and not engine.has_unfinished() and inst.receiver.current is None):
         while not inbox.empty():
             msg = inbox.get()
             if msg[0] == "abort":
                 inst.abort(msg[1])
-        outs = inst.receiver.poll(engine, max_messages=1)
+        outs = inst.receiver.poll(max_messages=1)
         cur = inst.receiver.current
         if cur is not None and cur.meta["request_id"] in cut and not cur.cancelled:
             cut.discard(cur.meta["request_id"])
@@ -371,7 +377,7 @@ def measure_link(sizes: list[int] = (1 << 16, 1 << 20, 16 << 20), repeats: int =
 
 def replay_disaggregated(prefill_engines: list, decode_engines: list, requests, prompts, transfer_s) -> list[dict]:
     """Replay trace `requests` (arrival seconds, output_tokens; greedy, EOS ignored) with `prompts` through a
-    prefill pool and a decode pool, each engine on its own modeled clock (gpu_model.ModeledClock from 0).
+    prefill pool and a decode pool, each engine on its own modeled clock (sim.gpu_model.ModeledClock from 0).
     A request goes to the prefill engine with the fewest requests; once prefilled, its KV lands at the decode
     engine with the fewest running transfer_s(prompt_tokens) seconds later and joins that engine's batch at
     its next step. Events run in time order: whichever engine's clock is earliest steps next. Only timing is

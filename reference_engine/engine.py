@@ -1,4 +1,9 @@
-"""LLMEngine: the step API. add_request() queues, step() runs one scheduler iteration + one forward."""
+"""LLMEngine: the step API. add_request() queues, step() runs one scheduler iteration + one forward.
+
+The shape is vLLM v1's (vllm/v1/engine/core.py): the arguments become one EngineConfig (engine_config.py),
+checked once; the parts are built from it (block manager, scheduler, runner, speculative decoder), and a step
+is schedule -> execute -> sample/verify -> Scheduler.update_from_output, the scheduler alone editing its
+queues and the sequences' bookkeeping."""
 from __future__ import annotations
 
 import itertools
@@ -10,28 +15,24 @@ import torch
 
 from .attention import get_backend
 from .block_manager import BlockAllocator
-from .config import kv_bytes_per_token
-from .device import default_device, default_dtype
-from .distributed import ShardSpec
+from .engine_config import EngineConfig, StepClock
 from .loader import load_config, load_model
 from .model_runner import ModelRunner
 from .prefix_cache import PrefixCacheStats, make_block_manager
-from .quantization import METHODS, Fp8KVBackend, quantize_model, resolve_kv_cache_dtype
+from .quantization import Fp8KVBackend, quantize_model
 from .sampling import SamplingParams, StopStrings, make_generator, process_logits, sample_isolated
-from .scheduler import FCFSPolicy, ScheduledSeq, Scheduler, SchedulerOutput
-from .sequence import CompletionOutput, RequestMetrics, RequestOutput, Sequence, Status, StepOutput, StepStats
-from .spec_decode import SpecDecoder, SpeculativeConfig
-
-CPU_KV_CACHE_BYTES = 512 << 20  # default KV budget on CPU; capped by what max_num_seqs full sequences need
-_DTYPES = {"float32": torch.float32, "fp32": torch.float32, "float": torch.float32, "bfloat16": torch.bfloat16,
-           "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16, "half": torch.float16}
+from .scheduler import SampledTokens, SamplerOutput, ScheduledSeq, Scheduler, SchedulerOutput
+from .sequence import RequestMetrics, RequestOutput, Sequence, Status, StepOutput, StepStats, request_output
+from .spec_decode import SpecDecoder
 
 
 class LLMEngine:
-    """One process, one model, one paged KV cache. Arguments as vLLM names them, plus:
+    """One process, one model, one paged KV cache. Arguments as vLLM names them (engine_config.py holds
+    them, in vLLM's parts, and checks them), plus:
     num_blocks (KV blocks of block_size tokens; default: kv_cache_memory_bytes, or 512 MiB on CPU /
     80% of free GPU memory, capped at max_num_seqs full-length sequences), block_allocator /
-    scheduler_policy / attention_backend (the hooks in interfaces.py), clock (timestamps).
+    scheduler_policy / attention_backend (the hooks in interfaces.py), clock (timestamps; engine_config.Clock,
+    or a StepClock told about each step, as sim.gpu_model.ModeledClock).
     speculative_config: vLLM's dict, {"model": draft_dir, "num_speculative_tokens": k} or {"method": "ngram",
     "num_speculative_tokens": k, "prompt_lookup_max": n}, optionally "verifier" (interfaces.SpeculativeVerifier);
     see spec_decode.py.
@@ -44,91 +45,77 @@ class LLMEngine:
     each on CUDA); this process keeps the scheduler and holds no weights (self.model is None), and
     kv_cache_memory_bytes is then per rank, as vLLM's memory budget is per GPU. Call shutdown() to stop them
     early (they also stop when the engine is collected or the process exits).
+    config: an engine_config.EngineConfig instead of the keywords (not both).
+
+    The parts, each given the config and what it needs: block_manager (the KV blocks), scheduler (the only
+    owner of the queues), runner (the forward; TPModelRunner across processes), spec (SpecDecoder, or None).
+    engine_config is the config resolved for the loaded model; self.config is the model's config.json.
 
     Trace replay: add_request(prompt, params, arrival_time=t) as requests arrive, step() in a loop
     while has_unfinished(); each finished request's RequestOutput comes in a StepOutput.output.
     """
 
-    def __init__(self, model, *, block_size: int = 16, num_blocks: int | None = None, max_num_seqs: int = 64,
-                 max_num_batched_tokens: int | None = None, enable_chunked_prefill: bool = True, device=None,
-                 dtype=None, attention_backend=None, block_allocator=None, scheduler_policy=None,
-                 max_model_len: int | None = None, kv_cache_memory_bytes: int | None = None, clock=time.perf_counter,
-                 speculative_config: dict | None = None, enable_prefix_caching: bool = False, prefix_cache=None,
-                 quantization: str | None = None, kv_cache_dtype: str = "auto", tensor_parallel_size: int = 1):
-        for name, v in (("block_size", block_size), ("max_num_seqs", max_num_seqs), ("tensor_parallel_size", tensor_parallel_size)):
-            if not isinstance(v, int) or v < 1:
-                raise ValueError(f"{name} must be a positive integer, got {v!r}")
-        self.device = torch.device(device) if device is not None else default_device()
-        self.dtype = _resolve_dtype(dtype, self.device)
+    def __init__(self, model, *, config: EngineConfig | None = None, **kwargs):
+        if config is not None and kwargs:
+            raise TypeError(f"LLMEngine takes config= or keyword arguments, not both: got config and {sorted(kwargs)}")
+        config = config if config is not None else EngineConfig.from_kwargs(**kwargs)
         t_load = time.perf_counter()
-        self.tensor_parallel_size = tensor_parallel_size
-        self.quantization, self.kv_cache_dtype = quantization, resolve_kv_cache_dtype(kv_cache_dtype, self.dtype)
-        if tensor_parallel_size == 1:
-            self.config, self.model, self.tokenizer = load_model(model, self.device, self.dtype)
-            if quantization is not None:
-                quantize_model(self.model, quantization)
-        else:  # the workers load their shards; here only what scheduling and detokenizing need
-            self.config, self.tokenizer = load_config(model)
-            self.model = None
-            c = self.config
-            ShardSpec(0, tensor_parallel_size).check(c.num_attention_heads, c.num_key_value_heads, c.intermediate_size)
-            if quantization is not None and quantization not in METHODS:
-                raise ValueError(f"unknown quantization {quantization!r}; choose one of {METHODS}")
-            if attention_backend is not None and not isinstance(attention_backend, str):
-                raise ValueError("with tensor_parallel_size > 1 attention_backend must be a backend name: each worker "
-                                 "process builds its own")
+        self.config, self.model, self.tokenizer = _load(model, config)
         # Seconds spent loading (config, weights, tokenizer) and allocating the KV cache; startup.py reports them.
         self.init_times = {"load_model": time.perf_counter() - t_load}
-        self.clock, self.block_size = clock, block_size
-        self.max_model_len = min(max_model_len or self.config.max_model_len, self.config.max_model_len)
-        self.num_blocks = num_blocks if num_blocks is not None else self._default_num_blocks(max_num_seqs, kv_cache_memory_bytes)
-        if not isinstance(self.num_blocks, int) or self.num_blocks < 1:
-            raise ValueError(f"num_blocks must be a positive integer, got {self.num_blocks!r}")
-        # Longest sequence served: a sequence alone in the cache must always fit, so preemption never deadlocks.
-        self.max_seq_len = min(self.max_model_len, self.num_blocks * block_size)
-        if max_num_batched_tokens is None:
-            max_num_batched_tokens = 512 if enable_chunked_prefill else max(512, self.max_seq_len)
-        if max_num_batched_tokens < max_num_seqs:
-            raise ValueError(f"max_num_batched_tokens ({max_num_batched_tokens}) must be >= max_num_seqs ({max_num_seqs}): "
-                             "every running sequence needs a token each step")
-        if not enable_chunked_prefill and max_num_batched_tokens < self.max_seq_len:
-            raise ValueError(f"with enable_chunked_prefill=False, max_num_batched_tokens ({max_num_batched_tokens}) must be >= "
-                             f"the longest sequence ({self.max_seq_len}) so a preempted one can be prefilled in one step")
-        self.max_num_seqs, self.max_num_batched_tokens = max_num_seqs, max_num_batched_tokens
-        allocator = (block_allocator or BlockAllocator)(self.num_blocks)
-        self.block_manager = make_block_manager(allocator, block_size, self.num_blocks, enable_prefix_caching, prefix_cache)
-        policy = scheduler_policy() if isinstance(scheduler_policy, type) else (scheduler_policy or FCFSPolicy())
-        self.scheduler = Scheduler(self.block_manager, policy, max_num_seqs, max_num_batched_tokens, enable_chunked_prefill)
-        self.backend = get_backend(attention_backend, self.device, block_size)
+        self.engine_config = cfg = config.resolve(self.config)
+        # The settings as attributes, as earlier readers know them (max_seq_len is the scheduler's).
+        self.device, self.dtype, self.quantization = cfg.model.device, cfg.model.dtype, cfg.model.quantization
+        self.kv_cache_dtype, self.tensor_parallel_size = cfg.kv_cache_dtype, cfg.parallel.tensor_parallel_size
+        self.clock, self.block_size, self.num_blocks = cfg.clock, cfg.cache.block_size, cfg.cache.num_blocks
+        self.max_model_len, self.max_num_seqs = cfg.model.max_model_len, cfg.scheduler.max_num_seqs
+        self.max_num_batched_tokens = cfg.scheduler.max_num_batched_tokens
+        c = cfg.cache
+        self.block_manager = make_block_manager((c.block_allocator or BlockAllocator)(c.num_blocks), c.block_size,
+                                                c.num_blocks, c.enable_prefix_caching, c.prefix_cache)
+        self.scheduler = Scheduler(cfg, self.block_manager, self.config.eos_token_ids, self.tokenizer)
+        self.backend = get_backend(cfg.model.attention_backend, self.device, c.block_size)
         if self.kv_cache_dtype.itemsize == 1:  # fp8 cache: quantize on write, dequantize on read
             self.backend = Fp8KVBackend(self.backend)
-        t_kv = time.perf_counter()
-        if tensor_parallel_size == 1:
-            self.runner = ModelRunner(self.model, block_size, self.num_blocks, self.device, self.dtype, self.backend,
-                                      cache_dtype=self.kv_cache_dtype)
-        else:  # the workers' start-up (imports, weights, KV cache, all ranks at once) is timed as tp_workers
-            from .tp_runner import TPModelRunner
-
-            self.runner = TPModelRunner(tensor_parallel_size, model=model, device=self.device, dtype=self.dtype,
-                                        block_size=block_size, num_blocks=self.num_blocks, backend=attention_backend,
-                                        quantization=quantization, cache_dtype=self.kv_cache_dtype)
-            self.init_times["tp_workers"], t_kv = time.perf_counter() - t_kv, time.perf_counter()
-        self.runner.clock = self.clock  # StepStats.forward_time on the same clock as wall_time
-        self.init_times["kv_allocation"] = time.perf_counter() - t_kv
-        self.spec = None if speculative_config is None else SpecDecoder(SpeculativeConfig.from_dict(speculative_config), self)
+        self.runner = self._make_runner(model, cfg)
+        self.spec = None if cfg.speculative is None else SpecDecoder(cfg, self.scheduler, self.backend,
+                                                                      self.config.vocab_size)
         self.requests: dict[str, list[Sequence]] = {}
         self.step_stats: list[StepStats] = []
         self._ids, self._seq_ids = itertools.count(), itertools.count()
-        self._eos = frozenset(self.config.eos_token_ids)
         self._aborted: list[StepOutput] = []  # aborts since the last step(), which reports them
         # request id -> the exception that ended it, for each request the last step() finished with "error"
         self.step_errors: dict[str, BaseException] = {}
 
+    def _make_runner(self, model, cfg: EngineConfig):
+        """The forward and the KV cache: a ModelRunner here, or TPModelRunner's worker processes (their
+        start-up, imports, weights, KV cache, all ranks at once, timed as tp_workers)."""
+        t_kv = time.perf_counter()
+        if cfg.parallel.tensor_parallel_size == 1:
+            runner = ModelRunner(self.model, cfg.cache.block_size, cfg.cache.num_blocks, self.device, self.dtype,
+                                 self.backend, cache_dtype=self.kv_cache_dtype)
+        else:
+            from .tp_runner import TPModelRunner
+
+            runner = TPModelRunner(model, cfg)
+            self.init_times["tp_workers"], t_kv = time.perf_counter() - t_kv, time.perf_counter()
+        runner.clock = self.clock  # StepStats.forward_time on the same clock as wall_time
+        self.init_times["kv_allocation"] = time.perf_counter() - t_kv
+        return runner
+
+    @property
+    def max_seq_len(self) -> int:
+        """The longest sequence served: the model's limit, or what the KV cache holds if less (a sequence alone
+        in the cache must always fit, so preemption never deadlocks). A sequence this long ends ("length")."""
+        return self.scheduler.max_seq_len
+
+    @max_seq_len.setter
+    def max_seq_len(self, n: int) -> None:  # a timing-only engine lifts it to what its blocks hold (lesson 17)
+        self.scheduler.max_seq_len = n
+
     def kv_bytes_per_token_per_rank(self) -> int:
         """KV-cache bytes one token takes on one rank: its KV heads only (all of them at tensor_parallel_size 1)."""
-        c = self.config
-        kv_heads = len(ShardSpec(0, self.tensor_parallel_size).kv_heads(c.num_key_value_heads))
-        return kv_bytes_per_token(c, self.kv_cache_dtype.itemsize) * kv_heads // c.num_key_value_heads
+        return self.engine_config.kv_bytes_per_token_per_rank(self.config)
 
     def kv_cache_bytes_per_rank(self) -> list[int]:
         """Bytes each rank's K and V caches actually allocated (one entry at tensor_parallel_size 1)."""
@@ -140,24 +127,6 @@ class LLMEngine:
         """Stop the tensor-parallel workers (nothing to do at tensor_parallel_size 1); the engine is unusable after."""
         if hasattr(self.runner, "shutdown"):
             self.runner.shutdown()
-
-    def _default_num_blocks(self, max_num_seqs: int, budget: int | None) -> int:
-        per_block = self.kv_bytes_per_token_per_rank() * self.block_size
-        if budget is None:
-            if self.device.type == "cuda" and self.model is None:  # tensor-parallel: weights go to the workers' GPUs
-                from .loader import _approx_params
-
-                weights = _approx_params(self.config) * self.dtype.itemsize / self.tensor_parallel_size
-                budget = int((torch.cuda.mem_get_info(self.device)[0] - weights) * 0.8)
-            elif self.device.type == "cuda":  # after the weights are loaded: most of what is free
-                budget = int(torch.cuda.mem_get_info(self.device)[0] * 0.8)
-            else:
-                budget = CPU_KV_CACHE_BYTES
-        need = max_num_seqs * -(-self.max_model_len // self.block_size)
-        n = min(need, budget // per_block)
-        if n < 1:
-            raise ValueError(f"kv_cache_memory_bytes={budget} holds no block of {per_block} bytes")
-        return n
 
     # ---- requests -------------------------------------------------------------------------------
     def validate(self, prompt, params: SamplingParams) -> list[int]:
@@ -209,27 +178,23 @@ class LLMEngine:
         output (max_tokens, min_tokens, the penalties) and are not searched for stop strings again; they are
         computed with the prompt, and the outputs report only tokens generated from now on (the final
         CompletionOutput's token_ids and text include the prefix)."""
+        seq = self._new_sequence(prompt, params, request_id, arrival_time, hold_kv, list(output_prefix or []))
+        self.requests[seq.request_id] = [seq]
+        self.scheduler.add(seq)
+        return seq.request_id
+
+    def _new_sequence(self, prompt, params: SamplingParams | None, request_id, arrival_time: float | None,
+                      hold_kv: bool = False, prefix: list[int] = ()) -> Sequence:
+        """A checked request's Sequence, in no queue yet."""
         params = params if params is not None else SamplingParams()
         if hold_kv and params.n != 1:
             raise ValueError("hold_kv needs SamplingParams.n == 1: forked samples share blocks")
         ids = self.validate(prompt, params)
-        prefix = list(output_prefix or [])
         if prefix:
-            if params.n != 1 or hold_kv or params.prompt_logprobs is not None:
-                raise ValueError("output_prefix needs SamplingParams.n == 1, no prompt_logprobs and no hold_kv")
-            self.tokenize(ids + prefix)  # the same checks as a prompt: ids in the vocabulary, room to generate
-            if len(prefix) >= params.max_tokens:
-                raise ValueError(f"output_prefix has {len(prefix)} tokens: max_tokens={params.max_tokens} leaves "
-                                 "nothing to generate")
-        if request_id is None:
-            request_id = str(next(self._ids))
-            while request_id in self.requests:  # skip ids a caller chose by hand
-                request_id = str(next(self._ids))
-        request_id = str(request_id)
-        if request_id in self.requests:
-            raise ValueError(f"request_id {request_id!r} is already in use")
+            self._check_prefix(ids, prefix, params, hold_kv)
+        request_id = self._request_id(request_id)
         metrics = RequestMetrics(arrival_time=self.clock() if arrival_time is None else arrival_time)
-        stop_ids = frozenset(params.stop_token_ids) | (frozenset() if params.ignore_eos else self._eos)
+        stop_ids = frozenset(params.stop_token_ids) | (frozenset() if params.ignore_eos else self.scheduler.eos)
         seq = Sequence(next(self._seq_ids), request_id, ids, params, metrics,
                        make_generator(params.seed, 0, self.device), stop_ids=stop_ids)
         seq.hold_kv = hold_kv
@@ -243,8 +208,25 @@ class LLMEngine:
                 seq.logprobs = [None] * len(prefix)  # not known here: computed by the request that sampled them
         if params.prompt_logprobs is not None:
             seq.num_logits = len(ids)  # every prompt position's row (the scheduler then skips the prefix cache)
-        self.requests[request_id] = [seq]
-        self.scheduler.add(seq)
+        return seq
+
+    def _check_prefix(self, ids: list[int], prefix: list[int], params: SamplingParams, hold_kv: bool) -> None:
+        if params.n != 1 or hold_kv or params.prompt_logprobs is not None:
+            raise ValueError("output_prefix needs SamplingParams.n == 1, no prompt_logprobs and no hold_kv")
+        self.tokenize(ids + prefix)  # the same checks as a prompt: ids in the vocabulary, room to generate
+        if len(prefix) >= params.max_tokens:
+            raise ValueError(f"output_prefix has {len(prefix)} tokens: max_tokens={params.max_tokens} leaves "
+                             "nothing to generate")
+
+    def _request_id(self, request_id) -> str:
+        """The caller's id (refused if in use), or the next free number."""
+        if request_id is None:
+            request_id = str(next(self._ids))
+            while request_id in self.requests:  # skip ids a caller chose by hand
+                request_id = str(next(self._ids))
+        request_id = str(request_id)
+        if request_id in self.requests:
+            raise ValueError(f"request_id {request_id!r} is already in use")
         return request_id
 
     def abort(self, request_id: str) -> RequestOutput | None:
@@ -253,27 +235,15 @@ class LLMEngine:
         sequence (as vLLM finishes an aborted stream). Unknown or finished ids are ignored (None)."""
         if request_id not in self.requests:
             return None
-        ended, output = self._end_request(request_id, "abort")
-        self._aborted += ended  # the next step() reports them, so a stream() or step loop over them ends
-        return output
-
-    def _end_request(self, request_id: str, reason: str) -> tuple[list[StepOutput], RequestOutput]:
-        """Finish every unfinished sequence of a request now with `reason` ("abort", "error"), freeing its
-        blocks. Returns one StepOutput per sequence ended (the last carries the RequestOutput) and the
-        RequestOutput."""
         seqs = self.requests.pop(request_id)
-        now, ended = self.clock(), []
-        for seq in seqs:
-            if seq.status is not Status.FINISHED:
-                self.scheduler.finish(seq)
-                seq.finish_reason, seq.metrics.finish_time = reason, now
-                ended.append(StepOutput(request_id, seq.index, [], True, reason))
+        ended = self.scheduler.finish_request(seqs, "abort")
         if self.spec is not None:
             self.spec.collect()  # unverified drafts leave the output; the draft model's cache is freed
-        output = self._request_output(seqs)
+        output = request_output(seqs, self.tokenizer)
         if ended:
             ended[-1].output = output
-        return ended, output
+        self._aborted += ended  # the next step() reports them, so a stream() or step loop over them ends
+        return output
 
     def has_unfinished(self) -> bool:
         return self.scheduler.has_unfinished()
@@ -288,38 +258,31 @@ class LLMEngine:
     def allocate_received(self, request_id: str, prompt, params: SamplingParams,
                           arrival_time: float | None = None) -> Sequence | None:
         """Decode side: a Sequence for a request whose prompt was prefilled elsewhere, holding the blocks its
-        prompt's KV will be written into (seq.block_table), outside the scheduler until admit_received.
-        None when the blocks do not fit now (decode steps free some; try again)."""
+        prompt's KV will be written into (seq.block_table), outside the scheduler's queues until admit_received
+        (Scheduler.allocate_received). None when the blocks do not fit now (decode steps free some; try again)."""
         params = params if params is not None else SamplingParams()
         if params.n != 1 or self.spec is not None:
             raise ValueError("a received request needs SamplingParams.n == 1 and no speculative decoding here")
-        request_id = self.add_request(prompt, params, str(request_id), arrival_time)  # built as any request is,
-        seq = self.requests.pop(request_id)[0]  # then taken back out: it never waits to be prefilled here
-        self.scheduler.waiting.remove(seq)
-        if not self.block_manager.can_reserve(seq, seq.num_prompt_tokens):
-            return None
-        self.block_manager.reserve(seq, seq.num_prompt_tokens)
-        return seq
+        seq = self._new_sequence(prompt, params, str(request_id), arrival_time)  # built as any request is
+        return seq if self.scheduler.allocate_received(seq) else None
 
     def admit_received(self, seq: Sequence, first_token: int) -> StepOutput:
         """Decode side: the prompt's KV is in seq's blocks. Count the prompt as computed, append the first
-        token (sampled by the prefill instance) and join the running batch; the next step decodes it.
-        Returns the first token's StepOutput (finished already if that token ends the request)."""
-        seq.num_computed_tokens = seq.num_prompt_tokens
-        seq.status = Status.RUNNING
-        seq.metrics.first_scheduled_time = self.clock()
+        token (sampled by the prefill instance) and join the running batch (Scheduler.add_received); the next
+        step decodes it. Returns the first token's StepOutput (finished already if that token ends the request)."""
         self.requests[seq.request_id] = [seq]
-        self.scheduler.running.append(seq)
-        return self._append_token(seq, int(first_token), self.clock())
+        return self._with_request_outputs([self.scheduler.add_received(seq, first_token)])[0]
 
     def free_received(self, seq: Sequence) -> None:
         """Decode side: drop a received sequence before admit_received (its transfer was aborted)."""
         self.block_manager.free(seq)
 
-    # ---- the step -------------------------------------------------------------------------------
+    # ---- the step: schedule -> execute -> sample/verify -> update ----------------------------------
     def step(self) -> list[StepOutput]:
-        """Schedule, run one forward over every scheduled token, sample. Returns one StepOutput per new token,
-        preceded by one (no new token, finish_reason "abort") per sequence aborted since the previous step.
+        """Schedule, run one forward over every scheduled token, sample (or verify drafts), and let the
+        scheduler apply the result (Scheduler.update_from_output), as vLLM v1's EngineCore.step. Returns one
+        StepOutput per sequence that got new tokens, preceded by one (no new token, finish_reason "abort") per
+        sequence aborted since the previous step.
 
         Logits: each sequence's next token is sampled from the row of its last token. A sequence that set
         Sequence.num_logits = m > 1 (say m = k + 1 after appending k draft tokens, to verify them) also gets
@@ -338,172 +301,136 @@ class LLMEngine:
         """
         outputs, self._aborted, self.step_errors = self._aborted, [], {}
         t0 = self.clock()
-        if self.spec is not None:
-            self.spec.propose(self.scheduler.running, self.max_num_batched_tokens)
-        so = self.scheduler.schedule()
-        if self.spec is not None:
-            for seq in so.preempted:
-                self.spec.discard(seq)  # it recomputes; the drafts go
-        if so.block_copies:
-            self.runner.copy_blocks(so.block_copies)
+        so = self._schedule(t0)
+        updated: list[StepOutput] = []
         if so.scheduled:
-            for s in so.prefills:
-                if s.seq.metrics.first_scheduled_time is None:
-                    s.seq.metrics.first_scheduled_time = t0
-            modeled = None
-            if hasattr(self.clock, "advance"):  # modeled GPU time (gpu_model.ModeledClock): the step's cost is
-                modeled = self.clock.advance(so)  # read from the schedule here, before num_computed_tokens moves on
             in_prefill = [s.seq.in_prefill for s in so.scheduled]  # before num_computed_tokens moves on
-            rows = self.runner.execute(so).split([s.num_logits for s in so.scheduled])
-            for s in so.scheduled:
-                s.seq.num_computed_tokens += s.num_tokens
-            outputs += self._sample([(s.seq, r) for s, r in zip(so.scheduled, rows) if s.num_logits])
-            forward = self.runner.last_forward_time  # on a modeled clock: the modeled kernels, not this CPU's forward
-            if hasattr(modeled, "time_s") and hasattr(modeled, "overhead_s"):
-                forward = modeled.time_s - modeled.overhead_s
-            self._record_stats(so, t0, in_prefill, forward_time=forward)
+            rows, forward_time = self._execute(so)
+            updated = self.scheduler.update_from_output(so, self._sample(so, rows))
+            self._record_stats(so, t0, in_prefill, forward_time)
         elif so.preempted:
             self._record_stats(so, t0, [])
         if self.spec is not None:
-            self.spec.collect()
-        return outputs
+            self.spec.collect()  # before the outputs: an ended request's unverified drafts leave it
+        return outputs + self._with_request_outputs(updated)
 
-    def _sample(self, chunks: list[tuple[Sequence, torch.Tensor]]) -> list[StepOutput]:
-        """chunks: (sequence, its chunk's logit rows) for every chunk that yielded rows. One token for each
-        sequence whose chunk reached its last token, from the last row; the rows of a sequence asking for
-        num_logits > 1 are kept across its chunks until then, and returned in its StepOutput."""
-        seqs, last_rows, kept, verified = [], [], [], []
-        for seq, rows in chunks:
-            if seq.num_logits > 1:
-                seq.kept_logits.append(rows)
-                if seq.num_computed_tokens < seq.num_tokens:  # not the last chunk: the rest come later
-                    continue
-                rows, seq.kept_logits, seq.num_logits = torch.cat(seq.kept_logits), [], 1
-            if self.spec is not None and self.spec.has_drafts(seq):
-                verified.append((seq, rows))
+    def _schedule(self, now: float) -> SchedulerOutput:
+        """Drafts first (speculative decoding), then the scheduler's batch; a preempted sequence's drafts go."""
+        if self.spec is not None:
+            self.spec.propose()
+        so = self.scheduler.schedule(now)
+        if self.spec is not None:
+            for seq in so.preempted:
+                self.spec.discard(seq)  # it recomputes; the drafts go
+        return so
+
+    def _execute(self, so: SchedulerOutput) -> tuple[tuple[torch.Tensor, ...], float | None]:
+        """The forward over every scheduled token: per chunk its logit rows, and the forward's seconds (on a
+        StepClock that models time, the modeled kernels rather than this CPU's forward)."""
+        if so.block_copies:
+            self.runner.copy_blocks(so.block_copies)
+        # the modeled step's cost is read from the schedule here, before num_computed_tokens moves on
+        modeled = self.clock.advance(so) if isinstance(self.clock, StepClock) else None
+        rows = self.runner.execute(so).split([s.num_logits for s in so.scheduled])
+        return rows, self.runner.last_forward_time if modeled is None else modeled.time_s - modeled.overhead_s
+
+    # ---- sampling and verification ----------------------------------------------------------------
+    def _sample(self, so: SchedulerOutput, rows) -> SamplerOutput:
+        """One token for each sequence whose chunk reached its last token, from the last row; the rows of a
+        sequence asking for num_logits > 1 are kept across its chunks until then, and returned with its token.
+        Sequences with drafts get the verifier's tokens instead; a prompt just computed with n > 1 forks first."""
+        out, chunks, verify = SamplerOutput(), [], []
+        for s, r in zip(so.scheduled, rows):
+            seq = s.seq
+            if not s.num_logits:
                 continue
-            group = [seq] + self._fork(seq) if seq.pending_forks else [seq]
-            seqs += group
-            last_rows += [rows[-1]] * len(group)
-            kept += [rows if len(rows) > 1 else None] * len(group)
-        if not seqs and not verified:
-            return []
-        logits = torch.stack(last_rows) if seqs else None
+            if seq.num_logits > 1:
+                seq.kept_logits.append(r)
+                if not s.samples:  # not the last chunk: the rest come later
+                    continue
+                r, seq.kept_logits, seq.num_logits = torch.cat(seq.kept_logits), [], 1
+            if self.spec is not None and self.spec.has_drafts(seq):
+                verify.append((seq, r))
+                continue
+            group = [seq]
+            if seq.pending_forks:
+                group += self._fork(seq)
+                out.forks.append((seq, group[1:]))
+            chunks += [(g, r) for g in group]
+        if chunks:
+            self._sample_tokens(chunks, out)
+        out.verified = [self._verify(seq, r) for seq, r in verify]  # after sampling: the global RNG's order
+        return out
+
+    def _sample_tokens(self, chunks: list[tuple[Sequence, torch.Tensor]], out: SamplerOutput) -> None:
+        """Sample each (sequence, its rows) from its last row, a failing row ending its request alone."""
+        seqs = [seq for seq, _ in chunks]
+        logits = torch.stack([r[-1] for _, r in chunks])
+        params = [s.params for s in seqs]
         failed: dict[int, Exception] = {}
-        if seqs:
-            params = [s.params for s in seqs]
-            try:
-                processed = process_logits(logits, params, [s.token_ids for s in seqs],
-                                           [s.num_prompt_tokens for s in seqs], [s.stop_ids for s in seqs])
-            except Exception as e:  # a bug: the rows that needed processing fail alone
-                failed = {i: e for i, p in enumerate(params) if p.processes_logits}
-                processed = logits
-            tokens, sample_failed = sample_isolated(processed, params, [s.generator for s in seqs])
-            failed.update(sample_failed)
-            tokens = tokens.tolist()
-        else:
-            tokens = []
-        now = self.clock()
-        outputs = [self._append_verified(seq, rows, now) for seq, rows in verified]
-        for i, e in sorted(failed.items()):  # a row whose sampling raised ends its request (all n samples) alone
+        try:
+            processed = process_logits(logits, params, [s.token_ids for s in seqs], [s.num_prompt_tokens for s in seqs],
+                                       [s.stop_ids for s in seqs])
+        except Exception as e:  # a bug: the rows that needed processing fail alone
+            failed = {i: e for i, p in enumerate(params) if p.processes_logits}
+            processed = logits
+        tokens, sample_failed = sample_isolated(processed, params, [s.generator for s in seqs])
+        failed.update(sample_failed)
+        for i, e in sorted(failed.items()):
             rid = seqs[i].request_id
             if rid not in self.step_errors:
                 self.step_errors[rid] = e
-                outputs += self._end_request(rid, "error")[0]
+                out.failed[rid] = (e, self.requests[rid])
         prompt_lps: dict[str, list] = {}  # request id -> its prompt logprobs (computed once for n samples)
-        for i, (seq, tok) in enumerate(zip(seqs, tokens)):
-            if seq.request_id in self.step_errors:
-                continue
-            if seq.params.prompt_logprobs is not None and seq.prompt_logprobs is None:
-                if seq.request_id not in prompt_lps:
-                    rows = kept[i] if kept[i] is not None else logits[i:i + 1]
-                    prompt_lps[seq.request_id] = _prompt_logprobs(rows, seq.token_ids[:seq.num_prompt_tokens],
-                                                                  seq.params.prompt_logprobs)
-                seq.prompt_logprobs = prompt_lps[seq.request_id]
-            lp = None
-            if seq.logprobs is not None:
-                lp = _logprobs(logits[i], tok, seq.params.logprobs)  # raw: before processing and temperature
-                seq.logprobs.append(lp)
-            out = self._append_token(seq, tok, now)
-            out.logits, out.logprobs = kept[i], None if lp is None else [lp]
-            if seq.prompt_logprobs is not None and seq.num_output_tokens == 1:
-                out.prompt_logprobs = seq.prompt_logprobs
-            outputs.append(out)
-        return outputs
+        for i, ((seq, rows), tok) in enumerate(zip(chunks, tokens.tolist())):
+            if seq.request_id not in self.step_errors:
+                out.sampled.append(self._sampled(seq, rows, logits[i], tok, prompt_lps))
 
-    def _append_verified(self, seq: Sequence, rows: torch.Tensor, now: float) -> StepOutput:
-        """Speculative decoding: the verifier's tokens for seq (rows [k + 1, vocab], one per verified position),
-        appended one by one until one ends the sequence; one StepOutput carries them all."""
+    def _sampled(self, seq: Sequence, rows: torch.Tensor, last: torch.Tensor, token: int,
+                 prompt_lps: dict[str, list]) -> SampledTokens:
+        """seq's sampled token with what the request asks for beside it: its raw logprobs, its prompt's
+        (prompt_lps caches them per request), the rows it asked for."""
+        t = SampledTokens(seq, [token], logits=rows if len(rows) > 1 else None)
+        if seq.params.prompt_logprobs is not None and seq.prompt_logprobs is None:
+            if seq.request_id not in prompt_lps:
+                prompt_lps[seq.request_id] = _prompt_logprobs(rows if len(rows) > 1 else last[None],
+                                                              seq.token_ids[:seq.num_prompt_tokens],
+                                                              seq.params.prompt_logprobs)
+            t.prompt_logprobs = prompt_lps[seq.request_id]
+        if seq.logprobs is not None:
+            t.logprobs = [_logprobs(last, token, seq.params.logprobs)]  # raw: before processing and temperature
+        return t
+
+    def _verify(self, seq: Sequence, rows: torch.Tensor) -> SampledTokens:
+        """Speculative decoding: the verifier's tokens for seq from rows [k + 1, vocab], one per verified
+        position (SpecDecoder.verify), with their raw logprobs if asked for."""
+        k = len(rows) - 1
         tokens = self.spec.verify(seq, rows)
-        lps = []
-        for i, tok in enumerate(tokens):
-            if seq.logprobs is not None:
-                lps.append(_logprobs(rows[i], tok, seq.params.logprobs))
-                seq.logprobs.append(lps[-1])
-            out = self._append_token(seq, tok, now)
-            if out.finished:
-                break
-        out.new_token_ids = tokens[:i + 1]
-        out.logprobs = lps if seq.logprobs is not None else None
-        return out
+        lps = None if seq.logprobs is None else [_logprobs(rows[i], t, seq.params.logprobs) for i, t in enumerate(tokens)]
+        return SampledTokens(seq, tokens, num_drafts=k, logprobs=lps)
 
     def _fork(self, parent: Sequence) -> list[Sequence]:
-        """Parallel sampling: n - 1 children share the parent's blocks (ref counts), copy-on-write later."""
+        """Parallel sampling: the n - 1 children of a request whose prompt is computed, each with its own
+        generator; Scheduler.update_from_output puts them in the batch, sharing the parent's blocks."""
         children = []
         for i in range(1, parent.pending_forks + 1):
             child = Sequence(next(self._seq_ids), parent.request_id, parent.token_ids, parent.params,
                              replace(parent.metrics, token_times=[]), make_generator(parent.params.seed, i, self.device),
                              index=i, stop_ids=parent.stop_ids)
             child.pending_forks = 0
-            child.num_computed_tokens, child.status = parent.num_computed_tokens, Status.RUNNING
-            self.block_manager.fork(parent, child)
             children.append(child)
-        parent.pending_forks = 0
-        at = self.scheduler.running.index(parent) + 1
-        self.scheduler.running[at:at] = children
         self.requests[parent.request_id] += children
         return children
 
-    def _append_token(self, seq: Sequence, token: int, now: float) -> StepOutput:
-        seq.token_ids.append(token)
-        m = seq.metrics
-        m.token_times.append(now)
-        if m.first_token_time is None:
-            m.first_token_time = now
-        reason = hit = None
-        if token in seq.stop_ids:  # EOS (stop_reason None, as vLLM) or one of stop_token_ids
-            reason = "stop"
-            seq.stop_reason = token if token in seq.params.stop_token_ids and (
-                seq.params.ignore_eos or token not in self._eos) else None
-        elif seq.stop_strings is not None:
-            hit = seq.stop_strings.check(self.tokenizer.decode(seq.output_token_ids), seq.num_output_tokens)
-        if hit is not None:
-            reason, seq.stop_reason = "stop", hit[0]
-            seq.output_text = self.tokenizer.decode(seq.output_token_ids)[:hit[1]]
-        elif reason is None and (seq.num_output_tokens >= seq.params.max_tokens or seq.num_tokens >= self.max_seq_len):
-            reason = "length"
-        out = StepOutput(seq.request_id, seq.index, [token], reason is not None, reason)
-        if reason:
-            seq.finish_reason, m.finish_time = reason, now
-            out.stop_reason, out.text = seq.stop_reason, self._output_text(seq)
-            self.scheduler.finish(seq, free=not seq.hold_kv)
-            if all(s.status is Status.FINISHED for s in self.requests[seq.request_id]):
-                out.output = self._request_output(self.requests.pop(seq.request_id))
-        return out
-
-    def _output_text(self, seq: Sequence) -> str | None:
-        """The sequence's output text: cut at its stop string if one matched (None without a tokenizer)."""
-        if seq.output_text is not None:
-            return seq.output_text
-        return self.tokenizer.decode(seq.output_token_ids) if self.tokenizer is not None else None
-
-    def _request_output(self, seqs: list[Sequence]) -> RequestOutput:
-        comps = [CompletionOutput(s.index, s.output_token_ids, self._output_text(s), s.finish_reason, s.metrics,
-                                  s.logprobs, s.stop_reason)
-                 for s in sorted(seqs, key=lambda s: s.index)]
-        first = seqs[0]
-        return RequestOutput(first.request_id, first.token_ids[:first.num_prompt_tokens], comps,
-                             prompt_logprobs=first.prompt_logprobs)
+    def _with_request_outputs(self, outputs: list[StepOutput]) -> list[StepOutput]:
+        """Each request whose sequences have all finished leaves self.requests; its RequestOutput goes with the
+        last of its StepOutputs here."""
+        last = {o.request_id: o for o in outputs if o.finished}
+        for rid, out in last.items():
+            seqs = self.requests.get(rid)
+            if seqs is not None and all(s.status is Status.FINISHED for s in seqs):
+                out.output = request_output(self.requests.pop(rid), self.tokenizer)
+        return outputs
 
     def _record_stats(self, so, t0: float, in_prefill: list[bool], forward_time: float | None = None) -> None:
         """in_prefill: per scheduled chunk (so.scheduled order), whether its sequence was prefilling when the
@@ -590,11 +517,14 @@ def _as_prompt_list(prompts) -> list:
     return list(prompts)
 
 
-def _resolve_dtype(dtype, device: torch.device) -> torch.dtype:
-    if dtype is None or dtype == "auto":
-        return default_dtype(device)
-    if isinstance(dtype, torch.dtype):
-        return dtype
-    if dtype in _DTYPES:
-        return _DTYPES[dtype]
-    raise ValueError(f"unknown dtype {dtype!r}; use one of {sorted(_DTYPES)} or a torch.dtype")
+def _load(model, config: EngineConfig):
+    """(config.json, the model or None, the tokenizer): at tensor_parallel_size 1 the weights, here and quantized
+    as asked; with more only what scheduling and detokenizing need (the workers load their shards)."""
+    m = config.model
+    if config.parallel.tensor_parallel_size > 1:
+        model_config, tokenizer = load_config(model)
+        return model_config, None, tokenizer
+    model_config, net, tokenizer = load_model(model, m.device, m.dtype)
+    if m.quantization is not None:
+        quantize_model(net, m.quantization)
+    return model_config, net, tokenizer

@@ -22,6 +22,7 @@ import queue
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -233,14 +234,24 @@ class Incoming:
 
 @dataclass
 class KVReceiver:
-    """The decode side. poll(engine) reads what has arrived: START allocates the prompt's blocks in the decode
-    engine (LLMEngine.allocate_received; if they do not fit yet the message waits, and so does everything
-    behind it, until decode steps free blocks), each LAYER fills the staging buffer, and after the last one
-    unpack() writes it into the new block table and the sequence joins the running batch with its first
-    token (LLMEngine.admit_received). ABORT frees the blocks.
+    """The decode side. poll() reads what has arrived: START allocates the prompt's blocks in the decode
+    engine (allocate_received; if they do not fit yet the message waits, and so does everything behind it,
+    until decode steps free blocks), each LAYER fills the staging buffer, and after the last one unpack()
+    writes it into the new block table and the sequence joins the running batch with its first token
+    (admit_received). ABORT frees the blocks.
 
-    unpack: unpack_kv or any function with its signature and contract."""
+    It holds the decode engine's parts it uses, not the engine: runner (the caches unpack writes into),
+    model_config (its config.json: a transfer's shape must match), and the request operations
+    allocate_received / admit_received / free_received / abort_request (LLMEngine's methods of those names
+    and abort; Scheduler.allocate_received and add_received do the queue work). disagg.decode_receiver wires
+    them from an engine. unpack: unpack_kv or any function with its signature and contract."""
     transport: object
+    runner: object
+    model_config: object
+    allocate_received: Callable  # (request_id, prompt, params, arrival_time) -> Sequence | None (no room yet)
+    admit_received: Callable  # (seq, first_token) -> StepOutput
+    free_received: Callable  # (seq) -> None
+    abort_request: Callable  # (request_id) -> RequestOutput | None (None: not in the engine)
     unpack: object = unpack_kv
     current: Incoming | None = None
     cancelled_ids: set = field(default_factory=set)  # aborted here before their START arrived
@@ -249,7 +260,7 @@ class KVReceiver:
     transfer_times: list = field(default_factory=list)  # seconds from START to the last layer, per request
     stopped: bool = False  # a STOP arrived: the prefill side has closed the link
 
-    def poll(self, engine, max_messages: int | None = None) -> list:
+    def poll(self, max_messages: int | None = None) -> list:
         """Apply arrived messages. Returns StepOutputs: a request's first token when its KV is in place, and
         (finish_reason "abort") requests the prefill side aborted mid-transfer. Stops early when a START
         waits for blocks or after a STOP (then self.stopped is True)."""
@@ -263,35 +274,35 @@ class KVReceiver:
             if header[0] == STOP:
                 self.stopped = True
                 break
-            if header[0] == START and not self._start(engine, header, payload):
+            if header[0] == START and not self._start(header, payload):
                 self.held = msg
                 break
             if header[0] == LAYER:
-                outs += self._layer(engine, header, payload)
+                outs += self._layer(header, payload)
             elif header[0] == ABORT:
-                outs += self._abort_incoming(engine, header)
+                outs += self._abort_incoming(header)
             n += 1
         return outs
 
-    def _start(self, engine, header, payload) -> bool:
+    def _start(self, header, payload) -> bool:
         meta = _from_bytes(payload)
         inc = Incoming(header[1], meta)
         if meta["request_id"] in self.cancelled_ids:
             self.cancelled_ids.discard(meta["request_id"])
             inc.cancelled = True
         else:
-            _check_compatible(meta, engine)
-            inc.seq = engine.allocate_received(meta["request_id"], meta["prompt_token_ids"], meta["params"],
-                                               meta.get("arrival_time"))
+            _check_compatible(meta, self.model_config, self.runner)
+            inc.seq = self.allocate_received(meta["request_id"], meta["prompt_token_ids"], meta["params"],
+                                             meta.get("arrival_time"))
             if inc.seq is None:
                 return False
-            dtype = raw_view(engine.runner.k_cache).dtype
-            inc.buf = torch.empty(meta["shape"], dtype=dtype, device=engine.runner.k_cache.device)
+            dtype = raw_view(self.runner.k_cache).dtype
+            inc.buf = torch.empty(meta["shape"], dtype=dtype, device=self.runner.k_cache.device)
         inc.t0 = time.perf_counter()
         self.current = inc
         return True
 
-    def _layer(self, engine, header, payload) -> list:
+    def _layer(self, header, payload) -> list:
         inc = self.current
         if inc is None or inc.serial != header[1]:
             raise RuntimeError(f"KV transfer out of order: layer {header[2]} of transfer {header[1]} arrived, "
@@ -307,11 +318,11 @@ class KVReceiver:
         self.transfer_times.append(time.perf_counter() - inc.t0)
         if inc.cancelled:
             return []
-        k, v = raw_view(engine.runner.k_cache), raw_view(engine.runner.v_cache)
+        k, v = raw_view(self.runner.k_cache), raw_view(self.runner.v_cache)
         self.unpack(inc.buf, k, v, inc.seq.block_table)
-        return [engine.admit_received(inc.seq, inc.meta["first_token"])]
+        return [self.admit_received(inc.seq, inc.meta["first_token"])]
 
-    def _abort_incoming(self, engine, header) -> list:
+    def _abort_incoming(self, header) -> list:
         from .sequence import StepOutput
 
         inc, self.current = self.current, None
@@ -319,27 +330,28 @@ class KVReceiver:
             raise RuntimeError(f"ABORT for transfer {header[1]}, which is not in flight")
         if inc.cancelled:
             return []
-        engine.free_received(inc.seq)
+        self.free_received(inc.seq)
         return [StepOutput(inc.meta["request_id"], 0, [], True, "abort")]
 
-    def abort(self, engine, request_id: str) -> bool:
+    def abort(self, request_id: str) -> bool:
         """Abort a request on the decode side. In flight: its blocks are freed now and its remaining layers
         are read and dropped. Not arrived yet: dropped when its START comes (no block is taken). Already
-        decoding: LLMEngine.abort. Returns False only when the request is nowhere (then it is remembered as
+        decoding: abort_request (LLMEngine.abort). Returns False only when the request is nowhere (then it is remembered as
         not arrived)."""
         inc = self.current
         if inc is not None and inc.meta["request_id"] == request_id and not inc.cancelled:
-            engine.free_received(inc.seq)
+            self.free_received(inc.seq)
             inc.cancelled, inc.seq, inc.buf = True, None, None
             return True
-        if engine.abort(request_id) is not None:
+        if self.abort_request(request_id) is not None:
             return True
         self.cancelled_ids.add(request_id)
         return False
 
 
-def _check_compatible(meta: dict, engine) -> None:
-    c, k = engine.config, raw_view(engine.runner.k_cache)
+def _check_compatible(meta: dict, c, runner) -> None:
+    """A transfer's shape and dtype against the decode engine's config.json and cache."""
+    k = raw_view(runner.k_cache)
     want = [c.num_hidden_layers, 2, meta["num_tokens"], c.num_key_value_heads, c.head_dim]
     if list(meta["shape"]) != want or meta["dtype"] != str(k.dtype):
         raise ValueError(f"received KV of shape {meta['shape']} ({meta['dtype']}) but this decode instance's cache "

@@ -11,7 +11,8 @@ class LLM:
     enable_chunked_prefill=True, device=None, dtype=None, attention_backend=None, block_allocator=None,
     scheduler_policy=None, max_model_len=None, kv_cache_memory_bytes=None, clock=time.perf_counter,
     enable_prefix_caching=False, prefix_cache=None, speculative_config=None, quantization=None,
-    kv_cache_dtype="auto"); every keyword goes to LLMEngine."""
+    kv_cache_dtype="auto", tensor_parallel_size=1), or LLM(model, config=EngineConfig(...)); every keyword goes
+    to LLMEngine (engine_config.EngineConfig.from_kwargs checks them)."""
 
     def __init__(self, model, **engine_kwargs):
         self.engine = LLMEngine(model, **engine_kwargs)

@@ -20,6 +20,13 @@ sizes drafts to the budget), as one chunk run by the prefill kernel; it is never
 Step 1 leaves one token of the budget for every later sequence of the decode phase, so a plain decode
 always gets its token (drafts appended by hand beyond the budget are verified over several steps).
 
+After the forward (vLLM v1's order: schedule -> execute -> sample -> update_from_output): the engine samples
+or verifies, and update_from_output applies the result here, the one place the queues and the sequences'
+bookkeeping change: num_computed_tokens moves on, forked samples join the batch, verified drafts roll back
+(rollback), tokens are appended, and a sequence a stop condition ends finishes and frees its blocks. Aborts
+(finish_request) and disaggregated prefill's received requests (allocate_received, add_received) are
+scheduler operations too.
+
 Prefix caching (prefix_cache.py, enable_prefix_caching=True): a step first publishes the full blocks
 running sequences have computed; before the policy runs, each waiting candidate is looked up and starts
 with its cached prefix counted as computed (num_computed_tokens, block_table), so a policy sees and
@@ -29,9 +36,13 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
 from .block_manager import BlockManager
-from .sequence import Sequence, Status
+from .sequence import Sequence, Status, StepOutput, output_text
+
+if TYPE_CHECKING:
+    from .engine_config import EngineConfig
 
 
 @dataclass
@@ -66,6 +77,32 @@ class SchedulerOutput:
     @property
     def scheduled(self) -> list[ScheduledSeq]:
         return self.decodes + self.prefills  # the batch order: decode rows first
+
+
+@dataclass
+class SampledTokens:
+    """What sampling, or verification, produced for one sequence in a step; Scheduler.update_from_output
+    applies it. token_ids: the sampled token, or after verifying num_drafts drafts the verifier's tokens (the
+    kept drafts, then one of the target's own). logprobs: one raw {token: logprob} per token when the request
+    asks for them; logits: the rows of a sequence that asked for num_logits > 1 (StepOutput.logits);
+    prompt_logprobs: the request's, with its first token."""
+    seq: Sequence
+    token_ids: list[int]
+    num_drafts: int = 0
+    logprobs: list[dict[int, float]] | None = None
+    logits: Any = None
+    prompt_logprobs: list | None = None
+
+
+@dataclass
+class SamplerOutput:
+    """One step's sampling results (vLLM's ModelRunnerOutput). forks: parallel sampling, a parent whose prompt
+    was computed this step and the n - 1 children sampled with it (they join the batch now); failed: request id
+    -> (the exception its sampling raised, all its sequences), each request ending with "error"."""
+    sampled: list[SampledTokens] = field(default_factory=list)
+    verified: list[SampledTokens] = field(default_factory=list)
+    forks: list[tuple[Sequence, list[Sequence]]] = field(default_factory=list)
+    failed: dict[str, tuple[BaseException, list[Sequence]]] = field(default_factory=dict)
 
 
 class Budget:
@@ -113,12 +150,28 @@ class FCFSPolicy:
         return picked
 
 
+def _stamp_first_scheduled(chunks: list[ScheduledSeq], now: float) -> None:
+    for s in chunks:
+        if s.seq.metrics.first_scheduled_time is None:
+            s.seq.metrics.first_scheduled_time = now
+
+
 class Scheduler:
-    def __init__(self, block_manager: BlockManager, policy, max_num_seqs: int, max_num_batched_tokens: int,
-                 enable_chunked_prefill: bool):
-        self.bm, self.policy = block_manager, policy
-        self.max_num_seqs, self.max_num_batched_tokens = max_num_seqs, max_num_batched_tokens
-        self.chunked_prefill = enable_chunked_prefill
+    """The only owner of the waiting and running queues. Each step: schedule() picks the batch,
+    update_from_output() applies what the forward and the sampler produced (tokens appended, sequences
+    finished and their blocks freed). Speculative rollback, parallel-sampling forks, aborts and disaggregated
+    prefill's received requests go through its methods too.
+
+    config: a resolved engine_config.EngineConfig (its scheduler part and clock); eos_token_ids and tokenizer:
+    the model's, for the stop checks (EOS, stop strings) and the finished outputs' text."""
+
+    def __init__(self, config: EngineConfig, block_manager: BlockManager, eos_token_ids=(), tokenizer=None):
+        c = config.scheduler
+        self.bm, self.policy = block_manager, c.policy() if isinstance(c.policy, type) else (c.policy or FCFSPolicy())
+        self.max_num_seqs, self.max_num_batched_tokens = c.max_num_seqs, c.max_num_batched_tokens
+        self.chunked_prefill = c.enable_chunked_prefill
+        self.max_seq_len = c.max_seq_len  # a sequence this long ends ("length")
+        self.clock, self.eos, self.tokenizer = config.clock, frozenset(eos_token_ids), tokenizer
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []  # admission order: the last one is preempted first
 
@@ -128,11 +181,12 @@ class Scheduler:
     def has_unfinished(self) -> bool:
         return bool(self.waiting or self.running)
 
-    def schedule(self) -> SchedulerOutput:
+    def schedule(self, now: float) -> SchedulerOutput:
+        """This step's batch (the module docstring's order). now: the step's start, the first_scheduled_time of
+        a request scheduled for the first time."""
         out = SchedulerOutput()
         self.bm.publish(self.running)  # prefix caching: full blocks computed so far become findable
-        # decoding: one uncomputed token, or past the prompt with draft tokens to verify
-        phase = [s for s in self.running if s.status is Status.RUNNING and (s.num_uncomputed_tokens == 1 or not s.in_prefill)]
+        phase = [s for s in self.running if s.in_decode_phase]
         used = 0
         for i, seq in enumerate(phase):
             if seq.status is not Status.RUNNING:  # preempted for an older one meanwhile
@@ -165,6 +219,7 @@ class Scheduler:
                 self.running.append(seq)
             out.block_copies += self.bm.reserve(seq, n)
             out.prefills.append(ScheduledSeq.chunk(seq, n))
+        _stamp_first_scheduled(out.prefills, now)
         return out
 
     def _schedule_decode(self, seq: Sequence, n: int, out: SchedulerOutput) -> int:
@@ -203,6 +258,135 @@ class Scheduler:
         seq.status = Status.WAITING
         seq.metrics.num_preemptions += 1
         self.waiting.appendleft(seq)
+
+    # ---- after the forward ----------------------------------------------------------------------
+    def update_from_output(self, so: SchedulerOutput, sampled: SamplerOutput) -> list[StepOutput]:
+        """Apply a step: every scheduled chunk's tokens are computed now; forked children join the batch;
+        verified drafts are rolled back to what the verifier kept; each failed request ends ("error"); every
+        new token is appended, and a sequence it ends finishes and frees its blocks (hold_kv: keeps them).
+        Returns a StepOutput per sequence that got tokens or ended, verified ones first, then the failed
+        requests', then the sampled; a request's RequestOutput is the engine's to add (it holds the requests)."""
+        for s in so.scheduled:
+            s.seq.num_computed_tokens += s.num_tokens
+        for parent, children in sampled.forks:
+            self.fork(parent, children)
+        if not (sampled.sampled or sampled.verified or sampled.failed):
+            return []
+        now = self.clock()
+        outputs = [self._append_verified(t, now) for t in sampled.verified]
+        for _, seqs in sampled.failed.values():  # a row whose sampling raised ends its request (all n samples) alone
+            outputs += self.finish_request(seqs, "error")
+        return outputs + [self._append_sampled(t, now) for t in sampled.sampled]
+
+    def _append_sampled(self, t: SampledTokens, now: float) -> StepOutput:
+        seq = t.seq
+        if t.prompt_logprobs is not None and seq.prompt_logprobs is None:
+            seq.prompt_logprobs = t.prompt_logprobs
+        if t.logprobs is not None:
+            seq.logprobs.append(t.logprobs[0])
+        out = self._append_token(seq, t.token_ids[0], now)
+        out.logits, out.logprobs = t.logits, t.logprobs
+        if seq.prompt_logprobs is not None and seq.num_output_tokens == 1:
+            out.prompt_logprobs = seq.prompt_logprobs
+        return out
+
+    def _append_verified(self, t: SampledTokens, now: float) -> StepOutput:
+        """Speculative decoding: the drafts leave, then the verifier's tokens are appended one by one until one
+        ends the sequence; one StepOutput carries them all."""
+        seq, tokens = t.seq, t.token_ids
+        self.rollback(seq, t.num_drafts, len(tokens) - 1)
+        for i, tok in enumerate(tokens):
+            if t.logprobs is not None:
+                seq.logprobs.append(t.logprobs[i])
+            out = self._append_token(seq, tok, now)
+            if out.finished:
+                break
+        out.new_token_ids = tokens[:i + 1]
+        out.logprobs = None if t.logprobs is None else t.logprobs[:i + 1]
+        return out
+
+    def _append_token(self, seq: Sequence, token: int, now: float) -> StepOutput:
+        seq.token_ids.append(token)
+        m = seq.metrics
+        m.token_times.append(now)
+        if m.first_token_time is None:
+            m.first_token_time = now
+        reason = self._stop(seq, token)
+        out = StepOutput(seq.request_id, seq.index, [token], reason is not None, reason)
+        if reason:
+            seq.finish_reason, m.finish_time = reason, now
+            out.stop_reason, out.text = seq.stop_reason, output_text(seq, self.tokenizer)
+            self.finish(seq, free=not seq.hold_kv)
+        return out
+
+    def _stop(self, seq: Sequence, token: int) -> str | None:
+        """Why the token just appended ends seq ("stop", "length"), or None; sets stop_reason (and output_text
+        when a stop string matched)."""
+        if token in seq.stop_ids:  # EOS (stop_reason None, as vLLM) or one of stop_token_ids
+            seq.stop_reason = token if token in seq.params.stop_token_ids and (
+                seq.params.ignore_eos or token not in self.eos) else None
+            return "stop"
+        hit = None
+        if seq.stop_strings is not None:
+            hit = seq.stop_strings.check(self.tokenizer.decode(seq.output_token_ids), seq.num_output_tokens)
+        if hit is not None:
+            seq.stop_reason = hit[0]
+            seq.output_text = self.tokenizer.decode(seq.output_token_ids)[:hit[1]]
+            return "stop"
+        if seq.num_output_tokens >= seq.params.max_tokens or seq.num_tokens >= self.max_seq_len:
+            return "length"
+        return None
+
+    def fork(self, parent: Sequence, children: list[Sequence]) -> None:
+        """Parallel sampling: the children (sampled with their parent this step, once its prompt is computed)
+        join the batch right after it, sharing its blocks (ref counts; copy-on-write later)."""
+        for child in children:
+            child.num_computed_tokens, child.status = parent.num_computed_tokens, Status.RUNNING
+            self.bm.fork(parent, child)
+        parent.pending_forks = 0
+        at = self.running.index(parent) + 1
+        self.running[at:at] = children
+
+    def rollback(self, seq: Sequence, num_drafts: int, num_kept: int = 0) -> None:
+        """Speculative decoding: seq's last num_drafts tokens (drafts) leave token_ids. A running sequence
+        whose drafts were just verified keeps num_kept of them in the cache (num_computed_tokens ends after
+        them; the caller appends the verifier's tokens, the kept drafts first) and frees the blocks past them;
+        a preempted or finished one (num_kept 0) only loses the tokens."""
+        base = seq.num_tokens - num_drafts
+        del seq.token_ids[base:]
+        seq.num_logits = 1
+        if seq.status is Status.RUNNING:
+            seq.num_computed_tokens = base + num_kept
+            self.bm.trim(seq)
+
+    def finish_request(self, seqs: list[Sequence], reason: str) -> list[StepOutput]:
+        """End every unfinished sequence of a request now with `reason` ("abort", "error"), freeing its
+        blocks. Returns one StepOutput (no tokens) per sequence ended."""
+        now, ended = self.clock(), []
+        for seq in seqs:
+            if seq.status is not Status.FINISHED:
+                self.finish(seq)
+                seq.finish_reason, seq.metrics.finish_time = reason, now
+                ended.append(StepOutput(seq.request_id, seq.index, [], True, reason))
+        return ended
+
+    # ---- disaggregated prefill: the decode side's received requests --------------------------------
+    def allocate_received(self, seq: Sequence) -> bool:
+        """Reserve the blocks a received prompt's KV will be written into (seq.block_table); seq stays out of
+        the queues until add_received. False when they do not fit now (decode steps free some)."""
+        if not self.bm.can_reserve(seq, seq.num_prompt_tokens):
+            return False
+        self.bm.reserve(seq, seq.num_prompt_tokens)
+        return True
+
+    def add_received(self, seq: Sequence, first_token: int) -> StepOutput:
+        """The prompt's KV is in seq's blocks: count it computed, join the running batch and append the first
+        token (sampled by the prefill side). Returns its StepOutput (finished if that token ends it)."""
+        seq.num_computed_tokens = seq.num_prompt_tokens
+        seq.status = Status.RUNNING
+        seq.metrics.first_scheduled_time = self.clock()
+        self.running.append(seq)
+        return self._append_token(seq, int(first_token), self.clock())
 
     def finish(self, seq: Sequence, free: bool = True) -> None:
         """Remove a finished or aborted sequence from whichever queue holds it and free its blocks

@@ -110,6 +110,13 @@ class Sequence:
         return self.num_computed_tokens < self.prefill_until
 
     @property
+    def in_decode_phase(self) -> bool:
+        """Whether the scheduler's decode phase takes this sequence next step (scheduler.py, step 1): it runs and
+        its next forward is one token (a decode, or a prompt's one-token last chunk) or it is past its prompt
+        with draft tokens appended to verify."""
+        return self.status is Status.RUNNING and (self.num_uncomputed_tokens == 1 or not self.in_prefill)
+
+    @property
     def num_tokens(self) -> int:
         return len(self.token_ids)
 
@@ -138,6 +145,13 @@ class Sequence:
     def __repr__(self):
         return (f"Sequence(id={self.seq_id}, request={self.request_id!r}, status={self.status.value}, "
                 f"tokens={self.num_tokens}, computed={self.num_computed_tokens}, blocks={self.block_table})")
+
+
+def output_text(seq: Sequence, tokenizer) -> str | None:
+    """The sequence's output text: cut at its stop string if one matched (None without a tokenizer)."""
+    if seq.output_text is not None:
+        return seq.output_text
+    return tokenizer.decode(seq.output_token_ids) if tokenizer is not None else None
 
 
 @dataclass
@@ -184,6 +198,16 @@ class RequestOutput:
     def num_cached_tokens(self) -> int:
         """Prompt tokens served from the prefix cache (vLLM's RequestOutput.num_cached_tokens)."""
         return self.outputs[0].metrics.num_cached_tokens
+
+
+def request_output(seqs: list[Sequence], tokenizer) -> RequestOutput:
+    """A request's RequestOutput from its sequences (one per sample, in index order)."""
+    comps = [CompletionOutput(s.index, s.output_token_ids, output_text(s, tokenizer), s.finish_reason, s.metrics,
+                              s.logprobs, s.stop_reason)
+             for s in sorted(seqs, key=lambda s: s.index)]
+    first = seqs[0]
+    return RequestOutput(first.request_id, first.token_ids[:first.num_prompt_tokens], comps,
+                         prompt_logprobs=first.prompt_logprobs)
 
 
 @dataclass

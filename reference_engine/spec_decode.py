@@ -16,9 +16,10 @@ One LLMEngine.step() with speculation on:
   3. The forward gives the k + 1 logit rows (Sequence.num_logits); SpecDecoder.verify() hands them to
      the verifier (greedy, or the rejection sampler; pluggable, interfaces.SpeculativeVerifier), which
      returns the tokens to emit: the accepted drafts and one token of the target's own.
-  4. Rollback: the rejected drafts leave token_ids, num_computed_tokens counts the kept tokens only, and
-     blocks past them go back to the pool (BlockManager.trim); the draft model's cache rolls back the same
-     way. A preempted sequence drops its drafts (discard) and recomputes like any other.
+  4. Rollback (Scheduler.rollback, in Scheduler.update_from_output): the drafts leave token_ids and the
+     emitted tokens are appended, num_computed_tokens counts the kept tokens only, and blocks past them go
+     back to the pool (BlockManager.trim); the draft model's cache rolls back the same way (verify). A
+     preempted sequence drops its drafts (discard) and recomputes like any other.
 
 Randomness: a sampled request's draft draws and verifier draws all come from its own generator
 (SamplingParams.seed), in step order, so a seeded request gives the same tokens alone or batched as long as
@@ -29,15 +30,16 @@ from __future__ import annotations
 
 import operator
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 
 from .block_manager import BlockAllocator, BlockManager
+from .engine_config import DraftClock, EngineConfig
+from .engine_config import SpeculativeConfig as SpeculativeConfig  # its home was here: spec_decode.SpeculativeConfig
 from .loader import load_model
 from .model_runner import ModelRunner
 from .sampling import SamplingParams, warp_logits
-from .scheduler import ScheduledSeq, SchedulerOutput
+from .scheduler import ScheduledSeq, Scheduler, SchedulerOutput
 from .sequence import Sequence, Status
 
 # -- verification: the engine's own verifier (interfaces.SpeculativeVerifier) ---------------------------
@@ -175,7 +177,7 @@ class DraftModelProposer:
 
     Draws: a greedy request's drafts are the draft model's argmax; a sampled one draws each draft from the
     draft's distribution under the request's own temperature / top-k / top-p, with the request's generator.
-    On a gpu_model.ModeledClock each draft forward is priced by clock.advance_draft (at the clock's
+    On a sim.gpu_model.ModeledClock each draft forward is priced by clock.advance_draft (at the clock's
     draft_shape; without one it is counted, not priced).
     """
 
@@ -219,7 +221,7 @@ class DraftModelProposer:
             so = SchedulerOutput(
                 decodes=[ScheduledSeq(states[i], 1) for i in one],
                 prefills=[ScheduledSeq(states[i], states[i].num_tokens - states[i].num_computed_tokens) for i in more])
-            if hasattr(self.clock, "advance_draft"):  # modeled GPU time: read before num_computed_tokens moves
+            if isinstance(self.clock, DraftClock):  # modeled GPU time: read before num_computed_tokens moves
                 self.clock.advance_draft(so)
             rows = self.runner.execute(so)  # one row per sequence, in so.scheduled order: one + more
             for i, row in zip(one + more, rows):
@@ -255,60 +257,6 @@ class DraftModelProposer:
         self.bm.check_consistency(list(self.states.values()))
 
 
-# -- configuration ------------------------------------------------------------------------------------------
-
-_KEYS = {"method", "model", "num_speculative_tokens", "prompt_lookup_max", "prompt_lookup_min", "verifier"}
-
-
-@dataclass(frozen=True)
-class SpeculativeConfig:
-    """speculative_config as vLLM names it: method "draft_model" (the default when "model" is given; a
-    "model" of "ngram" selects the ngram method, as vLLM accepts) or "ngram"; num_speculative_tokens k >= 1;
-    for ngram prompt_lookup_max / prompt_lookup_min (one given: the other equals it; neither: 5 and 5, vLLM's
-    defaults). verifier: an object with verify and verify_greedy (interfaces.SpeculativeVerifier); None =
-    RejectionVerifier."""
-    method: str
-    num_speculative_tokens: int
-    model: str | None = None
-    prompt_lookup_max: int | None = None
-    prompt_lookup_min: int | None = None
-    verifier: Any = None
-
-    @classmethod
-    def from_dict(cls, d: dict) -> SpeculativeConfig:
-        if not isinstance(d, dict):
-            raise TypeError(f"speculative_config must be a dict, got {type(d).__name__}")
-        unknown = set(d) - _KEYS
-        if unknown:
-            raise ValueError(f"speculative_config has unknown keys {sorted(unknown)}; known: {sorted(_KEYS)}")
-        model, method = d.get("model"), d.get("method")
-        if method is None:
-            method = "ngram" if model == "ngram" else "draft_model"
-        if method not in ("draft_model", "ngram"):
-            raise ValueError(f"speculative_config method {method!r}: supported are 'draft_model' and 'ngram'")
-        if method == "draft_model" and not model:
-            raise ValueError("speculative_config needs 'model' (the draft model's directory) for method 'draft_model'")
-        k = d.get("num_speculative_tokens")
-        if not _is_int(k) or k < 1:
-            raise ValueError(f"speculative_config num_speculative_tokens must be an integer >= 1, got {k!r}")
-        n_max, n_min = d.get("prompt_lookup_max"), d.get("prompt_lookup_min")
-        if method == "ngram":
-            n_max, n_min = (n_max or n_min or 5), (n_min or n_max or 5)
-            if not (_is_int(n_max) and _is_int(n_min) and 1 <= n_min <= n_max):
-                raise ValueError(f"speculative_config prompt_lookup_min={n_min!r}, prompt_lookup_max={n_max!r}: "
-                                 "need integers with 1 <= min <= max")
-        verifier = d.get("verifier")
-        if verifier is not None and not all(callable(getattr(verifier, m, None)) for m in ("verify", "verify_greedy")):
-            raise TypeError(f"speculative_config verifier {verifier!r} needs methods verify(target_probs, draft_probs, "
-                            "draft_tokens, generator) and verify_greedy(target_logits, draft_tokens) "
-                            "(interfaces.SpeculativeVerifier)")
-        return cls(method, k, None if method == "ngram" else str(model), n_max, n_min, verifier)
-
-
-def _is_int(v) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
-
-
 # -- the engine's side ------------------------------------------------------------------------------------
 
 
@@ -320,21 +268,25 @@ class _Drafts:
 
 
 class SpecDecoder:
-    """What LLMEngine calls when speculative_config is set (see the module docstring for the step's order)."""
+    """What LLMEngine calls when speculative_config is set (see the module docstring for the step's order).
+    config: the engine's resolved EngineConfig (its speculative part, the sizes the draft model's cache
+    shares, the budget, the clock); scheduler: whose running sequences get drafts and which rolls them back;
+    backend: the attention backend the draft model runs on; vocab_size: the target's."""
 
-    def __init__(self, config: SpeculativeConfig, engine):
-        self.config, self.k = config, config.num_speculative_tokens
-        self.verifier = config.verifier if config.verifier is not None else RejectionVerifier()
-        self.bm, self.max_seq_len = engine.block_manager, engine.max_seq_len
-        self.vocab_size = engine.config.vocab_size
-        if config.method == "ngram":
-            self.proposer = NgramProposer(config.prompt_lookup_max, config.prompt_lookup_min)
+    def __init__(self, config: EngineConfig, scheduler: Scheduler, backend, vocab_size: int):
+        spec, cache = config.speculative, config.cache
+        self.config, self.k = spec, spec.num_speculative_tokens
+        self.verifier = spec.verifier if spec.verifier is not None else RejectionVerifier()
+        self.scheduler, self.vocab_size = scheduler, vocab_size
+        self.max_seq_len, self.token_budget = config.scheduler.max_seq_len, config.scheduler.max_num_batched_tokens
+        if spec.method == "ngram":
+            self.proposer = NgramProposer(spec.prompt_lookup_max, spec.prompt_lookup_min)
         else:
-            extra = engine.max_num_seqs * (-(-self.k // engine.block_size) + 1)  # k tokens of lookahead each
+            extra = config.scheduler.max_num_seqs * (-(-self.k // cache.block_size) + 1)  # k tokens of lookahead each
             self.proposer = DraftModelProposer(
-                config.model, device=engine.device, dtype=engine.dtype, backend=engine.backend,
-                block_size=engine.block_size, num_blocks=engine.num_blocks + extra,
-                vocab_size=self.vocab_size, max_len=engine.max_seq_len, clock=engine.clock)
+                spec.model, device=config.model.device, dtype=config.model.dtype, backend=backend,
+                block_size=cache.block_size, num_blocks=cache.num_blocks + extra, vocab_size=vocab_size,
+                max_len=self.max_seq_len, clock=config.clock)
         self.pending: dict[int, _Drafts] = {}  # seq_id -> drafts appended and not yet verified
         self.step_counts = self._zero()
 
@@ -350,10 +302,10 @@ class SpecDecoder:
     def has_drafts(self, seq: Sequence) -> bool:
         return seq.seq_id in self.pending
 
-    def propose(self, running: list[Sequence], token_budget: int) -> None:
-        """Append drafts to the running sequences that decode next (oldest first, as the budget allows)."""
-        phase = [s for s in running if s.status is Status.RUNNING and (s.num_uncomputed_tokens == 1 or not s.in_prefill)]
-        spare = token_budget - sum(s.num_uncomputed_tokens for s in phase)  # what the decode phase leaves
+    def propose(self) -> None:
+        """Append drafts to the running sequences that decode next (oldest first, as the token budget allows)."""
+        phase = [s for s in self.scheduler.running if s.in_decode_phase]
+        spare = self.token_budget - sum(s.num_uncomputed_tokens for s in phase)  # what the decode phase leaves
         seqs, ks = [], []
         for s in phase:
             if s.num_uncomputed_tokens != 1 or s.in_prefill or s.seq_id in self.pending:
@@ -373,9 +325,8 @@ class SpecDecoder:
 
     def verify(self, seq: Sequence, rows: torch.Tensor) -> list[int]:
         """rows [k + 1, V]: the target's raw logits at the last sampled token and the k drafts. Returns the
-        tokens to emit (the kept drafts, then the target's own token) and rolls back the rest: token_ids end
-        before the drafts (the caller appends the emitted tokens), num_computed_tokens counts the kept
-        drafts, the blocks past them are freed."""
+        tokens to emit (the kept drafts, then the target's own token); the draft model's cache rolls back to
+        the kept ones here, the sequence in Scheduler.update_from_output (Scheduler.rollback)."""
         d = self.pending.pop(seq.seq_id)
         k = len(d.tokens)
         drafts = torch.tensor(d.tokens, dtype=torch.long, device=rows.device)
@@ -387,11 +338,7 @@ class SpecDecoder:
             emitted = self.verifier.verify(p, q.to(p.device), drafts.clone(), seq.generator)
         emitted = self._checked(emitted, d.tokens)
         kept = len(emitted) - 1
-        base = seq.num_tokens - k  # tokens before the drafts
-        del seq.token_ids[base:]
-        seq.num_computed_tokens = base + kept  # the last sampled token and the kept drafts are in the cache
-        self.bm.trim(seq)
-        self.proposer.rollback(seq, base + kept)
+        self.proposer.rollback(seq, seq.num_tokens - k + kept)  # the tokens before the drafts, and the kept ones
         m = seq.metrics
         m.num_drafts, m.num_draft_tokens, m.num_accepted_tokens = m.num_drafts + 1, m.num_draft_tokens + k, m.num_accepted_tokens + kept
         c = self.step_counts
@@ -422,8 +369,7 @@ class SpecDecoder:
         model's cache for it is freed."""
         d = self.pending.pop(seq.seq_id, None)
         if d is not None:
-            del seq.token_ids[seq.num_tokens - len(d.tokens):]
-            seq.num_logits = 1
+            self.scheduler.rollback(seq, len(d.tokens))
         self.proposer.release(seq)
 
     def collect(self) -> None:

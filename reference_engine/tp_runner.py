@@ -29,11 +29,15 @@ import weakref
 from dataclasses import fields, replace
 from datetime import timedelta
 from multiprocessing.connection import Connection
+from typing import TYPE_CHECKING
 
 import torch
 
 from .attention import AttentionMetadata
 from .model_runner import ModelRunner
+
+if TYPE_CHECKING:
+    from .engine_config import EngineConfig
 
 START_TIMEOUT_S = 300.0  # spawning imports torch in each worker: seconds on a loaded machine
 STEP_TIMEOUT_S = 600.0
@@ -49,14 +53,16 @@ class TPModelRunner:
     clock = staticmethod(time.perf_counter)
     last_forward_time: float | None = None  # rank 0's forward, all-reduces included (not the pipe round trip)
 
-    def __init__(self, size: int, *, model, device: torch.device, dtype, block_size: int, num_blocks: int,
-                 backend: str | None = None, quantization: str | None = None, cache_dtype=None):
-        if device.type == "cuda" and torch.cuda.device_count() < size:
+    def __init__(self, model, config: EngineConfig):
+        """model: the model directory; config: the engine's resolved EngineConfig (its parallel, model and cache
+        parts: the workers build their shards and caches from them)."""
+        size, m, cache = config.parallel.tensor_parallel_size, config.model, config.cache
+        if m.device.type == "cuda" and torch.cuda.device_count() < size:
             raise ValueError(f"tensor_parallel_size={size} needs {size} GPUs, {torch.cuda.device_count()} visible")
-        self.size, self.block_size, self.device = size, block_size, device
-        spec = dict(model=str(model), device=device.type, dtype=dtype, block_size=block_size, num_blocks=num_blocks,
-                    backend=backend, quantization=quantization, cache_dtype=cache_dtype,
-                    threads=max(1, (os.cpu_count() or 1) // size), port=_free_port())
+        self.size, self.block_size, self.device = size, cache.block_size, m.device
+        spec = dict(model=str(model), device=m.device.type, dtype=m.dtype, block_size=cache.block_size,
+                    num_blocks=cache.num_blocks, backend=m.attention_backend, quantization=m.quantization,
+                    cache_dtype=config.kv_cache_dtype, threads=max(1, (os.cpu_count() or 1) // size), port=_free_port())
         self.conns, self.procs = [], []
         self._finalizer = weakref.finalize(self, _shutdown, self.conns, self.procs)
         try:

@@ -310,7 +310,7 @@ def load_llm(max_num_seqs: int = 16, threads: int = 1):
 
 
 def load_modeled_llm(max_num_seqs: int = 16, chip: str = "H100", model: str = "llama-3-8b", threads: int = 1):
-    """load_llm on the modeled GPU clock (reference_engine/gpu_model.py): the engine still computes real
+    """load_llm on the modeled GPU clock (reference_engine/sim/gpu_model.py): the engine still computes real
     tokens with the shipped model on this machine, but every timestamp is the time the same step would take
     for `model`'s shape on `chip` (an estimate, not a measurement), so replay() and every metric of this
     lesson come out in modeled seconds; replay() skips idle gaps on that clock instead of sleeping. The
@@ -320,9 +320,9 @@ def load_modeled_llm(max_num_seqs: int = 16, chip: str = "H100", model: str = "l
 
     import torch
 
-    from reference_engine.gpu_model import CHIPS, MODELS, engine_kwargs
     from reference_engine.llm import LLM
     from reference_engine.shipped import TARGET
+    from reference_engine.sim.gpu_model import CHIPS, MODELS, engine_kwargs
 
     torch.set_num_threads(threads)
     with warnings.catch_warnings():
@@ -335,7 +335,7 @@ def load_modeled_llm(max_num_seqs: int = 16, chip: str = "H100", model: str = "l
 def workload(n: int, seed: int = 0, trace: str = "conv", max_context: int = 512):
     """n consecutive requests of the Azure LLM inference trace 2023, sizes scaled to max_context,
     with seeded random prompts of each request's length: (requests, prompt token ids)."""
-    from reference_engine import trace as tr
+    from reference_engine.sim import trace as tr
 
     reqs = tr.scale_to_context(tr.sample(n, seed=seed, trace=trace), max_context)
     return reqs, tr.prompt_token_ids(reqs, vocab_size=2048, seed=seed, exclude=(0,))
@@ -350,8 +350,8 @@ def replay(llm, requests, prompts, rate_rps: float) -> Replay:
     scheduled arrival, so time spent waiting for a running step counts against its TTFT. Greedy
     decoding with EOS ignored: each request produces exactly its trace output length.
     Timestamps come back relative to the start of the replay."""
-    from reference_engine import trace as tr
-    from reference_engine.replay import replay as replay_requests
+    from reference_engine.sim import trace as tr
+    from reference_engine.sim.replay import replay as replay_requests
 
     eng = llm.engine
     first_step = len(eng.step_stats)

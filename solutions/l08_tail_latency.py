@@ -2,7 +2,7 @@
 where it went, then name the first suspect in the order that is cheapest to check and most often right.
 
 Records are plain dicts, as a latency dashboard and an engine's step log would hold them (the engine's
-RequestMetrics and StepStats; reference_engine/faults.py builds them from a replay). Times in seconds on
+RequestMetrics and StepStats; reference_engine/sim/faults.py builds them from a replay). Times in seconds on
 one clock per replica:
 
     request: {"arrival", "first_scheduled", "token_times": [...], "finish", "num_preemptions",
@@ -207,7 +207,7 @@ def first_suspect(requests: Sequence[dict], steps_by_replica: Sequence[Sequence[
 def workload(n: int = 300, rps: float = 60.0, seed: int = 0, trace: str = "conv", max_context: int = 512):
     """n consecutive requests of the Azure LLM inference trace 2023, sizes scaled into the shipped model's
     context, arrivals stretched to `rps` (burstiness kept); with seeded prompts: (requests, prompt ids)."""
-    from reference_engine import trace as tr
+    from reference_engine.sim import trace as tr
 
     reqs = tr.with_rate(tr.scale_to_context(tr.sample(n, seed=seed, trace=trace), max_context), rps)
     return reqs, tr.prompt_token_ids(reqs, vocab_size=2048, seed=seed, exclude=(0,))
@@ -215,10 +215,10 @@ def workload(n: int = 300, rps: float = 60.0, seed: int = 0, trace: str = "conv"
 
 def replay_fault(cause: str = "none", n: int = 300, rps: float = 60.0, seed: int = 0, compute: bool = False,
                  **spec) -> dict:
-    """Replay workload(n, rps, seed) with one injected fault (reference_engine/faults.py; spec overrides
+    """Replay workload(n, rps, seed) with one injected fault (reference_engine/sim/faults.py; spec overrides
     FaultSpec's fields) on the modeled H100 clock. compute=False skips the model's forward: the timestamps
     are the same. Returns {"cause", "requests", "steps" (per replica), "replicas"}."""
-    from reference_engine.faults import FaultSpec, run_fault
+    from reference_engine.sim.faults import FaultSpec, run_fault
 
     reqs, prompts = workload(n, rps, seed)
     return run_fault(FaultSpec(cause=cause, seed=seed, **spec), reqs, prompts, compute=compute)

@@ -9,7 +9,7 @@ Conventions:
 - Step statistics are dicts with the fields of reference_engine.sequence.StepStats (stats_dicts()
   makes them from an engine): wall_time and forward_time in seconds, forward_time None for a step
   that ran no forward. host = wall_time - forward_time.
-- Device time is the modeled GPU clock's (reference_engine/gpu_model.py): the sum of the kernels'
+- Device time is the modeled GPU clock's (reference_engine/sim/gpu_model.py): the sum of the kernels'
   roofline times at the chip's achievable fractions, with no per-step overhead (overhead_s=0). Models
   are keys of gpu_model.MODELS ("llama-3-8b", "llama-3-70b"), chips keys of gpu_model.CHIPS ("H100",
   "H200", "A100").
@@ -23,7 +23,7 @@ import dataclasses
 import statistics
 from typing import NamedTuple
 
-from reference_engine import gpu_model as gm
+from reference_engine.sim import gpu_model as gm
 
 MAX_BATCH = 4096  # the largest decode batch the searches below look at
 PREFIX_SHARE_MIN = 0.5  # prefix share from which the table picks the engine built around prefix reuse

@@ -10,7 +10,7 @@ The model of a fleet used everywhere here (one event loop, no simulation library
     Every `tick` seconds the autoscaler observes the fleet and says how many replicas it wants.
 
 Job sizes come from the Azure LLM inference trace 2023 (Patel et al., Splitwise, ISCA 2024) and their
-seconds from the modeled GPU clock (reference_engine/gpu_model.py: Llama-3-8B on a modeled H100, an
+seconds from the modeled GPU clock (reference_engine/sim/gpu_model.py: Llama-3-8B on a modeled H100, an
 estimate, not a measurement). The scaler follows Knative's Pod Autoscaler (KPA); its defaults are those of
 knative/serving config/core/configmaps/autoscaler.yaml (cited where they are used).
 
@@ -404,7 +404,7 @@ def modeled_job_times(prompt_tokens: int, output_tokens: int, decode_step_s: flo
 
 @functools.lru_cache(maxsize=None)
 def _prefill_s(prompt_tokens: int, chip: str, model: str) -> float:
-    from reference_engine.gpu_model import CHIPS, MODELS, Composition, step_time
+    from reference_engine.sim.gpu_model import CHIPS, MODELS, Composition, step_time
 
     return step_time(MODELS[model], CHIPS[chip], Composition(prefills=((prompt_tokens, 0),))).time_s
 
@@ -412,7 +412,7 @@ def _prefill_s(prompt_tokens: int, chip: str, model: str) -> float:
 def decode_step_s(slots: int, context: int, chip: str = "H100", model: str = "llama-3-8b") -> float:
     """Modeled seconds of one decode step of a full replica: `slots` sequences at `context` tokens each.
     Every job decodes at this speed (a replica is assumed full: conservative when it is not)."""
-    from reference_engine.gpu_model import CHIPS, MODELS, Composition, step_time
+    from reference_engine.sim.gpu_model import CHIPS, MODELS, Composition, step_time
 
     return step_time(MODELS[model], CHIPS[chip], Composition.decode_batch(slots, context)).time_s
 
@@ -440,7 +440,7 @@ def trace_jobs(profile: Sequence[tuple[float, float]], duration: float, seed: in
     modeled GPU clock. Raises ValueError if the profile asks for more than three laps of the trace."""
     import numpy as np
 
-    from reference_engine import trace as tr
+    from reference_engine.sim import trace as tr
 
     reqs = tr.load(trace)
     start = int(np.random.default_rng(seed).integers(0, len(reqs)))

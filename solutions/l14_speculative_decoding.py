@@ -13,7 +13,7 @@ Notation (Leviathan et al. 2023; Chen et al. 2023 swap the letters p and q):
 
 Sections: 1. verification (greedy, the acceptance probability, the residual distribution, the rejection
 sampler); 2. the arithmetic (tokens per target step, speedup, best gamma); 3. the batch size at which
-speculation stops paying, on the modeled GPU clock (reference_engine/gpu_model.py). The bottom of the file
+speculation stops paying, on the modeled GPU clock (reference_engine/sim/gpu_model.py). The bottom of the file
 holds given helpers the notebook uses: the shipped models with a KV cache, a speculative decoding loop,
 and the acceptance measurement.
 """
@@ -185,10 +185,10 @@ def best_gamma(alpha: float, c: float, max_gamma: int) -> int:
 
 
 def lm_head_seconds(model: str, chip: str, rows: int) -> float:
-    """Modeled seconds of the lm_head GEMM on `rows` rows (reference_engine.gpu_model's roofline, at the
+    """Modeled seconds of the lm_head GEMM on `rows` rows (reference_engine.sim.gpu_model's roofline, at the
     chip's achievable fractions). gpu_model.step_time runs lm_head on one row per sequence, which is what a
     decode or a prefill chunk needs; verification needs gamma + 1 rows per sequence."""
-    from reference_engine import gpu_model as gm
+    from reference_engine.sim import gpu_model as gm
 
     shape, c = gm.MODELS[model], gm.CHIPS[chip]
     _, m, n, k, calls = gm.gemm_shapes(shape, rows, rows)[-1]
@@ -198,7 +198,7 @@ def lm_head_seconds(model: str, chip: str, rows: int) -> float:
 
 def modeled_speedup(model: str, chip: str, alpha: float, gamma: int, context: int, c: float, batch: int) -> float:
     """Exercise 3.1: the speedup of speculative decoding at a decode batch of `batch` sequences, on the modeled
-    GPU clock (reference_engine.gpu_model).
+    GPU clock (reference_engine.sim.gpu_model).
 
     model: a key of gpu_model.MODELS ("llama-3-8b"); chip: a key of gpu_model.CHIPS ("H100"). Every sequence
     has `context` tokens in its KV cache. With step_time = gpu_model.step_time(MODELS[model], CHIPS[chip], ...)
@@ -216,7 +216,7 @@ def modeled_speedup(model: str, chip: str, alpha: float, gamma: int, context: in
     with the (gamma + 1) times more tokens verification puts in the step.
     """
     ### BEGIN SOLUTION
-    from reference_engine import gpu_model as gm
+    from reference_engine.sim import gpu_model as gm
 
     shape, hw = gm.MODELS[model], gm.CHIPS[chip]
     t_decode = gm.step_time(shape, hw, gm.Composition.decode_batch(batch, context)).time_s
@@ -259,8 +259,8 @@ def checkpoints_dir() -> Path:
 
 
 def load_models(threads: int = 1):
-    """(target, draft): the shipped ~3.3M and ~0.6M parameter Llamas (reference_engine/train.py's model), fp32."""
-    from reference_engine import train
+    """(target, draft): the shipped ~3.3M and ~0.6M parameter Llamas (reference_engine/tools/train.py's model), fp32."""
+    from reference_engine.tools import train
 
     torch.set_num_threads(threads)
     return tuple(train.load_checkpoint(checkpoints_dir() / name) for name in ("target", "draft"))
@@ -273,9 +273,9 @@ def tokenizer():
 
 
 def heldout_contexts(n: int, length: int) -> list[list[int]]:
-    """n token windows of `length` tokens, evenly spaced over the held-out files (reference_engine/train.py's
+    """n token windows of `length` tokens, evenly spaced over the held-out files (reference_engine/tools/train.py's
     split: files whose sha1(relative path) % 20 == 0, never trained on), joined by <|endoftext|>."""
-    from reference_engine import train
+    from reference_engine.tools import train
 
     _, held, _ = train.split_corpus()
     stream = train.token_stream(tokenizer(), held)
@@ -303,7 +303,7 @@ class CachedModel:
 
     @torch.no_grad()
     def _forward(self, ids: list[int]) -> torch.Tensor:
-        from reference_engine import train
+        from reference_engine.tools import train
 
         a, m, n, start = self.a, self.model, len(ids), self.len
         if start + n > a.max_position_embeddings:

@@ -299,13 +299,13 @@ def choose_method(bottleneck: str, workload: dict) -> str:
 
 
 def heldout_windows(n: int = 16, seq_len: int = 256) -> torch.Tensor:
-    """n windows [n, seq_len] spread over the held-out token stream, chosen as reference_engine/train.py does:
+    """n windows [n, seq_len] spread over the held-out token stream, chosen as reference_engine/tools/train.py does:
     the 128 windows behind checkpoints/metrics.json, every (128 // n)-th of them (the first n when n > 128)."""
 
     from tokenizers import Tokenizer
 
-    from reference_engine import train
     from reference_engine.shipped import TARGET
+    from reference_engine.tools import train
 
     _, held, _ = train.split_corpus()
     tok = Tokenizer.from_file(str(TARGET / "tokenizer.json"))
@@ -343,7 +343,7 @@ def modeled_method(method: str, batch: int, phase: str, context: int = 1024, pro
     they are a small share of a decode step's bytes)."""
     from dataclasses import replace
 
-    from reference_engine import gpu_model as gm
+    from reference_engine.sim import gpu_model as gm
 
     shape, chip = gm.MODELS[shape_name], gm.CHIPS[chip_name]
     changes = {"bf16": {}, "w4a16": {"weight_bytes": 0.5}, "w8a16": {"weight_bytes": 1},

@@ -7,7 +7,7 @@ lesson counts those bytes, times them on a link, ships them for real (pack and u
 engine's KV transfer), derives the link speed from which disaggregation wins, and sizes the two pools.
 
 Conventions:
-- Models are keys of reference_engine.gpu_model.MODELS ("llama-3-8b", "llama-3-70b"), chips keys of
+- Models are keys of reference_engine.sim.gpu_model.MODELS ("llama-3-8b", "llama-3-70b"), chips keys of
   gpu_model.CHIPS ("H100", "H200", "A100"); step times come from gpu_model.step_time (the modeled clock,
   its default per-step overhead included).
 - Link speeds are in gigabits per second (1e9 bits/s), as network cards are sold; sizes in bytes.
@@ -22,7 +22,7 @@ import math
 
 import torch
 
-from reference_engine import gpu_model as gm
+from reference_engine.sim import gpu_model as gm
 
 MAX_DECODE_BATCH = 1024  # the largest decode batch plan_pools considers
 
@@ -216,7 +216,7 @@ def workload(n: int = 300, rps: float = 4.0, seed: int = 0, trace: str = "conv",
     to `rps` (burstiness kept), sizes kept (only a request longer than max_context is shrunk to it), with
     seeded prompts: (requests, prompt ids). For the timing-only engines below, which lift the shipped model's
     512-token limit."""
-    from reference_engine import trace as tr
+    from reference_engine.sim import trace as tr
 
     reqs = tr.with_rate(tr.scale_to_context(tr.sample(n, seed=seed, trace=trace), max_context), rps)
     return reqs, tr.prompt_token_ids(reqs, vocab_size=2048, seed=seed, exclude=(0,))
@@ -232,8 +232,8 @@ def modeled_engine(model: str = "llama-3-8b", chip: str = "H100", max_num_seqs: 
     import warnings
 
     from reference_engine.engine import LLMEngine
-    from reference_engine.faults import skip_forward
     from reference_engine.shipped import TARGET
+    from reference_engine.sim.faults import skip_forward
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # engine_kwargs warns when it caps the block count: intended
@@ -268,8 +268,8 @@ def summarize(rows: list[dict], ttft_slo_s: float, tpot_slo_s: float) -> dict:
 def replay_colocated(requests, prompts, gpus: int = 2, **engine_kw) -> list[dict]:
     """`gpus` colocated replicas (chunked prefill), requests dealt round robin, each replayed on its own
     modeled clock. Per request: arrival, ttft, tpot, itl, end."""
-    from reference_engine.replay import replay
-    from reference_engine.trace import rebase
+    from reference_engine.sim.replay import replay
+    from reference_engine.sim.trace import rebase
 
     rows: list[dict | None] = [None] * len(requests)
     for g in range(gpus):

@@ -30,8 +30,8 @@ MACHINERY = ("autograder.cli", "autograder.reference", "autograder.release", "au
              "autograder.nbgrader_build", "autograder.bench", "autograder.runner", "autograder.zygote", "autograder.sandbox", "autograder.parallel",
              "autograder.oslimits", "autograder.learner_side", "autograder.nbgrader_grade", "autograder.notebook",
              "autograder.doctor", "autograder.gpu_check", "autograder.runtime", "autograder.interview",
-             "reference_engine.server", "reference_engine.distributed", "reference_engine.bench",
-             "reference_engine.startup", "reference_engine.train")
+             "reference_engine.server", "reference_engine.distributed", "reference_engine.tools.bench",
+             "reference_engine.tools.startup", "reference_engine.tools.train")
 
 
 class _Log:

@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from reference_engine import bench
-from reference_engine import trace as tr
-from reference_engine import train as T
+from reference_engine.sim import trace as tr
+from reference_engine.tools import bench
+from reference_engine.tools import train as T
 
 pytest.importorskip("transformers")
 

@@ -118,7 +118,7 @@ def test_block_manager_random_streams_keep_invariants(ops, block_size, num_block
 
 pytest.importorskip("transformers")
 from reference_engine import LLMEngine, SamplingParams  # noqa: E402
-from reference_engine.testing import drive_events, save_tiny_model  # noqa: E402
+from reference_engine.tools.testing import drive_events, save_tiny_model  # noqa: E402
 
 
 @pytest.fixture(scope="module")

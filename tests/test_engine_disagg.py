@@ -210,9 +210,9 @@ def test_two_processes_fp8_cache():
 # ---- modeled replay with pools ------------------------------------------------------------------------
 
 def test_replay_disaggregated_on_modeled_clocks():
-    from reference_engine.faults import skip_forward
-    from reference_engine.gpu_model import H100, LLAMA_3_8B, engine_kwargs
-    from reference_engine.trace import Request
+    from reference_engine.sim.faults import skip_forward
+    from reference_engine.sim.gpu_model import H100, LLAMA_3_8B, engine_kwargs
+    from reference_engine.sim.trace import Request
 
     def eng():
         e = LLMEngine(MODEL, dtype=torch.float32, max_num_seqs=8, kv_cache_dtype="fp8",

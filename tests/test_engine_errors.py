@@ -57,7 +57,7 @@ def test_config_file_errors(tmp_path):
 
 
 pytest.importorskip("transformers")
-from reference_engine.testing import save_tiny_model  # noqa: E402
+from reference_engine.tools.testing import save_tiny_model  # noqa: E402
 
 
 @pytest.fixture(scope="module")

@@ -59,8 +59,8 @@ def test_a_lesson_whose_stub_imports_that_part_may_use_it():
 
 def test_a_module_the_stub_imports_whole_may_be_used_whole():
     use = scan.lesson_engine_use("l14_speculative_decoding")  # `from reference_engine import gpu_model as gm`
-    assert not scan.scan_source("from reference_engine.gpu_model import Composition\n", engine=use)
-    assert not scan.scan_source("import reference_engine.gpu_model\n", engine=use)
+    assert not scan.scan_source("from reference_engine.sim.gpu_model import Composition\n", engine=use)
+    assert not scan.scan_source("import reference_engine.sim.gpu_model\n", engine=use)
     assert scan.scan_source("from reference_engine.spec_decode import verify\n", engine=use)
 
 

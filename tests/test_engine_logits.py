@@ -10,7 +10,7 @@ transformers = pytest.importorskip("transformers")
 
 from reference_engine import LLMEngine, SamplingParams  # noqa: E402
 from reference_engine.sampling import sampling_probs  # noqa: E402
-from reference_engine.testing import save_tiny_model  # noqa: E402
+from reference_engine.tools.testing import save_tiny_model  # noqa: E402
 
 GREEDY = dict(temperature=0, ignore_eos=True)
 TOL = dict(atol=2e-5, rtol=1e-4)

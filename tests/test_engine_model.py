@@ -7,7 +7,7 @@ import torch
 transformers = pytest.importorskip("transformers")
 
 from reference_engine import LLM, LLMEngine, ModelConfig, SamplingParams  # noqa: E402
-from reference_engine.testing import save_tiny_model  # noqa: E402
+from reference_engine.tools.testing import save_tiny_model  # noqa: E402
 
 LLAMA3_ROPE = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
                "original_max_position_embeddings": 64, "rope_theta": 500000.0}  # wavelengths in all 3 bands

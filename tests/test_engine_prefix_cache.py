@@ -180,7 +180,7 @@ def test_forked_children_pin_the_blocks_they_share():
 
 pytest.importorskip("transformers")
 from reference_engine import LLM, LLMEngine, SamplingParams  # noqa: E402
-from reference_engine.testing import drive_events, save_tiny_model  # noqa: E402
+from reference_engine.tools.testing import drive_events, save_tiny_model  # noqa: E402
 
 GREEDY = dict(temperature=0, ignore_eos=True)
 

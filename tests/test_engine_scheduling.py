@@ -10,7 +10,7 @@ from reference_engine import LLM, LLMEngine, SamplingParams  # noqa: E402
 from reference_engine.block_manager import BlockAllocator  # noqa: E402
 from reference_engine.sampling import make_generator  # noqa: E402
 from reference_engine.scheduler import FCFSPolicy  # noqa: E402
-from reference_engine.testing import save_tiny_model  # noqa: E402
+from reference_engine.tools.testing import save_tiny_model  # noqa: E402
 
 GREEDY = dict(temperature=0, ignore_eos=True)
 

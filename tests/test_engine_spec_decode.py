@@ -14,12 +14,12 @@ from hypothesis import strategies as st
 
 from reference_engine import LLM, LLMEngine, SamplingParams
 from reference_engine import spec_decode as sd
-from reference_engine.gpu_model import H100, LLAMA_3_8B, Composition, ModeledClock, step_time
 from reference_engine.sampling import warp_logits
+from reference_engine.sim.gpu_model import H100, LLAMA_3_8B, Composition, ModeledClock, step_time
 
 transformers = pytest.importorskip("transformers")
 from reference_engine.shipped import DRAFT, TARGET  # noqa: E402
-from reference_engine.testing import drive_events, save_tiny_model, tiny_hf_model  # noqa: E402
+from reference_engine.tools.testing import drive_events, save_tiny_model, tiny_hf_model  # noqa: E402
 
 GREEDY = dict(temperature=0, ignore_eos=True)
 K = 4
@@ -494,7 +494,7 @@ def test_request_streams_with_speculation_never_leak_blocks(tiny_pair, events, m
 def test_the_modeled_clock_prices_the_draft_forwards_at_draft_shape():
     """On a ModeledClock every forward of the draft model is priced (at draft_shape) or, without a
     draft_shape, counted as not priced; the tokens do not depend on the clock."""
-    from reference_engine import gpu_model as gm
+    from reference_engine.sim import gpu_model as gm
     prompts = [[5 + i + j for j in range(30)] for i in range(3)]
     runs = {}
     for draft_shape in (None, gm.LLAMA_3_2_1B):

@@ -12,7 +12,7 @@ import torch
 from reference_engine import LLM, SamplingParams
 from reference_engine.config import kv_bytes_per_token
 from reference_engine.distributed import ShardSpec
-from reference_engine.testing import save_tiny_model
+from reference_engine.tools.testing import save_tiny_model
 from solutions.l06_capacity_planning import kv_bytes_per_token_per_gpu
 
 TARGET = "reference_engine/checkpoints/target"  # 8 query heads, 2 KV heads (GQA), intermediate 704

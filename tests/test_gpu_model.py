@@ -1,4 +1,4 @@
-"""The modeled GPU clock (reference_engine/gpu_model.py): lesson 01's arithmetic, the regimes it predicts,
+"""The modeled GPU clock (reference_engine/sim/gpu_model.py): lesson 01's arithmetic, the regimes it predicts,
 published measurements it should land near, the engine hook, and the CLI."""
 import subprocess
 import sys
@@ -7,9 +7,9 @@ import pytest
 import torch
 
 from reference_engine import LLM, SamplingParams
-from reference_engine import gpu_model as G
-from reference_engine.gpu_model import H100, H200, LLAMA_3_8B, LLAMA_3_70B, Composition, step_time
 from reference_engine.shipped import TARGET
+from reference_engine.sim import gpu_model as G
+from reference_engine.sim.gpu_model import H100, H200, LLAMA_3_8B, LLAMA_3_70B, Composition, step_time
 from solutions import l01_roofline as L01
 from solutions import l06_capacity_planning as L06
 
@@ -277,8 +277,8 @@ def test_replay_skips_idle_gaps_on_the_modeled_clock():
     sleep 1000 s of wall time); the second request is served from its arrival, so its TTFT is one prefill step."""
     import time
 
-    from reference_engine.replay import replay
-    from reference_engine.trace import Request
+    from reference_engine.sim.replay import replay
+    from reference_engine.sim.trace import Request
     with pytest.warns(UserWarning, match="capped"):
         kw = G.engine_kwargs(LLAMA_3_8B, H100, max_blocks=256)
     llm = LLM(TARGET, max_num_seqs=4, max_num_batched_tokens=64, **kw)
@@ -319,7 +319,7 @@ def test_table_prints_regimes(capsys):
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU path of --calibrate")
 def test_calibrate_on_cpu_is_not_graded_here():
-    r = subprocess.run([sys.executable, "-m", "reference_engine.gpu_model", "--calibrate"], capture_output=True,
+    r = subprocess.run([sys.executable, "-m", "reference_engine.sim.gpu_model", "--calibrate"], capture_output=True,
                        text=True, timeout=120)
     assert r.returncode == 0 and r.stdout.strip() == "not graded here: needs a CUDA GPU"
 

@@ -8,7 +8,7 @@ import torch
 
 from autograder.checks import l01_roofline as checks
 from autograder.core import Trial
-from reference_engine import gpu_model as G
+from reference_engine.sim import gpu_model as G
 from solutions import l01_roofline as S
 
 
@@ -170,7 +170,7 @@ L01_CHIP = {"A100 SXM 80GB": G.A100, "H100 SXM": G.H100, "H200 SXM": G.H200}
 @pytest.mark.parametrize("model", ["Llama-3-8B", "Llama-3-70B"])
 @pytest.mark.parametrize("batch,context,chunk,chunk_context", STEPS)
 def test_step_kernels_are_the_engines_modeled_kernels_at_peak(chip, model, batch, context, chunk, chunk_context):
-    """reference_engine/gpu_model.py (the modeled GPU clock, which never imports solutions/) and lesson 01's
+    """reference_engine/sim/gpu_model.py (the modeled GPU clock, which never imports solutions/) and lesson 01's
     step_kernels give every kernel the same FLOPs, bytes, time and bound at 100% of the datasheet peaks."""
     lesson = {"Llama-3-8B": S.LLAMA_3_8B, "Llama-3-70B": S.LLAMA_3_70B}[model]
     shape = {"Llama-3-8B": G.LLAMA_3_8B, "Llama-3-70B": G.LLAMA_3_70B}[model]

@@ -9,10 +9,10 @@ import triton
 import triton.language as tl
 
 from autograder.checks import l04_paged_attention as C
-from reference_engine import trace
 from reference_engine.kernels.launch import launch
 from reference_engine.model_runner import ModelRunner
 from reference_engine.scheduler import ScheduledSeq, SchedulerOutput
+from reference_engine.sim import trace
 from solutions import l04_paged_attention as L
 
 

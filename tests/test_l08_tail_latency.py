@@ -9,9 +9,9 @@ import pytest
 
 from autograder.checks import l08_tail_latency as checks
 from autograder.harnesses import l08_tail_latency as harness
-from reference_engine import faults, router
-from reference_engine import trace as tr
-from reference_engine.gpu_model import H100
+from reference_engine.sim import faults, router
+from reference_engine.sim import trace as tr
+from reference_engine.sim.gpu_model import H100
 from solutions import l08_tail_latency as S
 
 # -- the engine side -----------------------------------------------------------------------------------
@@ -43,7 +43,7 @@ def test_long_prompt_flood_is_seeded_and_fits_the_context():
 def test_host_pause_charges_the_modeled_clock_every_nth_step():
     class Eng:
         def __init__(self):
-            from reference_engine.gpu_model import LLAMA_3_8B, ModeledClock
+            from reference_engine.sim.gpu_model import LLAMA_3_8B, ModeledClock
             self.clock = ModeledClock(LLAMA_3_8B, H100)
 
     eng, hook = Eng(), faults.HostPause(every=3, pause_s=0.25)

@@ -9,9 +9,9 @@ import pytest
 from autograder.checks import l09_engine_choice as checks
 from autograder.compare import compare
 from reference_engine import SamplingParams
-from reference_engine import gpu_model as gm
 from reference_engine.llm import LLM
 from reference_engine.shipped import TARGET
+from reference_engine.sim import gpu_model as gm
 from solutions import l09_engine_choice as S
 
 # ---- the engine's StepStats.forward_time ------------------------------------------------------------

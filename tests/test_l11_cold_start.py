@@ -10,8 +10,8 @@ from safetensors.torch import load_file
 
 from autograder.checks import l11_cold_start as C
 from autograder.compare import compare
-from reference_engine import checkpoint_io as ck
 from reference_engine.shipped import TARGET as SHIPPED
+from reference_engine.tools import checkpoint_io as ck
 from solutions import l11_cold_start as S
 
 

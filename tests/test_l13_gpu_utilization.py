@@ -1,5 +1,5 @@
 """Lesson 13 beyond the shared tests: the solutions against brute force and against each other, the checks'
-wrong-answer variants against the reference, and reference_engine/profiling.py's timelines against gpu_model."""
+wrong-answer variants against the reference, and reference_engine/tools/profiling.py's timelines against gpu_model."""
 import math
 import random
 
@@ -7,10 +7,10 @@ import pytest
 
 from autograder.checks import l13_gpu_utilization as checks
 from reference_engine import LLM
-from reference_engine import profiling as prof
-from reference_engine.gpu_model import H100, LLAMA_3_8B, LLAMA_3_70B, Composition, step_time
 from reference_engine.sampling import SamplingParams
 from reference_engine.shipped import TARGET
+from reference_engine.sim.gpu_model import H100, LLAMA_3_8B, LLAMA_3_70B, Composition, step_time
+from reference_engine.tools import profiling as prof
 from solutions import l13_gpu_utilization as S
 
 

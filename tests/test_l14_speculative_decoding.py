@@ -10,7 +10,7 @@ import torch
 
 from autograder.checks import l14_speculative_decoding as checks
 from autograder.compare import compare
-from reference_engine import train
+from reference_engine.tools import train
 from solutions import l14_speculative_decoding as S
 
 

@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from autograder.checks import l17_disaggregation as chk
-from reference_engine import gpu_model as gm
 from reference_engine import kv_transfer
+from reference_engine.sim import gpu_model as gm
 from solutions import l17_disaggregation as sol
 
 # ---- 1. bytes and time -------------------------------------------------------------------------------------

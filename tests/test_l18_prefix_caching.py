@@ -11,7 +11,7 @@ import pytest
 from autograder.checks import l18_prefix_caching as checks
 from autograder.harnesses import l18_prefix_caching as harness
 from autograder.runner import Target, grade_lesson
-from reference_engine import trace
+from reference_engine.sim import trace
 from solutions import l18_prefix_caching as S
 
 # -- 1. hashes ----------------------------------------------------------------------------------------

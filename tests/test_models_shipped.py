@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from reference_engine import train as T
 from reference_engine.shipped import CHECKPOINTS as CKPT
 from reference_engine.shipped import METRICS as METRICS_FILE
+from reference_engine.tools import train as T
 
 NAMES = ("target", "draft")
 METRICS = json.loads(METRICS_FILE.read_text())

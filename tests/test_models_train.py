@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from reference_engine import train as T
+from reference_engine.tools import train as T
 
 TINY = T.LlamaArgs(vocab_size=300, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
                    num_attention_heads=4, num_key_value_heads=2, head_dim=8, max_position_embeddings=64)

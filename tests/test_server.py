@@ -20,7 +20,7 @@ from reference_engine.server.chat import apply_chat_template
 from reference_engine.server.runner import ServerThread
 from reference_engine.server.streaming import BoundedStreamBuffer, DefaultSSEFramer, StreamComponents
 from reference_engine.shipped import TARGET
-from reference_engine.startup import StartupReport, build_engine
+from reference_engine.tools.startup import StartupReport, build_engine
 from tests.server_helpers import idle, wait_until
 
 MODEL = "target"

@@ -6,8 +6,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from reference_engine import trace as T
-from reference_engine.trace import Request
+from reference_engine.sim import trace as T
+from reference_engine.sim.trace import Request
 
 
 @pytest.fixture(scope="module")

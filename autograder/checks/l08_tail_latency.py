@@ -3,7 +3,7 @@ tail's shares, the straggler replica, and the first suspect for a broken tail.
 
 Data come from real replays of the Azure LLM inference trace 2023 through the reference engine on the
 modeled H100 clock, two replicas behind a round-robin router, each replay with one injected fault
-(reference_engine/faults.py; the model's forward is skipped, which leaves every modeled timestamp
+(reference_engine/sim/faults.py; the model's forward is skipped, which leaves every modeled timestamp
 unchanged). The replays are engine code, not the learner's: stored with the course (autograder/checks/data/
 l08_replays, recomputed from the engine and compared by a test) and read by the grader; the learner's
 functions get the records as plain dicts, rebuilt in the learner's process from numpy columns, every call
@@ -69,7 +69,7 @@ GRADING_SPEC = {"burst_at": 0.5, "burst_size": 120, "pause_every": 100}
 def workload(seed: int) -> tuple:
     """The workload of one seed (lesson 08's workload()): every cause replays the same one, so it is read
     from the trace once per seed, not once per replay."""
-    from reference_engine import trace as tr
+    from reference_engine.sim import trace as tr
 
     reqs = tr.with_rate(tr.scale_to_context(tr.sample(N_REQUESTS, seed=seed, trace="conv"), 512), RPS)
     return tuple(reqs), tuple(tuple(p) for p in tr.prompt_token_ids(reqs, vocab_size=2048, seed=seed, exclude=(0,)))
@@ -122,7 +122,7 @@ def write_replays(root: Path = REPLAYS_DIR) -> None:
 
 def compute_replay(cause: str, seed: int) -> dict:
     """replay(), built from the engine."""
-    from reference_engine.faults import FaultSpec, run_fault
+    from reference_engine.sim.faults import FaultSpec, run_fault
 
     reqs, prompts = workload(seed)
     spec = FaultSpec(cause=cause, seed=seed, **GRADING_SPEC)

@@ -3,7 +3,7 @@ roofline, the batch below which decode is overhead-bound, a workload's steady st
 
 Step statistics are made here: hand-made visible lists (a step with no forward, steps of very different
 lengths, a garbage-collector pause, prefill steps, a batch that shrinks as requests finish) and hidden
-random runs. Device times come from the modeled GPU clock (reference_engine.gpu_model), which the checks
+random runs. Device times come from the modeled GPU clock (reference_engine.sim.gpu_model), which the checks
 import directly to compute the values the usual mistakes give (the peaks instead of the achievable
 fractions, the default per-step overhead left in, the GEMMs' bound instead of the step's). Workloads
 cross to the learner as Records, which arrive as the learner's own Workload; the expected answers come
@@ -19,7 +19,7 @@ import statistics
 from autograder.core import check
 from autograder.reference import answer_code
 from autograder.wire import Record
-from reference_engine import gpu_model as gm
+from reference_engine.sim import gpu_model as gm
 
 MODELS, CHIPS = ("llama-3-8b", "llama-3-70b"), ("H100", "H200", "A100")
 PREFIX_SHARE_MIN = 0.5

@@ -18,7 +18,7 @@ failing verifier is named by the one wrong law the same test does not reject.
 
 Formula functions are compared with the reference on visible and hidden (alpha, gamma, c); the modeled
 speedup and the break-even batch on visible and hidden (chip, alpha, gamma, context, c, batch), their usual
-wrong versions computed here with reference_engine.gpu_model.
+wrong versions computed here with reference_engine.sim.gpu_model.
 """
 from __future__ import annotations
 
@@ -810,8 +810,8 @@ def best_gamma(t):
 @answer_code
 def modeled(model, chip, alpha, gamma, context, c, batch, kind: str = "") -> float:
     """The modeled speedup, right (kind "") or one of its usual wrong versions (MODELED_MISTAKES), computed
-    with reference_engine.gpu_model."""
-    from reference_engine import gpu_model as gm
+    with reference_engine.sim.gpu_model."""
+    from reference_engine.sim import gpu_model as gm
 
     shape, hw = gm.MODELS[model], gm.CHIPS[chip]
     step = lambda comp: gm.step_time(shape, hw, comp).time_s

@@ -359,7 +359,7 @@ def stall_variant(model, chip, P, C, B, ctx, tp=1, context0=False, whole=False, 
                   one_step=False) -> float:
     """prefill_stall with one thing changed: every chunk at context 0, the whole mixed step counted, the
     partial last chunk dropped, or the prompt priced as one step."""
-    from reference_engine import gpu_model as gm
+    from reference_engine.sim import gpu_model as gm
     shape, gpu = gm.MODELS[model], gm.CHIPS[chip]
 
     def st(comp):
@@ -423,7 +423,7 @@ def break_even_gbps(t):
 @answer_code
 def break_even_mistakes(model, chip, P, C, B, ctx, lat, tp) -> dict:
     """The usual wrong break-even bandwidths (none when the latency alone is at least the stall)."""
-    from reference_engine import gpu_model as gm
+    from reference_engine.sim import gpu_model as gm
     s = gm.MODELS[model]
     nbytes = 2 * s.layers * P * max(s.kv_heads, tp) * s.head_dim * s.kv_bytes
     stall = stall_variant(model, chip, P, C, B, ctx, tp)
@@ -462,7 +462,7 @@ def plan_variant(model, chip, rate, P, O, ttft, tpot, tp=1, xfer=0.0, no_queue=F
     """plan_pools with one thing changed (None when that version has no answer): no_tpot = the batch only
     capped by memory, overshoot = reports the step time of the first batch over the SLO, strict_tpot = a step
     exactly at the SLO refused."""
-    from reference_engine import gpu_model as gm
+    from reference_engine.sim import gpu_model as gm
     shape, gpu = gm.MODELS[model], gm.CHIPS[chip]
     t_p = gm.step_time(shape, gpu, gm.Composition(prefills=((P, 0),)), tp=tp).time_s
     x = (ttft - (0.0 if no_transfer else xfer)) / t_p
@@ -513,7 +513,7 @@ PLAN_MISTAKES = (
 def plan_boundary_cases() -> tuple:
     """Built on the modeled clock's own values: (the case whose TPOT equals batch 100's step time, where that
     batch is allowed; t_p of its 2048-token prompt, a TTFT budget that no load meets: x = 1, ValueError)."""
-    from reference_engine import gpu_model as gm
+    from reference_engine.sim import gpu_model as gm
     shape, gpu = gm.MODELS["llama-3-8b"], gm.CHIPS["H100"]
     step_100 = gm.step_time(shape, gpu, gm.Composition.decode_batch(100, 2048 + 256 // 2)).time_s
     t_p = gm.step_time(shape, gpu, gm.Composition(prefills=((2048, 0),))).time_s

@@ -17,7 +17,7 @@ def count_header_reads(header_fn, path: str) -> dict:
     returned by checkpoint_io.read_range (wrapped in that module and wherever the learner's module holds
     it by name), and the process's rchar from /proc/self/io (every read() call, open() or Path.read_bytes
     included; None where /proc is not there)."""
-    from reference_engine import checkpoint_io
+    from reference_engine.tools import checkpoint_io
 
     header_fn(path)
     real, asked = checkpoint_io.read_range, [0]

@@ -15,7 +15,7 @@ from reference_engine.shipped import CHECKPOINTS as CKPT
 @lru_cache(maxsize=None)
 def shipped_model(name: str):
     """The shipped target or draft model, loaded once per process (the harnesses only run its forward)."""
-    from reference_engine import train
+    from reference_engine.tools import train
     return train.load_checkpoint(CKPT / name)
 
 

@@ -459,7 +459,7 @@ class ServerUnderTest:
         from reference_engine.server.api import create_app
         from reference_engine.server.runner import ServerThread
         from reference_engine.server.streaming import StreamComponents
-        from reference_engine.startup import build_engine
+        from reference_engine.tools.startup import build_engine
         torch.set_num_threads(1)
         self.engine, _ = build_engine(str(DRAFT), warm_up=False, max_num_seqs=8)
         self.high_water, self.wait_s = high_water, wait_s

@@ -1,7 +1,7 @@
 """Lesson 01 questions: ridge points, the intensity and time of prefill and decode, the decode crossover."""
 from __future__ import annotations
 
-from reference_engine import gpu_model as gm
+from reference_engine.sim import gpu_model as gm
 
 from .pools import CHIPS, SHAPES, any_chip, chip_text, hypothetical_config, other, pick
 from .question import Numeric, Open, fmt, template

@@ -4,7 +4,7 @@ from __future__ import annotations
 import json
 import math
 
-from reference_engine import gpu_model as gm
+from reference_engine.sim import gpu_model as gm
 
 from .pools import CHIPS, GB, SHAPES, GiB, describe, hf_config, hypothetical_config, memory_text, pick
 from .question import Numeric, Open, fmt, template

@@ -1,7 +1,7 @@
 """Lesson 04 questions: what reserving the maximum wastes, what paging leaves, slot mapping, copy-on-write."""
 from __future__ import annotations
 
-from reference_engine.trace import Request
+from reference_engine.sim.trace import Request
 
 from .pools import pick
 from .question import Numeric, Open, fmt, template

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import math
 
-from reference_engine import gpu_model as gm
+from reference_engine.sim import gpu_model as gm
 
 from .pools import CHIPS, GB, SHAPES, GiB, describe, group_text, hf_config, hypothetical_llama, pick
 from .question import Numeric, Open, fmt, template

@@ -83,7 +83,7 @@ def pipelined(rng, ref):
 def per_rank(rng, ref):
     import dataclasses
 
-    from reference_engine import gpu_model as gm
+    from reference_engine.sim import gpu_model as gm
 
     shape = rng.choice([gm.LLAMA_3_8B, gm.LLAMA_3_70B])
     dtype, nbytes = rng.choice([("bf16", 2), ("fp8", 1)])

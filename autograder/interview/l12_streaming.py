@@ -2,7 +2,7 @@
 answer's text costs."""
 from __future__ import annotations
 
-from reference_engine.gpu_model import H100, LLAMA_3_8B, Composition, kv_bytes_per_token, step_time
+from reference_engine.sim.gpu_model import H100, LLAMA_3_8B, Composition, kv_bytes_per_token, step_time
 
 from .pools import pick
 from .question import Numeric, Open, fmt, template

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 
-from reference_engine import gpu_model as gm
+from reference_engine.sim import gpu_model as gm
 
 from .pools import CHIPS, SHAPES, chip_text, pick
 from .question import Numeric, Open, fmt, template

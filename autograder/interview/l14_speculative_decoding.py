@@ -2,7 +2,7 @@
 acceptance probability, the modeled speedup at a batch, and the batch at which speculation stops paying."""
 from __future__ import annotations
 
-from reference_engine import gpu_model as gm
+from reference_engine.sim import gpu_model as gm
 
 from .pools import pick
 from .question import Numeric, Open, fmt, template
@@ -193,7 +193,7 @@ def decode_seconds(model: str, chip: str, batch: int, ctx: int) -> float:
 
 
 def setting_text(model: str, chip: str, alpha: float, gamma: int, ctx: int, c: float) -> str:
-    return (f"Modeled {gm.CHIPS[chip].name} (reference_engine/gpu_model.py: roofline kernels at achievable fractions of "
+    return (f"Modeled {gm.CHIPS[chip].name} (reference_engine/sim/gpu_model.py: roofline kernels at achievable fractions of "
             f"the datasheet peaks, plus its per-step overhead), {MODELS[model].name} target in bf16, every sequence at "
             f"{ctx:,} tokens of context. Draft: gamma = {gamma} tokens per step, acceptance alpha = {alpha:g}, one draft "
             f"forward costs c = {c:g} of the target's decode step at the same batch. Verification scores gamma + 1 "

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from reference_engine import gpu_model as gm
+from reference_engine.sim import gpu_model as gm
 
 from .pools import CHIPS, GB, SHAPES, pick
 from .question import Numeric, Open, fmt, template

@@ -2,7 +2,7 @@
 stall of a colocated engine, the break-even link speed, and the prefill:decode pool ratio."""
 from __future__ import annotations
 
-from reference_engine import gpu_model as gm
+from reference_engine.sim import gpu_model as gm
 
 from .pools import GB, pick
 from .question import Numeric, Open, fmt, template

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from reference_engine import gpu_model as gm
+from reference_engine.sim import gpu_model as gm
 
 from .pools import SHAPES, describe, hf_config, pick
 from .question import Numeric, Open, fmt, template
@@ -101,7 +101,7 @@ def prefill_saved(rng, ref):
                                  "gives the prefill time with the cache, not the time saved": rest * 1e3,
                                  "gives the prefill time without the cache, not the time saved": full * 1e3})
 
-    q = ask(S, f"Modeled {gm.CHIPS[chip].name} (reference_engine/gpu_model.py: roofline kernels at achievable fractions "
+    q = ask(S, f"Modeled {gm.CHIPS[chip].name} (reference_engine/sim/gpu_model.py: roofline kernels at achievable fractions "
                f"of the datasheet peaks), {MODELS[model].name} in bf16 on one GPU. Every request starts with the same "
                f"{S:,}-token system prompt followed by {U:,} tokens of its own. With a prefix cache holding the system "
                "prompt's KV, how many ms of prefill does each request save? (The prefill alone in its step, no per-step "

@@ -1,6 +1,6 @@
 """What a question's instance is drawn from: chips, model shapes and hypothetical configs.
 
-Chips and the two Llama shapes are reference_engine.gpu_model's (datasheet peaks, memory as the
+Chips and the two Llama shapes are reference_engine.sim.gpu_model's (datasheet peaks, memory as the
 driver reports it, config.json sizes, all cited there). Each lesson takes its inputs in its own
 format, so these helpers turn them into a lesson's dicts.
 """
@@ -9,7 +9,7 @@ from __future__ import annotations
 import random
 from dataclasses import replace
 
-from reference_engine import gpu_model as gm
+from reference_engine.sim import gpu_model as gm
 
 CHIPS = [gm.A100, gm.H100, gm.H200]
 SHAPES = [gm.LLAMA_3_8B, gm.LLAMA_3_70B]

@@ -497,7 +497,7 @@ def run_load_test(streams: int = 200, partials: int = 1000, invalid: int | None 
     oversized: how many of each the hostile run sends (default: streams // 4 and max(2, streams // 20)).
     health_p99_limit_s: the hostile run fails if /health's p99 reaches it. app_kwargs: for create_app."""
     from ..shipped import TARGET
-    from ..startup import build_engine
+    from ..tools.startup import build_engine
     from .api import create_app, model_name_for
     from .runner import ServerThread
 

@@ -203,7 +203,7 @@ def serve(model, host: str = "127.0.0.1", port: int = 8000, model_name: str | No
     """Build the engine (printing the startup report), then serve it until SIGTERM or Ctrl-C (which drain
     for up to shutdown_timeout_s; a second one exits at once). port 0: any free port (the line printed
     names it). api_key: every /v1 route needs it as a bearer token."""
-    from ..startup import build_engine
+    from ..tools.startup import build_engine
     from .api import create_app, model_name_for
 
     engine, report = build_engine(model, **engine_kwargs)

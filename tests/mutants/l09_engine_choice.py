@@ -3,7 +3,7 @@ import dataclasses
 import math
 import statistics
 
-from reference_engine import gpu_model as gm
+from reference_engine.sim import gpu_model as gm
 from solutions.l09_engine_choice import MAX_BATCH, PREFIX_SHARE_MIN, Recommendation, Reversal, device_time, steady_step
 from tests.mutants import mutant
 

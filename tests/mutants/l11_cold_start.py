@@ -6,7 +6,7 @@ import json
 import struct
 from pathlib import Path
 
-from reference_engine.checkpoint_io import file_size, read_range
+from reference_engine.tools.checkpoint_io import file_size, read_range
 from solutions.l11_cold_start import Read, safetensors_header, split_kind, weight_files
 from tests.mutants import mutant
 

@@ -346,7 +346,7 @@ def best_gamma(alpha, c, max_gamma):  # noqa: F811
 # -- 3. the modeled GPU clock -----------------------------------------------------------------------------
 
 def _m_modeled(model, chip, alpha, gamma, context, c, batch, verify_composition, lm_head=True):
-    from reference_engine import gpu_model as gm
+    from reference_engine.sim import gpu_model as gm
 
     shape, hw = gm.MODELS[model], gm.CHIPS[chip]
     t_decode = gm.step_time(shape, hw, gm.Composition.decode_batch(batch, context)).time_s
@@ -363,21 +363,21 @@ def modeled_speedup(model, chip, alpha, gamma, context, c, batch):
 
 @mutant(check="modeled_speedup", message="leaves out the extra lm_head rows")
 def modeled_speedup(model, chip, alpha, gamma, context, c, batch):  # noqa: F811
-    from reference_engine.gpu_model import Composition
+    from reference_engine.sim.gpu_model import Composition
     return _m_modeled(model, chip, alpha, gamma, context, c, batch,
                       Composition(prefills=((gamma + 1, context),) * batch), lm_head=False)
 
 
 @mutant(check="modeled_speedup", message="batch * (gamma + 1) decode sequences")
 def modeled_speedup(model, chip, alpha, gamma, context, c, batch):  # noqa: F811
-    from reference_engine.gpu_model import Composition
+    from reference_engine.sim.gpu_model import Composition
     return _m_modeled(model, chip, alpha, gamma, context, c, batch,
                       Composition.decode_batch(batch * (gamma + 1), context))
 
 
 @mutant(check="modeled_speedup", message="one chunk of batch * (gamma + 1) tokens")
 def modeled_speedup(model, chip, alpha, gamma, context, c, batch):  # noqa: F811
-    from reference_engine.gpu_model import Composition
+    from reference_engine.sim.gpu_model import Composition
     return _m_modeled(model, chip, alpha, gamma, context, c, batch,
                       Composition(prefills=((batch * (gamma + 1), context),)))
 

@@ -4,7 +4,7 @@ Graded as source (see tests/mutants/__init__.py): `sol` is the right answer's na
 prefixed `_m_`."""
 import math
 
-from reference_engine import gpu_model as gm
+from reference_engine.sim import gpu_model as gm
 from solutions import l17_disaggregation as sol  # graded as source, this line becomes `sol = sol`
 from tests.mutants import mutant
 

@@ -20,7 +20,7 @@ from typing import Sequence
 
 import numpy as np
 
-DATA_DIR = Path(__file__).parent / "data" / "azure_llm_inference_2023"
+DATA_DIR = Path(__file__).resolve().parents[1] / "data" / "azure_llm_inference_2023"
 TRACES = {"conv": "AzureLLMInferenceTrace_conv.csv", "code": "AzureLLMInferenceTrace_code.csv"}
 
 

@@ -21,7 +21,7 @@ import time
 from dataclasses import dataclass, fields
 from pathlib import Path
 
-from .shipped import TARGET
+from ..shipped import TARGET
 
 
 @dataclass
@@ -68,10 +68,10 @@ def build_engine(model=TARGET, warm_up: bool = True, **engine_kwargs):
     t = time.perf_counter()
     import torch  # noqa: F401  (timed: the first import of torch is most of a cold start on CPU)
 
-    from .config import ModelConfig
-    from .engine import LLMEngine
-    from .loader import Tokenizer
-    from .sampling import SamplingParams
+    from ..config import ModelConfig
+    from ..engine import LLMEngine
+    from ..loader import Tokenizer
+    from ..sampling import SamplingParams
     imports = time.perf_counter() - t
 
     path = Path(model)

@@ -26,7 +26,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from .gpu_model import Chip, Composition, ModelShape, gemm_shapes, rank_dims, step_time
+from ..sim.gpu_model import Chip, Composition, ModelShape, gemm_shapes, rank_dims, step_time
 
 TILE = 128  # output tile of a GEMM thread block (a common CUTLASS / Triton choice): an ASSUMPTION
 

@@ -17,7 +17,7 @@ from typing import Sequence
 
 import torch
 
-from .loader import weight_files
+from ..loader import weight_files
 
 _READABLE = (".safetensors", ".json")
 

@@ -1,6 +1,6 @@
 """Train the two small Llamas shipped with the course (target + draft) on Python's stdlib.
 
-    python -m reference_engine.train --out reference_engine/checkpoints --seed 0 [--steps N]
+    python -m reference_engine.tools.train --out reference_engine/checkpoints --seed 0 [--steps N]
 
 Everything here is plain torch + `tokenizers`: the model below is a self-contained Llama whose
 state-dict names and math match Hugging Face's LlamaForCausalLM, so the saved directories load

@@ -20,11 +20,11 @@ reads the cached K/V once and writes the new tokens' K/V once.
 Units: seconds, FLOPs, bytes; TFLOP/s = 1e12 FLOP/s, GB/s = 1e9 bytes/s, MiB = 2**20 bytes.
 
     from reference_engine import LLM
-    from reference_engine.gpu_model import H100, LLAMA_3_8B, engine_kwargs
+    from reference_engine.sim.gpu_model import H100, LLAMA_3_8B, engine_kwargs
     llm = LLM("reference_engine/checkpoints/target", **engine_kwargs(LLAMA_3_8B, H100))
     # every timestamp and StepStats.wall_time of llm.engine is now in modeled H100 seconds
 
-python -m reference_engine.gpu_model --chip H100 --model llama-3-8b prints step time vs batch and chunk.
+python -m reference_engine.sim.gpu_model --chip H100 --model llama-3-8b prints step time vs batch and chunk.
 """
 from __future__ import annotations
 
@@ -507,7 +507,7 @@ def engine_kwargs(shape: ModelShape, chip: Chip, tp: int = 1, gpu_memory_utiliza
     clock.capacity = {**cap, "num_blocks": num_blocks, "capped": capped}
     return {"clock": clock, "num_blocks": num_blocks, "block_size": block_size}
 
-# ---------------------------------------------------------------- the table (python -m reference_engine.gpu_model)
+# ---------------------------------------------------------------- the table (python -m reference_engine.sim.gpu_model)
 
 
 def _row(label: int, st: StepTime, last: str) -> str:
@@ -517,7 +517,7 @@ def _row(label: int, st: StepTime, last: str) -> str:
 
 def table(shape: ModelShape, chip: Chip, *, tp: int = 1, context: int = 1024, batch: int = 64,
           batches=(1, 8, 32, 64, 128, 256, 512), chunks=(0, 64, 128, 256, 512, 1024, 2048)) -> str:
-    """The text python -m reference_engine.gpu_model prints: step time vs decode batch (every sequence at
+    """The text python -m reference_engine.sim.gpu_model prints: step time vs decode batch (every sequence at
     `context`), then vs a prefill chunk (context 0) riding on a decode batch of `batch`."""
     cap = kv_capacity(shape, chip, tp=tp)
     lines = [f"{shape.name} on {chip.name}, tp={tp}: {chip.dense_tflops:g} TFLOP/s x {chip.gemm_eff} (GEMM), "
@@ -671,7 +671,7 @@ def _calibration_text(rows: list[dict], chip: Chip, device_name: str) -> str:
 
 def main(argv=None) -> int:
     """CLI: the step-time table, or with --calibrate the modeled-vs-measured kernels (CUDA only)."""
-    p = argparse.ArgumentParser(prog="python -m reference_engine.gpu_model", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog="python -m reference_engine.sim.gpu_model", description=__doc__.split("\n")[0])
     p.add_argument("--chip", default="H100", type=str.upper, choices=sorted(CHIPS))
     p.add_argument("--model", default="llama-3-8b", type=str.lower, choices=sorted(MODELS))
     p.add_argument("--tp", type=int, default=1)

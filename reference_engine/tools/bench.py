@@ -1,6 +1,6 @@
 """Replay an Azure-trace workload on this engine and on transformers' static batching.
 
-    python -m reference_engine.bench [--model reference_engine/checkpoints/target]
+    python -m reference_engine.tools.bench [--model reference_engine/checkpoints/target]
         [--trace conv|code] [--num-requests N] [--rate RPS] [--seed S] [--json FILE]
 
 Workload: N consecutive requests from the Azure LLM inference trace 2023 (trace.sample), token
@@ -39,8 +39,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from reference_engine import trace as tr
 from reference_engine.shipped import TARGET
+from reference_engine.sim import trace as tr
 
 
 @dataclass
@@ -162,7 +162,7 @@ def run_engine(llm, reqs: list[tr.Request], prompts: list[list[int]]) -> tuple[l
     """Continuous batching replay through the step API: between steps, every request whose
     arrival time has passed is added (stamped with its scheduled arrival, so time spent
     waiting for the current step to end counts against TTFT); idle gaps are slept through."""
-    from reference_engine.replay import replay
+    from reference_engine.sim.replay import replay
 
     outputs, t0, wall = replay(llm.engine, reqs, prompts)
     timings = []

@@ -21,8 +21,8 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+from ..shipped import TARGET
 from .gpu_model import CHIPS, MODELS, Chip, engine_kwargs
-from .shipped import TARGET
 from .trace import Request
 
 # The causes a diagnosis names, in the order a tail is usually ruled out (lesson 08 explains the order).
@@ -140,7 +140,7 @@ def make_engine(spec: FaultSpec, chip: Chip | None = None, compute: bool = True)
     prices the KV cache of spec.model, not this cache): same timestamps, a fraction of the CPU time."""
     import torch
 
-    from .engine import LLMEngine
+    from ..engine import LLMEngine
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # engine_kwargs warns when it caps the block count: intended

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import time
 
-from .sampling import SamplingParams
+from ..sampling import SamplingParams
 
 
 def replay(engine, requests, prompts, step_hook=None) -> tuple[list, float, float]:
