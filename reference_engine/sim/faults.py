@@ -69,8 +69,9 @@ class HostPause:
         if self.calls % self.every:
             return
         self.pauses += 1
+        from ..engine_config import IdleClock
         clock = engine.clock
-        if hasattr(clock, "advance_to"):
+        if isinstance(clock, IdleClock):
             clock.advance_to(clock() + self.pause_s)
         else:
             time.sleep(self.pause_s)
