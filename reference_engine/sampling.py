@@ -56,54 +56,12 @@ class SamplingParams:
     def __post_init__(self):
         """Refuse what no engine can run: the error names the field (the server turns it into a 400 naming it).
         Non-finite numbers, bools where a number belongs, and integers no tensor can hold are refused too."""
-        def bad(name, rule):
-            raise ValueError(f"SamplingParams.{name}={getattr(self, name)!r}: {rule}")
-
-        if not _is_finite(self.temperature) or self.temperature < 0:
-            bad("temperature", "must be a finite number >= 0 (0 means greedy)")
-        if not _is_finite(self.top_p) or not 0 < self.top_p <= 1:
-            bad("top_p", "must be a number in (0, 1]")
-        if not _is_int(self.top_k) or self.top_k < -1 or self.top_k == 0 or self.top_k > INT64_MAX:
-            bad("top_k", f"must be -1 (disabled) or an integer in [1, {INT64_MAX}]")
-        if not _is_finite(self.min_p) or not 0 <= self.min_p <= 1:
-            bad("min_p", "must be a number in [0, 1] (0 disables it)")
-        if not _is_int(self.max_tokens) or not 1 <= self.max_tokens <= MAX_TOKENS_LIMIT:
-            bad("max_tokens", f"must be an integer in [1, {MAX_TOKENS_LIMIT}]")
-        if not _is_int(self.n) or not 1 <= self.n <= MAX_TOKENS_LIMIT:
-            bad("n", "must be an integer >= 1")
-        if self.seed is not None and not _is_int(self.seed):
-            bad("seed", "must be an integer or None")
-        if self.logprobs is not None and (not _is_int(self.logprobs) or not 0 <= self.logprobs <= MAX_TOKENS_LIMIT):
-            bad("logprobs", "must be None or an integer >= 0")
-        if not isinstance(self.stop_token_ids, (list, tuple)) or \
-                not all(_is_int(t) and 0 <= t <= INT64_MAX for t in self.stop_token_ids):
-            bad("stop_token_ids", "must be a list of non-negative token ids")
-        self.stop_token_ids = list(self.stop_token_ids)
-        if self.stop is None:
-            self.stop = []
-        elif isinstance(self.stop, str):
-            self.stop = [self.stop]
-        if not isinstance(self.stop, (list, tuple)) or not all(isinstance(x, str) and x for x in self.stop):
-            bad("stop", "must be a string or a list of non-empty strings")
-        self.stop = list(self.stop)
-        if not isinstance(self.include_stop_str_in_output, bool):
-            bad("include_stop_str_in_output", "must be a bool")
-        for name in ("presence_penalty", "frequency_penalty"):
-            if not _is_finite(getattr(self, name)) or not -2 <= getattr(self, name) <= 2:
-                bad(name, "must be a number in [-2, 2]")
-        if not _is_finite(self.repetition_penalty) or self.repetition_penalty <= 0:
-            bad("repetition_penalty", "must be a finite number > 0 (1 disables it)")
-        if not _is_int(self.min_tokens) or not 0 <= self.min_tokens <= self.max_tokens:
-            bad("min_tokens", f"must be an integer in [0, max_tokens={self.max_tokens}]")
+        _check(self, _RULES_BEFORE_STOP)
+        self.stop = [] if self.stop is None else [self.stop] if isinstance(self.stop, str) else self.stop
+        _check(self, _RULES_FROM_STOP)
+        self.stop_token_ids, self.stop = list(self.stop_token_ids), list(self.stop)
         if self.logit_bias is not None:
-            if not isinstance(self.logit_bias, dict) or not all(
-                    _is_int(k) and 0 <= k <= INT64_MAX and _is_finite(v) and -100 <= v <= 100
-                    for k, v in self.logit_bias.items()):
-                bad("logit_bias", "must map token ids (ints >= 0) to numbers in [-100, 100]")
             self.logit_bias = dict(self.logit_bias) or None
-        if self.prompt_logprobs is not None and (not _is_int(self.prompt_logprobs)
-                                                 or not 0 <= self.prompt_logprobs <= MAX_TOKENS_LIMIT):
-            bad("prompt_logprobs", "must be None or an integer >= 0")
 
     @property
     def greedy(self) -> bool:
@@ -114,6 +72,51 @@ class SamplingParams:
         """Whether the logits need processing before the sampler (penalties, logit_bias, min_tokens)."""
         return bool(self.logit_bias or self.min_tokens or self.presence_penalty or self.frequency_penalty
                     or self.repetition_penalty != 1.0)
+
+
+def _in(lo, hi, finite=True):
+    """A number (an integer when not `finite`) in [lo, hi]; no bool, no NaN or infinity."""
+    return (lambda v: _is_finite(v) and lo <= v <= hi) if finite else (lambda v: _is_int(v) and lo <= v <= hi)
+
+
+def _optional(ok):
+    return lambda v: v is None or ok(v)
+
+
+# SamplingParams' rules, in the order they are checked: (field, ok(value, params), what the field must be).
+_RULES_BEFORE_STOP = [
+    ("temperature", lambda v, p: _is_finite(v) and v >= 0, "must be a finite number >= 0 (0 means greedy)"),
+    ("top_p", lambda v, p: _is_finite(v) and 0 < v <= 1, "must be a number in (0, 1]"),
+    ("top_k", lambda v, p: v == -1 and _is_int(v) or _in(1, INT64_MAX, finite=False)(v),
+     f"must be -1 (disabled) or an integer in [1, {INT64_MAX}]"),
+    ("min_p", lambda v, p: _in(0, 1)(v), "must be a number in [0, 1] (0 disables it)"),
+    ("max_tokens", lambda v, p: _in(1, MAX_TOKENS_LIMIT, finite=False)(v), f"must be an integer in [1, {MAX_TOKENS_LIMIT}]"),
+    ("n", lambda v, p: _in(1, MAX_TOKENS_LIMIT, finite=False)(v), "must be an integer >= 1"),
+    ("seed", lambda v, p: v is None or _is_int(v), "must be an integer or None"),
+    ("logprobs", lambda v, p: _optional(_in(0, MAX_TOKENS_LIMIT, finite=False))(v), "must be None or an integer >= 0"),
+    ("stop_token_ids", lambda v, p: isinstance(v, (list, tuple)) and all(_in(0, INT64_MAX, finite=False)(t) for t in v),
+     "must be a list of non-negative token ids"),
+]
+_RULES_FROM_STOP = [
+    ("stop", lambda v, p: isinstance(v, (list, tuple)) and all(isinstance(x, str) and x for x in v),
+     "must be a string or a list of non-empty strings"),
+    ("include_stop_str_in_output", lambda v, p: isinstance(v, bool), "must be a bool"),
+    ("presence_penalty", lambda v, p: _in(-2, 2)(v), "must be a number in [-2, 2]"),
+    ("frequency_penalty", lambda v, p: _in(-2, 2)(v), "must be a number in [-2, 2]"),
+    ("repetition_penalty", lambda v, p: _is_finite(v) and v > 0, "must be a finite number > 0 (1 disables it)"),
+    ("min_tokens", lambda v, p: _in(0, p.max_tokens, finite=False)(v), "must be an integer in [0, max_tokens={max_tokens}]"),
+    ("logit_bias", lambda v, p: v is None or isinstance(v, dict) and all(
+        _in(0, INT64_MAX, finite=False)(k) and _in(-100, 100)(b) for k, b in v.items()),
+     "must map token ids (ints >= 0) to numbers in [-100, 100]"),
+    ("prompt_logprobs", lambda v, p: _optional(_in(0, MAX_TOKENS_LIMIT, finite=False))(v), "must be None or an integer >= 0"),
+]
+
+
+def _check(params: SamplingParams, rules) -> None:
+    for name, ok, rule in rules:
+        value = getattr(params, name)
+        if not ok(value, params):
+            raise ValueError(f"SamplingParams.{name}={value!r}: {rule.format(max_tokens=params.max_tokens)}")
 
 
 def process_logits(logits: torch.Tensor, params: list[SamplingParams], token_ids: list[list[int]],
