@@ -161,23 +161,7 @@ class GenerationService:
                 g.in_flight, g.finish_reason, g.error = False, "error", err
         now = time.monotonic()
         for o in outs:
-            g = group[o.index] if o.index < len(group) else gen
-            if o.new_token_ids:
-                g.token_ids += o.new_token_ids
-                g.engine_tokens += len(o.new_token_ids)
-                if g.params is not None and g.params.logprobs is not None:
-                    g.logprobs += o.logprobs or [None] * len(o.new_token_ids)
-                for sub in list(self._subs.get(g.uid, [])):
-                    if not sub.buffer.push(list(o.new_token_ids), now):
-                        self.drop(sub, "slow_reader")
-            if o.prompt_logprobs is not None:
-                g.prompt_logprobs = o.prompt_logprobs
-            if o.finished:
-                g.in_flight, g.finish_reason, g.stop_reason, g.text = False, o.finish_reason, o.stop_reason, o.text
-                if o.finish_reason in ("abort", "error"):  # the request ended: every sample with it (some of
-                    for other in group:  # which the engine may not have forked yet)
-                        if other.in_flight:
-                            other.in_flight, other.finish_reason = False, o.finish_reason
+            self._apply(group[o.index] if o.index < len(group) else gen, group, o, now)
         if len(group) == 1 and gen.finish_reason == "abort" and err is None and gen.subscribers and not self.closing:
             # Aborted because its last reader left, but a retry attached before the abort landed: go on.
             plan = self.components.resume.plan(gen, len(gen.token_ids))
@@ -188,6 +172,26 @@ class GenerationService:
                 sub.wake.set()
             if not g.in_flight and not g.subscribers:
                 self._subs.pop(g.uid, None)
+
+    def _apply(self, g: Answer, group: list, o, now: float) -> None:
+        """One engine output of answer g (of `group`, the answers of its engine request): its tokens go to every
+        reader's buffer (a reader too far behind is dropped), its end to every answer the request ended."""
+        if o.new_token_ids:
+            g.token_ids += o.new_token_ids
+            g.engine_tokens += len(o.new_token_ids)
+            if g.params is not None and g.params.logprobs is not None:
+                g.logprobs += o.logprobs or [None] * len(o.new_token_ids)
+            for sub in list(self._subs.get(g.uid, [])):
+                if not sub.buffer.push(list(o.new_token_ids), now):
+                    self.drop(sub, "slow_reader")
+        if o.prompt_logprobs is not None:
+            g.prompt_logprobs = o.prompt_logprobs
+        if o.finished:
+            g.in_flight, g.finish_reason, g.stop_reason, g.text = False, o.finish_reason, o.stop_reason, o.text
+            if o.finish_reason in ("abort", "error"):  # the request ended: every sample with it (some of
+                for other in group:  # which the engine may not have forked yet)
+                    if other.in_flight:
+                        other.in_flight, other.finish_reason = False, o.finish_reason
 
     # ---- leaving -----------------------------------------------------------------------------------------
     def drop(self, sub: Subscriber, cause: str) -> None:
