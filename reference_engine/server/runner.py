@@ -126,48 +126,10 @@ def _WakeableServer(config):
                 should_exit = await self.on_tick(counter)
 
         async def shutdown(self, sockets=None) -> None:
-            """uvicorn's shutdown, with its deadline ending in closed connections rather than cancelled tasks:
-            stop accepting, close idle connections, wait up to timeout_graceful_shutdown for requests in
-            progress, then close every connection still open (a request still arriving or a stream still
-            being written sees a disconnect and ends as any abandoned one does: its engine request aborted),
-            cancel what has not ended a second later, and stop the engine (the lifespan), unless forced."""
-            for server in self.servers:
-                server.close()
-            for sock in sockets or []:
-                sock.close()
-            state, timeout = self.server_state, self.config.timeout_graceful_shutdown
-            for conn in list(state.connections):
-                conn.shutdown()  # idle (or half-sent headers): closed now; answering: closed after its answer
-            if state.connections or state.tasks:
-                log.info("shutting down: waiting up to %s s for %d connection(s) (a second signal exits now)",
-                         timeout, len(state.connections))
-            if not await self._drained(timeout):
-                if self.force_exit:
-                    log.warning("shutdown: a second signal: exiting now, closing %d connection(s)",
-                                len(state.connections))
-                else:
-                    log.warning("shutdown: %d connection(s) still open after %s s: closing them",
-                                len(state.connections), timeout)
-                for conn in list(state.connections):
-                    conn.transport.close()
-                if not await self._drained(1.0):
-                    for task in list(state.tasks):
-                        task.cancel()
-            for server in self.servers:
-                await server.wait_closed()
-            if not self.force_exit:
-                await self.lifespan.shutdown()
+            await _shutdown(self, sockets)
 
         async def _drained(self, timeout_s) -> bool:
-            """Wait until no connection and no request task is left (True), for at most timeout_s (None:
-            no limit) or until a second signal forces the exit (False)."""
-            loop = asyncio.get_running_loop()
-            deadline = None if timeout_s is None else loop.time() + timeout_s
-            while self.server_state.connections or self.server_state.tasks:
-                if self.force_exit or (deadline is not None and loop.time() >= deadline):
-                    return False
-                await asyncio.sleep(0.05)
-            return True
+            return await _drained(self, timeout_s)
 
         def handle_exit(self, sig, frame) -> None:
             if self.should_exit:  # the second signal: stop waiting for requests, skip the engine's shutdown
@@ -183,6 +145,54 @@ def _WakeableServer(config):
                     pass
 
     return WakeableServer(config)
+
+
+async def _shutdown(srv, sockets=None) -> None:
+    """WakeableServer.shutdown (srv: the uvicorn.Server): uvicorn's shutdown, with its deadline ending in closed connections rather than cancelled tasks:
+    stop accepting, close idle connections, wait up to timeout_graceful_shutdown for requests in
+    progress, then close every connection still open (a request still arriving or a stream still
+    being written sees a disconnect and ends as any abandoned one does: its engine request aborted),
+    cancel what has not ended a second later, and stop the engine (the lifespan), unless forced."""
+    for server in srv.servers:
+        server.close()
+    for sock in sockets or []:
+        sock.close()
+    state, timeout = srv.server_state, srv.config.timeout_graceful_shutdown
+    for conn in list(state.connections):
+        conn.shutdown()  # idle (or half-sent headers): closed now; answering: closed after its answer
+    if state.connections or state.tasks:
+        log.info("shutting down: waiting up to %s s for %d connection(s) (a second signal exits now)",
+                 timeout, len(state.connections))
+    if not await _drained(srv, timeout):
+        if srv.force_exit:
+            log.warning("shutdown: a second signal: exiting now, closing %d connection(s)",
+                        len(state.connections))
+        else:
+            log.warning("shutdown: %d connection(s) still open after %s s: closing them",
+                        len(state.connections), timeout)
+        for conn in list(state.connections):
+            conn.transport.close()
+        if not await _drained(srv, 1.0):
+            for task in list(state.tasks):
+                task.cancel()
+    for server in srv.servers:
+        await server.wait_closed()
+    if not srv.force_exit:
+        await srv.lifespan.shutdown()
+
+
+async def _drained(srv, timeout_s) -> bool:
+    """Wait until no connection and no request task is left (True), for at most timeout_s (None:
+    no limit) or until a second signal forces the exit (False)."""
+    import asyncio
+
+    loop = asyncio.get_running_loop()
+    deadline = None if timeout_s is None else loop.time() + timeout_s
+    while srv.server_state.connections or srv.server_state.tasks:
+        if srv.force_exit or (deadline is not None and loop.time() >= deadline):
+            return False
+        await asyncio.sleep(0.05)
+    return True
 
 
 def _small_write_buffer_protocol(high: int):
