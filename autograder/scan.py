@@ -195,46 +195,72 @@ def scan_source(source: str, filename: str = "<your module>", engine: EngineUse 
     found: list[Finding] = _engine_findings(tree, engine) if engine is not None else []
     modules = _module_aliases(tree)  # names bound to os, sys, io (`import os as o` too)
     for node in ast.walk(tree):
-        if isinstance(node, ast.Import):
-            for alias in node.names:
-                _module(found, node.lineno, alias.name)
-        elif isinstance(node, ast.ImportFrom):
-            if node.level:
-                found.append(Finding(node.lineno, "a relative import", "your module stands alone"))
-            elif node.module:
-                _module(found, node.lineno, node.module)
-                for alias in node.names:
-                    if (node.module in _MODULE_NAMES and (alias.name in BANNED_ATTRS or alias.name == "*")) \
-                            or alias.name in BANNED_MODULES or alias.name in _MODULE_NAMES \
-                            or (alias.name in BANNED_ATTRS and alias.name not in _MODULE_ONLY):
-                        found.append(Finding(node.lineno, f"from {node.module} import {alias.name}",
-                                             "reaches outside your code"))
-        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in BANNED_CALLS:
-            found.append(Finding(node.lineno, f"{node.func.id}()", BANNED_CALLS[node.func.id]))
-        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in ("getattr", "hasattr"):
-            _getattr(found, node)
-        elif isinstance(node, ast.Name) and node.id == "getattr" and not _is_called(node, tree):
-            found.append(Finding(node.lineno, "getattr (named, not called)", "attributes named at run time can "
-                                                                             "reach anything"))
-        elif isinstance(node, ast.keyword) and node.arg == "capture_locals":
-            found.append(Finding(getattr(node, "lineno", 0) or 0, "capture_locals=", "reads other frames' variables"))
-        elif isinstance(node, ast.Name) and node.id in ("__builtins__", "__loader__", "__spec__"):
-            found.append(Finding(node.lineno, node.id, "reaches outside your code"))
-        elif isinstance(node, ast.Name) and node.id in _BANNED_NAMES and isinstance(node.ctx, ast.Load) \
-                and not _is_called(node, tree):
-            found.append(Finding(node.lineno, f"{node.id} (named, not called)", BANNED_CALLS[node.id]))
-        elif isinstance(node, ast.Attribute) and node.attr == "path" and isinstance(node.value, ast.Name) \
-                and modules.get(node.value.id) == "sys":
-            found.append(Finding(node.lineno, f"{node.value.id}.path", "changing where imports come from"))
-        elif isinstance(node, ast.Attribute) and node.attr in BANNED_ATTRS:
-            if node.attr in _MODULE_ONLY and not (isinstance(node.value, ast.Name) and node.value.id in modules):
-                continue
-            found.append(Finding(node.lineno, f".{node.attr}", "reaches into the interpreter or the grader"))
-        elif isinstance(node, ast.Constant) and isinstance(node.value, str) and _dunder_name(node.value):
-            found.append(Finding(node.lineno, repr(node.value)[:40], "names an interpreter internal"))
+        visit = _VISIT.get(type(node))
+        if visit is not None:
+            visit(found, node, tree, modules)
     found = list({(f.line, f.what): f for f in found}.values())
     found.sort(key=lambda f: f.line)
     return found
+
+
+def _visit_import(found: list[Finding], node: ast.Import, tree, modules) -> None:
+    for alias in node.names:
+        _module(found, node.lineno, alias.name)
+
+
+def _visit_import_from(found: list[Finding], node: ast.ImportFrom, tree, modules) -> None:
+    if node.level:
+        found.append(Finding(node.lineno, "a relative import", "your module stands alone"))
+        return
+    if not node.module:
+        return
+    _module(found, node.lineno, node.module)
+    for alias in node.names:
+        if (node.module in _MODULE_NAMES and (alias.name in BANNED_ATTRS or alias.name == "*")) \
+                or alias.name in BANNED_MODULES or alias.name in _MODULE_NAMES \
+                or (alias.name in BANNED_ATTRS and alias.name not in _MODULE_ONLY):
+            found.append(Finding(node.lineno, f"from {node.module} import {alias.name}", "reaches outside your code"))
+
+
+def _visit_call(found: list[Finding], node: ast.Call, tree, modules) -> None:
+    if isinstance(node.func, ast.Name) and node.func.id in BANNED_CALLS:
+        found.append(Finding(node.lineno, f"{node.func.id}()", BANNED_CALLS[node.func.id]))
+    elif isinstance(node.func, ast.Name) and node.func.id in ("getattr", "hasattr"):
+        _getattr(found, node)
+
+
+def _visit_name(found: list[Finding], node: ast.Name, tree, modules) -> None:
+    if node.id == "getattr" and not _is_called(node, tree):
+        found.append(Finding(node.lineno, "getattr (named, not called)", "attributes named at run time can "
+                                                                         "reach anything"))
+    elif node.id in ("__builtins__", "__loader__", "__spec__"):
+        found.append(Finding(node.lineno, node.id, "reaches outside your code"))
+    elif node.id in _BANNED_NAMES and isinstance(node.ctx, ast.Load) and not _is_called(node, tree):
+        found.append(Finding(node.lineno, f"{node.id} (named, not called)", BANNED_CALLS[node.id]))
+
+
+def _visit_keyword(found: list[Finding], node: ast.keyword, tree, modules) -> None:
+    if node.arg == "capture_locals":
+        found.append(Finding(getattr(node, "lineno", 0) or 0, "capture_locals=", "reads other frames' variables"))
+
+
+def _visit_attribute(found: list[Finding], node: ast.Attribute, tree, modules) -> None:
+    if node.attr == "path" and isinstance(node.value, ast.Name) and modules.get(node.value.id) == "sys":
+        found.append(Finding(node.lineno, f"{node.value.id}.path", "changing where imports come from"))
+    elif node.attr in BANNED_ATTRS:
+        if node.attr in _MODULE_ONLY and not (isinstance(node.value, ast.Name) and node.value.id in modules):
+            return
+        found.append(Finding(node.lineno, f".{node.attr}", "reaches into the interpreter or the grader"))
+
+
+def _visit_constant(found: list[Finding], node: ast.Constant, tree, modules) -> None:
+    if isinstance(node.value, str) and _dunder_name(node.value):
+        found.append(Finding(node.lineno, repr(node.value)[:40], "names an interpreter internal"))
+
+
+# scan_source's rule for each kind of node
+_VISIT = {ast.Import: _visit_import, ast.ImportFrom: _visit_import_from, ast.Call: _visit_call, ast.Name: _visit_name,
+          ast.keyword: _visit_keyword, ast.Attribute: _visit_attribute, ast.Constant: _visit_constant}
 
 
 def _module_aliases(tree: ast.AST) -> dict[str, str]:
