@@ -143,6 +143,9 @@ def _rows(x: list):
     return {"$t": "namedtuples", "cls": cls.__name__, "fields": [str(f) for f in cls._fields], "v": rows}
 
 
+_NOT_MINE = object()  # an _Encoder kind's answer for a value of another kind
+
+
 class _Encoder:
     def __init__(self, on_object: Callable[[Any], Any] | None):
         self.blobs: list[bytes] = []
@@ -173,6 +176,16 @@ class _Encoder:
             rows = _rows(x) if tx is list else None
             if rows is not None:
                 return rows
+        for kind in (self._scalar, self._special, self._container):
+            out = kind(x, d)
+            if out is not _NOT_MINE:
+                return out
+        if self.on_object is not None:
+            return self.enc(self.on_object(x), d)
+        raise WireError(f"a {type(x).__name__} cannot be sent as data")
+
+    def _scalar(self, x, d):
+        """A bool, int, float, str, bytes or complex, or a subclass of one (sent as the builtin)."""
         if isinstance(x, bool):
             return bool(x)
         if isinstance(x, int):
@@ -185,6 +198,10 @@ class _Encoder:
             return {"$t": "bytes", **self.blob(bytes(x))}
         if isinstance(x, complex):
             return {"$t": "complex", "re": _float(x.real), "im": _float(x.imag)}
+        return _NOT_MINE
+
+    def _special(self, x, d):
+        """A tensor, dtype or device (when torch is imported), a reference, a Record, a numpy scalar or array."""
         torch = sys.modules.get("torch")  # (not imported: nothing here can be a tensor)
         if torch is not None:
             if isinstance(x, torch.Tensor):
@@ -205,6 +222,10 @@ class _Encoder:
                 return self.enc(x.tolist(), d)
             return {"$t": "ndarray", "dtype": x.dtype.str, "shape": list(x.shape),
                     **self.blob(np.ascontiguousarray(x).tobytes())}
+        return _NOT_MINE
+
+    def _container(self, x, d):
+        """A NamedTuple, tuple, list, dict, set or dataclass instance (or a subclass of one), item by item."""
         if isinstance(x, tuple) and hasattr(type(x), "_fields"):  # a NamedTuple: its values
             plain = _scalars(tuple.__iter__(x))
             return {"$t": "namedtuple", "cls": type(x).__name__, "fields": [str(f) for f in type(x)._fields],
@@ -220,9 +241,7 @@ class _Encoder:
         if dataclasses.is_dataclass(x) and not isinstance(x, type):
             fields = {f.name: getattr(x, f.name) for f in dataclasses.fields(x)}
             return {"$t": "record", "cls": type(x).__name__, "fields": self.enc(fields, d)}
-        if self.on_object is not None:
-            return self.enc(self.on_object(x), d)
-        raise WireError(f"a {type(x).__name__} cannot be sent as data")
+        return _NOT_MINE
 
     def tensor(self, x) -> dict:
         import torch
@@ -298,51 +317,41 @@ class _Decoder:
         if type(x) is not dict or "$t" not in x:
             raise WireError("malformed message")
         tag = x["$t"]
-        if tag == "float":
-            return {"nan": math.nan, "inf": math.inf, "-inf": -math.inf}[x["v"]]
-        if tag == "complex":
-            return complex(self.dec(x["re"]), self.dec(x["im"]))
-        if tag == "namedtuple":
-            return self.named(x, x["v"])
-        if tag == "tuple":
-            return tuple(self.items(x["v"]))
-        if tag == "tuples":
-            return [tuple(self.items(row)) for row in self.rows(x["v"])]
-        if tag == "namedtuples":
-            return [self.named(x, row) for row in self.rows(x["v"])]
-        if tag == "set":
-            return self.hashed((self.dec(v) for v in x["v"]), set)
-        if tag == "dict":
-            return self.hashed(((self.dec(k), self.dec(v)) for k, v in x["v"]), dict)
-        if tag == "bytes":
-            return self.blobs[x["i"]]
-        if tag == "tensor":
-            return self.tensor(x)
-        if tag == "dtype":
-            if x["v"] not in _dtypes():
-                raise WireError(f"unknown dtype {x['v']!r}")
-            return _dtypes()[x["v"]]
-        if tag == "device":
-            import torch
-            return torch.device(str(x["v"]))
-        if tag == "ndarray":
-            np = _numpy()
-            arr = np.frombuffer(self.blobs[x["i"]], dtype=np.dtype(str(x["dtype"]))).copy()
-            return arr.reshape([int(s) for s in x["shape"]])
-        if tag == "record":
-            fields = self.dec(x["fields"])
-            if type(fields) is not dict:
-                raise WireError("malformed record")
-            if self.rebuild:
-                return self.rebuild("record", str(x["cls"]), fields)
-            return Record(str(x["cls"]), fields)
-        if tag in ("Handle", "MethodRef", "LearnerRef"):
-            cls = {"Handle": Handle, "MethodRef": MethodRef, "LearnerRef": LearnerRef}[tag]
-            obj = cls(**{f.name: x[f.name] for f in dataclasses.fields(cls)})
-            if tag == "Handle":  # (a type name the learner chose is echoed in later requests: keep it short)
-                obj = Handle(obj.id, str(obj.type)[:200], obj.callable)
-            return self.resolve(obj) if self.resolve else obj
-        raise WireError(f"unknown tag {tag!r}")
+        rule = _DECODE.get(tag) if type(tag) is str else None
+        if rule is None:
+            raise WireError(f"unknown tag {tag!r}")
+        return rule(self, x)
+
+    def _dtype(self, x):
+        if x["v"] not in _dtypes():
+            raise WireError(f"unknown dtype {x['v']!r}")
+        return _dtypes()[x["v"]]
+
+    @staticmethod
+    def _device(x):
+        import torch
+        return torch.device(str(x["v"]))
+
+    def _ndarray(self, x):
+        np = _numpy()
+        arr = np.frombuffer(self.blobs[x["i"]], dtype=np.dtype(str(x["dtype"]))).copy()
+        return arr.reshape([int(s) for s in x["shape"]])
+
+    def _record(self, x):
+        fields = self.dec(x["fields"])
+        if type(fields) is not dict:
+            raise WireError("malformed record")
+        if self.rebuild:
+            return self.rebuild("record", str(x["cls"]), fields)
+        return Record(str(x["cls"]), fields)
+
+    def _ref(self, x):
+        tag = x["$t"]
+        cls = {"Handle": Handle, "MethodRef": MethodRef, "LearnerRef": LearnerRef}[tag]
+        obj = cls(**{f.name: x[f.name] for f in dataclasses.fields(cls)})
+        if tag == "Handle":  # (a type name the learner chose is echoed in later requests: keep it short)
+            obj = Handle(obj.id, str(obj.type)[:200], obj.callable)
+        return self.resolve(obj) if self.resolve else obj
 
     def tensor(self, x: dict):
         import torch
@@ -365,6 +374,26 @@ class _Decoder:
             t = torch.frombuffer(bytearray(data), dtype=torch.uint8).view(dtype).reshape(shape)
         device = self.device_map(x.get("device", "cpu")) if self.device_map else "cpu"
         return t if device == "cpu" else t.to(device)
+
+
+# _Decoder.dec's rule for each tagged value ({"$t": tag, ...}), by tag
+_DECODE = {
+    "float": lambda d, x: {"nan": math.nan, "inf": math.inf, "-inf": -math.inf}[x["v"]],
+    "complex": lambda d, x: complex(d.dec(x["re"]), d.dec(x["im"])),
+    "namedtuple": lambda d, x: d.named(x, x["v"]),
+    "tuple": lambda d, x: tuple(d.items(x["v"])),
+    "tuples": lambda d, x: [tuple(d.items(row)) for row in d.rows(x["v"])],
+    "namedtuples": lambda d, x: [d.named(x, row) for row in d.rows(x["v"])],
+    "set": lambda d, x: d.hashed((d.dec(v) for v in x["v"]), set),
+    "dict": lambda d, x: d.hashed(((d.dec(k), d.dec(v)) for k, v in x["v"]), dict),
+    "bytes": lambda d, x: d.blobs[x["i"]],
+    "tensor": lambda d, x: d.tensor(x),
+    "dtype": _Decoder._dtype,
+    "device": lambda d, x: _Decoder._device(x),
+    "ndarray": _Decoder._ndarray,
+    "record": _Decoder._record,
+    "Handle": _Decoder._ref, "MethodRef": _Decoder._ref, "LearnerRef": _Decoder._ref,
+}
 
 
 _NAMEDTUPLES: dict = {}

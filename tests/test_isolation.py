@@ -181,33 +181,49 @@ def _in_child(fn, pass_fd: bool = False) -> bytes:
     return got
 
 
+FLAKY_FORK = r'''
+import errno, json, os, sys
+from autograder import zygote
+from autograder.runner import Target, grade_lesson
+
+grader, real, left = os.getpid(), zygote._fork, [int(sys.argv[1])]
+
+def flaky(body):
+    if os.getpid() != grader and left[0]:  # in the zygote: its forks of learner processes
+        left[0] -= 1
+        raise BlockingIOError(errno.EAGAIN, "Resource temporarily unavailable")
+    return real(body)
+
+zygote._fork = flaky  # before the zygote is forked from this process, which holds no solutions
+target = Target.from_source("def double(x):\n    return 2 * x\n" + sys.argv[3], sys.argv[2], "good")
+res = grade_lesson("toy", target, 1, checks_module="tests.fake.toy", ref_module="tests.fake.toy_ref")
+print(json.dumps({"mode": zygote.get().mode, "alive": zygote._ZYGOTE.alive(),
+                  "results": [[r.status, r.earned, r.message] for r in res]}))
+zygote.shutdown()
+'''
+
+
 @pytest.mark.parametrize("refusals", [2, 10**6], ids=["refused twice", "refused always"])
-def test_a_fork_the_system_refuses_is_retried_then_reported_and_the_zygote_lives_on(tmp_path, monkeypatch, refusals):
+def test_a_fork_the_system_refuses_is_retried_then_reported_and_the_zygote_lives_on(tmp_path, refusals):
     """fork() failing with EAGAIN (a full process table, a process limit, no memory) is the machine's state, not the
     learner's doing: the zygote answers it instead of dying, the grader tries again for a few seconds, and then
-    reports the check as an error that says so (and never raises out of grading)."""
-    import errno
-
-    from autograder import zygote
-    grader, real, left = os.getpid(), zygote._fork, [refusals]
-
-    def flaky(body):
-        if os.getpid() != grader and left[0]:  # in the zygote: its forks of learner processes
-            left[0] -= 1
-            raise BlockingIOError(errno.EAGAIN, "Resource temporarily unavailable")
-        return real(body)
-
-    monkeypatch.setattr(zygote, "_fork", flaky)
-    monkeypatch.setattr(zygote, "_ZYGOTE", None)  # a zygote of this test's (forked with flaky), restored after
-    try:
-        res = grade(Target.from_source("def double(x):\n    return 2 * x\n" + GOOD_COUNT, tmp_path, "good"))
-        if refusals == 2:
-            assert {r.status for r in res.values()} == {"passed"}, [(r.status, r.message) for r in res.values()]
-        else:
-            for r in res.values():
-                assert r.status == "error" and r.earned == 0, (r.status, r.message)
-                assert "refused to start a process for your code" in r.message and "BlockingIOError" in r.message
-                assert "Run the check again" in r.message
-            assert zygote.get() is not None and zygote._ZYGOTE.alive()  # the same zygote, still answering
-    finally:
-        zygote.shutdown()
+    reports the check as an error that says so (and never raises out of grading). (In a process of its own: the
+    zygote must be forked from one that never imported the solutions, as a test run's process may have.)"""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+    root = Path(__file__).resolve().parents[1]
+    env = {k: v for k, v in os.environ.items() if k != "COURSE_ISOLATION"}
+    r = subprocess.run([sys.executable, "-c", FLAKY_FORK, str(refusals), str(tmp_path), GOOD_COUNT], cwd=root,
+                       env={**env, "PYTHONPATH": str(root)}, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stdout + r.stderr
+    out = json.loads(r.stdout.strip().splitlines()[-1])
+    assert out["mode"] == "fork" and out["alive"], out
+    if refusals == 2:
+        assert {status for status, _, _ in out["results"]} == {"passed"}, out["results"]
+    else:
+        for status, earned, message in out["results"]:
+            assert status == "error" and earned == 0, (status, message)
+            assert "refused to start a process for your code" in message and "BlockingIOError" in message
+            assert "Run the check again" in message
