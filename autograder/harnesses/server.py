@@ -114,18 +114,31 @@ def drive_watcher(cls, messages: list, timeout_s: float = 1.0) -> dict:
             if (silent_since[0] is not None and now - silent_since[0] >= timeout_s) or now - start >= 3 * timeout_s:
                 break
             await asyncio.wait({task}, timeout=timeout_s / 10)
-        returned = task.done()
-        if not returned:
-            task.cancel()
-            try:
-                await task
-            except asyncio.CancelledError:
-                pass
-        elif task.exception() is not None:
-            raise task.exception()
+        returned = await _finish(task)
         return {"read": read[0], "on_disconnect_calls": calls[0], "returned": returned,
                 "blocked": bool(gaps) and min(gaps) > BLOCKED_S}
-    # A thread of its own: the caller may already run an event loop (a notebook), where asyncio.run fails.
+    # A watcher that never gives its event loop back (a loop with no await, a blocking call) holds that thread
+    # for good: after HUNG_S more, report it as data (the check then ends; its process goes with it).
+    return _run_in_thread(main, 3 * timeout_s + HUNG_S, "watcher-driver")
+
+
+async def _finish(task) -> bool:
+    """Whether the task returned by itself: if not, cancel it (and wait for it); if it raised, raise that."""
+    if not task.done():
+        task.cancel()
+        try:
+            await task
+        except asyncio.CancelledError:
+            pass
+        return False
+    if task.exception() is not None:
+        raise task.exception()
+    return True
+
+
+def _run_in_thread(main, join_s: float, name: str):
+    """asyncio.run(main()) in a thread of its own (the caller may already run an event loop, a notebook's, where
+    asyncio.run fails); {"hung": True} if it has not ended after join_s; what main raised is raised here."""
     box: dict = {}
 
     def run():
@@ -133,11 +146,9 @@ def drive_watcher(cls, messages: list, timeout_s: float = 1.0) -> dict:
             box["value"] = asyncio.run(main())
         except BaseException as e:  # noqa: BLE001 - re-raised in the caller's thread
             box["error"] = e
-    thread = threading.Thread(target=run, name="watcher-driver", daemon=True)
+    thread = threading.Thread(target=run, name=name, daemon=True)
     thread.start()
-    # A watcher that never gives its event loop back (a loop with no await, a blocking call) holds that thread
-    # for good: after HUNG_S more, report it as data (the check then ends; its process goes with it).
-    thread.join(3 * timeout_s + HUNG_S)
+    thread.join(join_s)
     if thread.is_alive():
         return {"hung": True}
     if "error" in box:
