@@ -27,11 +27,13 @@ import dataclasses
 import importlib
 import random
 import re
+from functools import partial
 from typing import Any, Callable, Iterable
 
 from . import compare as cmp
 from . import wire
 from .harnesses import is_harness
+from .mistakes import groups, looks_like, named
 from .reference import NotRecorded
 from .sandbox import LearnerGone, LearnerRaised
 
@@ -97,6 +99,9 @@ def load_checks(stem: str, checks_module: str | None = None) -> list[CheckSpec]:
     return registered(stem)
 
 
+FLOAT_COUNT = ("returns a float count: a product or a floor division with any float in it (7.0 // 2 == 3.0) is a "
+               "float too; a count of whole things is an int (wrap it in int())")
+
 # Part.kind: how a case ended.
 OK, WRONG, RAISED, SKIPPED = "ok", "wrong", "raised", "skipped"
 
@@ -133,7 +138,7 @@ class LearnerFunction:
         self.__name__ = self.__qualname__ = what
 
     def __call__(self, *args, **kwargs):
-        return self._t._remote(self.ref, args, kwargs, self.what, check_args=False)
+        return self._t._remote(self.ref, args, kwargs, self.what)
 
     def __repr__(self):
         return f"<your {self.what}>"
@@ -158,7 +163,7 @@ class LearnerObject:
         raise AttributeError("a learner object is read-only from the grader")
 
     def __call__(self, *args, **kwargs):
-        return self._t._remote(self.handle, args, kwargs, self.handle.type, check_args=False)
+        return self._t._remote(self.handle, args, kwargs, self.handle.type)
 
     def __repr__(self):
         return f"<your {self.handle.type} object>"
@@ -196,10 +201,6 @@ class _CasesIterator:
         self._trial._at_hidden = self._hidden_at[self._i] if self._i < len(self._hidden_at) else ""
         self._i += 1
         return item
-
-
-def _untrusted_seq_types() -> tuple:
-    return (LearnerObject, LearnerFunction)
 
 
 @dataclasses.dataclass
@@ -331,8 +332,25 @@ class Trial:
             self._case_open = False
         self.stopped_in = ""
 
-    def fail(self, message: str):
-        raise CaseFailed(message)
+    def fail(self, message: str, mistake: str | list[str] | None = None, end: str = "."):
+        """End the case with `message`; with a mistake's name, followed by "Looks like your code <mistake>."
+        (`end` closes that sentence)."""
+        raise CaseFailed(f"{message} {looks_like(mistake, end)}" if mistake else message)
+
+    def not_graded(self, label: str, why: str, weight: float = 1.0):
+        """Record a part that is "not graded here", and why (a scenario this machine could not set up): it
+        counts neither for nor against the learner, and the check is never "passed" on it alone."""
+        self.parts.append(Part(label, weight, False, f"not graded: {why}", graded=False, kind=SKIPPED,
+                               hidden=self._hidden(label)))
+
+    def require_started(self, call: Callable, *args, **kwargs):
+        """Call learner code once, before anything costly (an engine, a server) is built: a stub's
+        NotImplementedError ends the check "not started" at once; its value, or anything else it raises, is
+        left to the cases, which call it as they judge it.
+
+            t.require_started(lambda: t.fn("MyPolicy")().schedule([], None))
+        """
+        self.attempt(call, *args, **kwargs)
 
     # -- learner code --------------------------------------------------------------------------------
     def fn(self, name: str) -> LearnerFunction:
@@ -421,7 +439,7 @@ class Trial:
         value = self._learner.receive(what)["value"]
         return self._wrap(value), expected
 
-    def _remote(self, ref, args, kwargs, what: str, check_args: bool):
+    def _remote(self, ref, args, kwargs, what: str):
         value, _, _ = self._learner.call(ref, args, kwargs, what=what)
         return self._wrap(value)
 
@@ -464,41 +482,22 @@ class Trial:
         """Fail the case unless `got` matches `expected`.
 
         `mistakes` maps a mistake's name (read after "your code ...") to the value that mistake gives.
-        A mistake whose value equals the expected one is ignored; mistakes with the same value are
-        named together ("X; or your code Y"), since the output cannot tell them apart.
+        The mistake rule (autograder/mistakes.py): a mistake whose value equals the expected one is ignored;
+        mistakes with the same value are named together ("X; or your code Y"), since the output cannot tell
+        them apart; a wrong value is named when it matches one mistake's value and no other's.
         `count=True`: `expected` is a count of whole things (users, blocks), so `got` must be an int, not a
         float of the same value (a caller uses it as a count: range(n), a list size)."""
-        distinct = self._distinct_mistakes(mistakes or {}, expected, rtol, atol, check_dtype)
-        for name in distinct:
-            self.offered.update(name.split("; or your code "))
+        same = partial(_same, rtol=rtol, atol=atol, check_dtype=check_dtype)
+        found = groups(mistakes or {}, same, expected)
+        self.offered.update(name for names, _ in found for name in names)
         if count and isinstance(expected, int) and not (isinstance(got, int) and not isinstance(got, bool)):
             if isinstance(got, float) and got == expected:
-                self.fail(f"{what}: got the float {got!r}, expected the int {expected}. Looks like your code returns "
-                          "a float count: a product or a floor division with any float in it (7.0 // 2 == 3.0) is a float too; a count of "
-                          "whole things is an int (wrap it in int())")
+                self.fail(f"{what}: got the float {got!r}, expected the int {expected}.", FLOAT_COUNT, end="")
         msg = cmp.compare(got, expected, rtol, atol, check_dtype)
         if msg is None:
             return
-        matched = []
-        for name, wrong in distinct.items():
-            if _same(got, wrong, rtol, atol, check_dtype):
-                matched.append(name)
-        if len(matched) == 1:
-            self.fail(f"{what}: {msg}. Looks like your code {matched[0]}.")
-        self.fail(f"{what}: {msg}." + (f" {hint}" if hint else ""))
-
-    @staticmethod
-    def _distinct_mistakes(mistakes: dict, expected, rtol, atol, check_dtype) -> dict:
-        out: dict = {}
-        for name, wrong in mistakes.items():
-            if _same(wrong, expected, rtol, atol, check_dtype):
-                continue  # this mistake makes no difference on this case
-            same = next((k for k, v in out.items() if _same(wrong, v, rtol, atol, check_dtype)), None)
-            if same is None:
-                out[name] = wrong
-            else:
-                out[f"{same}; or your code {name}"] = out.pop(same)
-        return out
+        names = named(got, found, same)
+        self.fail(f"{what}: {msg}." + ("" if names or not hint else f" {hint}"), names)
 
     def expect_dict(self, got, expected: dict, what: str, mistakes: dict[str, dict] | None = None,
                     keys=None, rtol: float | None = None, atol: float | None = None):

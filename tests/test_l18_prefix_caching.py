@@ -327,11 +327,11 @@ class _FakeTrial:
 def test_judge_names_one_unrefuted_mistake():
     d = object.__new__(checks._Drive)
     d.t, d.refuted = _FakeTrial(), set()
-    assert d.judge(3, 3, {"a": 4, "b": 3}) == (True, "")          # b made no difference here
+    assert d.judge(3, 3, {"a": 4, "b": 3}) == (True, [])          # b made no difference here
     assert d.refuted == {"a"} and d.t.offered == {"a"}
-    assert d.judge(4, 3, {"a": 4, "b": 4}) == (False, "b")        # a was ruled out by the right answer above
-    assert d.judge(5, 3, {"c": 5, "d": 5}) == (False, "")         # two mistakes give 5: neither is named
-    assert d.judge([1, 2], [1], {"e": (1, 2)}) == (False, "e")    # lists and tuples alike
+    assert d.judge(4, 3, {"a": 4, "b": 4}) == (False, ["b"])      # a was ruled out by the right answer above
+    assert d.judge(5, 3, {"c": 5, "d": 5}) == (False, ["c", "d"])  # two mistakes give 5: named together
+    assert d.judge([1, 2], [1], {"e": (1, 2)}) == (False, ["e"])  # lists and tuples alike
 
 
 # -- 5. the engine -----------------------------------------------------------------------------------------

@@ -107,9 +107,9 @@ def call(t, name: str, *args, **kwargs):
         if nulls and e.is_a(TypeError) and "NoneType" in str(e.info.get("message") or "") \
                 and not e.not_implemented:
             shown = " and ".join(f'"{f}": null' for f in dict.fromkeys(nulls))
-            t.fail(f"{name}() raised TypeError on a config with {shown}. Looks like your code treats a field "
-                   "that is present but null as set (config.get(key, default) returns None for it); null means "
-                   "the default, as if the field were absent: config.get(key) or default.\n" + e.tb_text)
+            t.fail(f"{name}() raised TypeError on a config with {shown}.", "treats a field that is present but null "
+                   "as set (config.get(key, default) returns None for it); null means the default, as if the field "
+                   "were absent: config.get(key) or default", end=".\n" + e.tb_text)
         raise
 
 

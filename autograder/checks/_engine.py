@@ -1,8 +1,13 @@
 """The grader's side of the engine harness (autograder/harnesses/engine.py, which runs in the learner's process):
-`stub_guard()` says "not started" before any engine is built, `stopped()` turns a run that ended in an error into a
-failure message that names the mistake when the engine's error reveals it (POLICY_ERRORS: the scheduler's refusals
-of a policy), and `step_bound()` caps a learner's run before the reference has run."""
+`stub_guard()` says "not started" before any engine is built, `judged()` gives an engine run's verdict (error ->
+finished -> what the check compares -> leak), `stopped()` turns a run that ended in an error into a failure message
+that names the mistake when the engine's error reveals it (`known_error`; POLICY_ERRORS: the scheduler's refusals of
+a policy), and `step_bound()` caps a learner's run before the reference has run."""
 from __future__ import annotations
+
+import contextlib
+
+from autograder.mistakes import looks_like
 
 
 def step_bound(prompts: list, lens: list) -> int:
@@ -33,14 +38,39 @@ def stopped(run: dict, known: list[tuple[str, str]] = (), who: str = "your polic
     """The failure message for a run that ended in an error ("error" set by catch=True): the mistake
     when a phrase of `known` [(phrase in the error, mistake read after "your code")] is in the error's
     message, then where it stopped and the traceback."""
+    named = known_error(run, known)
+    return (looks_like(named, ".\n") if named else "") + \
+        f"The engine, running {who}, stopped at step {run['steps']}:\n{run['error']['tb']}"
+
+
+def known_error(run: dict, known: list[tuple[str, str]] = POLICY_ERRORS) -> str | None:
+    """The mistake of `known` [(phrase in the error, mistake)] whose phrase the run's error message holds, or None
+    (also for a run that did not stop in an error)."""
     err = run["error"]
-    named = next((m for phrase, m in known if phrase in err["message"]), None)
-    return (f"Looks like your code {named}.\n" if named else "") + \
-        f"The engine, running {who}, stopped at step {run['steps']}:\n{err['tb']}"
+    return next((m for phrase, m in known if phrase in err["message"]), None) if err is not None else None
+
+
+@contextlib.contextmanager
+def judged(t, run: dict, known: list[tuple[str, str]] = (), who: str = "your policy", unfinished: str | None = None,
+           leak: bool = True):
+    """The verdict on an engine run made with catch=True (run_engine, run_speculative), in the order every engine
+    check gives it: an error ends the case (`stopped`, naming a `known` mistake); then every request must have
+    finished (`unfinished`: the message if not); then what the body compares (the tokens, the schedule, ...); then
+    no KV block may have leaked (leak=False: a case of its own judges that).
+
+        with judged(t, run, POLICY_ERRORS):
+            t.expect(run["tokens"], expected["tokens"], "generated token ids per request")
+    """
+    if run["error"] is not None:
+        t.fail(stopped(run, known, who))
+    t.expect_true(run["finished"], unfinished or f"the requests did not finish in {run['steps']} steps")
+    yield
+    if leak:
+        t.expect_true(run["leak"] is None, run["leak"] or "")
 
 
 def stub_guard(t, cls_name: str, *args):
     """A policy stub raises as soon as schedule() is called: find that out before an engine is built
     (seconds), so an untouched exercise is "not started" at once. Anything else this call raises is left
     to the engine runs, which call the policy as the engine does."""
-    t.attempt(lambda: t.fn(cls_name)(*args).schedule([], None))
+    t.require_started(lambda: t.fn(cls_name)(*args).schedule([], None))

@@ -79,8 +79,8 @@ def _refused(t, spec, why: str):
             t.fail(f"dtype_bytes({spec!r}) raised {raised.type_name}, expected ValueError: {why}")
         return
     if spec is True and got == 1:
-        t.fail("dtype_bytes(True) returned 1. Looks like your code accepts a bool as a byte width: bool is a "
-               "subclass of int (isinstance(True, int) is True), so test for bool before int, and refuse it.")
+        t.fail("dtype_bytes(True) returned 1.", "accepts a bool as a byte width: bool is a subclass of int "
+               "(isinstance(True, int) is True), so test for bool before int, and refuse it")
     t.fail(f"dtype_bytes({spec!r}) returned {got!r} instead of raising ValueError: {why}")
 
 
@@ -96,8 +96,8 @@ def dtype_bytes(t):
                 got = t.call("dtype_bytes", spec)
             except LearnerRaised as e:
                 if isinstance(spec, str) and spec != spec.lower() and e.is_a(ValueError):
-                    t.fail(f"dtype_bytes({spec!r}) raised ValueError. Looks like your code matches names "
-                           "case-sensitively: names are case-insensitive, compare spec.lower().")
+                    t.fail(f"dtype_bytes({spec!r}) raised ValueError.", "matches names case-sensitively: names are "
+                           "case-insensitive, compare spec.lower()")
                 raise
             t.expect(got, expected, f"bytes per {spec!r} element", mistakes={"uses bits instead of bytes": 8 * expected})
     refused = [("an unknown name", "int3", "a typo in a dtype name must not silently size a cache"),
@@ -331,9 +331,8 @@ def expect_read(t, cache, ref, layer, max_tokens, last=None):
                   f"KVCache.read({layer}) should return a (K, V) pair, got {type(got).__name__}")
     n = expected[0].shape[0]
     if isinstance(got[0], torch.Tensor) and got[0].ndim == 3 and got[0].shape[0] == max_tokens != n:
-        t.fail(f"KVCache.read({layer}): K has {max_tokens} rows but only {n} tokens were appended. "
-               "Looks like your code reads past the filled length (returns the whole preallocated "
-               "buffer); slice it to length(layer).")
+        t.fail(f"KVCache.read({layer}): K has {max_tokens} rows but only {n} tokens were appended.",
+               "reads past the filled length (returns the whole preallocated buffer); slice it to length(layer)")
     mistakes = {}
     if last is not None and last[0].shape[0] != n:
         mistakes["overwrites the cache instead of appending to it (read should return every token "
@@ -370,8 +369,8 @@ def kv_cache(t):
         append_both(t, cache, ref, 0, *_kv(t, 4, 2, 4))
         _, raised = t.attempt(append_both, t, cache, ref, 0, *_kv(t, 2, 2, 4))
         if raised:
-            t.fail(f"append of 2 tokens after 4, with max_tokens=6, raised {raised.type_name}. Looks like your code "
-                   "refuses to fill the cache to exactly max_tokens (an off-by-one: 4 + 2 <= 6 fits)")
+            t.fail(f"append of 2 tokens after 4, with max_tokens=6, raised {raised.type_name}.", "refuses to fill "
+                   "the cache to exactly max_tokens (an off-by-one: 4 + 2 <= 6 fits)", end="")
         expect_read(t, cache, ref, 0, 6)
         t.expect_raises(ValueError, cache.append, 0, *_kv(t, 1, 2, 4), what="KVCache.append",
                         why="the cache is full (6 of max_tokens=6): one more token does not fit; silently dropping "

@@ -22,9 +22,10 @@ import random
 from functools import partial
 from typing import NamedTuple
 
-from autograder.checks._engine import POLICY_ERRORS, step_bound, stopped, stub_guard
+from autograder.checks._engine import POLICY_ERRORS, judged, known_error, step_bound, stopped, stub_guard
 from autograder.core import CaseFailed, check
 from autograder.harnesses.engine import run_engine
+from autograder.mistakes import looks_like
 from autograder.reference import answer_code, recording
 
 # -- request sets -----------------------------------------------------------------------------------
@@ -452,22 +453,23 @@ def judge_run(t, run: dict, expected: dict, variants: dict):
     """The learner's run against the reference run. A wrong schedule, or an engine error, is named by the
     one usual wrong policy (`variants`: name -> its run, made here, only now) that does the same; an
     error no variant explains by what the engine's error says the policy did (POLICY_ERRORS)."""
+    wrong = {}
     if _outcome(run) != _outcome(expected):
         wrong = {name: _outcome(make()) for name, make in variants.items()}
         if run["error"] is not None:
-            hint = next((f"Looks like your code {m}." for p, m in POLICY_ERRORS if p in run["error"]["message"]), "")
+            named = known_error(run)
             try:
-                t.expect(_outcome(run), _outcome(expected), "how your run ended", mistakes=wrong, hint=hint)
+                t.expect(_outcome(run), _outcome(expected), "how your run ended", mistakes=wrong,
+                         hint=looks_like(named) if named else "")
             except CaseFailed as e:
                 t.fail(f"{e}\n{stopped(run)}")
-        t.expect_true(run["finished"], f"the requests did not finish in {run['steps']} steps (the reference needs "
-                                       f"{expected['steps']}): does your policy make progress?")
+    with judged(t, run, unfinished=f"the requests did not finish in {run['steps']} steps (the reference needs "
+                                   f"{expected['steps']}): does your policy make progress?"):
         t.expect(run["schedule"], expected["schedule"],
                  "the per-step schedule (each step: prompts prefilled, prefill tokens, decodes, preemptions)"
                  + _first_difference(run["schedule"], expected["schedule"]),
                  mistakes={name: sched for name, (end, sched) in wrong.items() if end == "finished"})
-    t.expect(run["tokens"], expected["tokens"], "generated token ids per request")
-    t.expect_true(run["leak"] is None, run["leak"] or "")
+        t.expect(run["tokens"], expected["tokens"], "generated token ids per request")
 
 
 # The policy checks judge the schedule, which does not depend on the model: they run the small draft

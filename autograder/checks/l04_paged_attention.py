@@ -18,7 +18,8 @@ import random
 import torch
 
 from autograder.checks._configs import non_default
-from autograder.checks._engine import stopped
+from autograder.checks._drive import Differential
+from autograder.checks._engine import judged
 from autograder.core import LearnerRaised, check
 from autograder.harnesses.engine import run_engine
 from autograder.harnesses.l04_paged_attention import (
@@ -33,48 +34,30 @@ from autograder.reference import answer_code
 from reference_engine.block_manager import BlockAllocator
 
 ENGINE_TAIL = "the engine's own BlockAllocator"
+SHARED_FREE = "frees a shared block (free without ref counting)"
+COW_LEAK = "leaks the old block on copy-on-write"
 
 
 # ---------------------------------------------------------------- 2. the allocator, op by op
 
 
-class _Drive:
+class _Drive(Differential):
     """Runs the same operations on the learner's allocator and the engine's, checking invariants.
 
     Block ids may differ between the two (the free-list order is not part of the spec): what is
     compared is what a caller can observe: ref counts of held blocks, num_free, can_allocate, which
     append_slot calls copy, and that errors are raised.
     """
+    cls = "PagedBlockAllocator"
 
     def __init__(self, t, num_blocks: int):
-        self.t, self.n = t, num_blocks
-        self.log: list[str] = []
-        self._methods: dict = {}
-        self.mine = self._call(t.fn("PagedBlockAllocator"), num_blocks, what="PagedBlockAllocator")
+        self.n = num_blocks
+        super().__init__(t, num_blocks)
         self.ref = BlockAllocator(num_blocks)
         self.tables: list[tuple[list[int], list[int]]] = []  # (learner table, engine table)
 
-    def fail(self, msg: str):
-        ops = "; ".join(self.log[-6:]) or "none yet"
-        self.t.fail(f"{msg}\n  (num_blocks={self.n}; last operations: {ops})")
-
-    def _call(self, fn, *args, what: str, inplace: bool = False):
-        """Learner code over there; an exception it raises fails the case with the operations before it."""
-        got, raised = self.t.attempt(self.t.call_fn, fn, *args, what=what, inplace=inplace)
-        if raised:
-            self.fail(f"{what}({', '.join(map(repr, args))}) raised:\n{raised.tb_text}")
-        return got
-
-    def method(self, name: str):
-        if name not in self._methods:
-            try:
-                self._methods[name] = getattr(self.mine, name)
-            except LearnerRaised as e:
-                self.fail(f"your PagedBlockAllocator has no working `{name}`:\n{e.tb_text}")
-        return self._methods[name]
-
-    def m(self, name: str, *args, inplace: bool = False):
-        return self._call(self.method(name), *args, what=f"PagedBlockAllocator.{name}", inplace=inplace)
+    def where(self) -> str:
+        return f"\n  (num_blocks={self.n}; last operations: {'; '.join(self.log[-6:]) or 'none yet'})"
 
     # -- invariants ----------------------------------------------------------
     def held(self) -> dict[int, int]:
@@ -113,30 +96,29 @@ class _Drive:
         for (b, k), rc in zip(held.items(), seen["ref_count"]):
             if rc != k:
                 if after in ("free", "append_slot") and isinstance(rc, int) and rc < k:
-                    self.fail(f"block {b} is held by {k} table(s) but ref_count says {rc} after {after}. Looks like "
-                              "your code frees a shared block (free without ref counting): free drops ONE "
-                              "reference, and the block returns to the pool only when the count reaches 0")
+                    self.fail(f"block {b} is held by {k} table(s) but ref_count says {rc} after {after}.",
+                              SHARED_FREE + ": free drops ONE reference, and the block returns to the pool only "
+                              "when the count reaches 0", end="")
                 if after == "append_slot" and isinstance(rc, int) and rc > k:
-                    self.fail(f"block {b} is held by {k} table(s) but ref_count says {rc} after copy-on-write. "
-                              "Looks like your code leaks the old block on copy-on-write: the table gave it "
-                              "up, so drop its reference (free it once)")
+                    self.fail(f"block {b} is held by {k} table(s) but ref_count says {rc} after copy-on-write.",
+                              COW_LEAK + ": the table gave it up, so drop its reference (free it once)", end="")
                 self.fail(f"after {after}: block {b} is held by {k} table(s) but ref_count({b}) = {rc!r}")
         (free,) = seen["num_free"]
         if free != want or free != self.ref.num_free():
             if after == "append_slot" and isinstance(free, int) and free < want:
-                self.fail(f"num_free() = {free}, expected {want} after copy-on-write. Looks like your code leaks "
-                          "the old block on copy-on-write (drop the table's reference to it)")
+                self.fail(f"num_free() = {free}, expected {want} after copy-on-write.",
+                          COW_LEAK + " (drop the table's reference to it)", end="")
             if after in ("free", "append_slot") and isinstance(free, int) and free > want:
-                self.fail(f"num_free() = {free}, expected {want}: a block still held by a table is free. "
-                          "Looks like your code frees a shared block (free without ref counting)")
+                self.fail(f"num_free() = {free}, expected {want}: a block still held by a table is free.",
+                          SHARED_FREE, end="")
             self.fail(f"after {after}: num_free() = {free!r}, expected {want} "
                       f"({self.n} blocks, {len(held)} held)")
         for k, got in zip(ks, seen["can_allocate"]):  # free == want here
             exp = self.ref.can_allocate(k)
             if type(got) not in (bool, int) or bool(got) != exp:
-                self.fail(f"can_allocate({k}) = {got!r} with {free} free blocks, expected {exp}."
-                          + (" Looks like your code is off by one in can_allocate (n allocations succeed iff "
-                             "n <= num_free())" if k in (free, free + 1) and type(got) is bool else ""))
+                self.fail(f"can_allocate({k}) = {got!r} with {free} free blocks, expected {exp}.",
+                          "is off by one in can_allocate (n allocations succeed iff n <= num_free())"
+                          if k in (free, free + 1) and type(got) is bool else None, end="")
 
     # -- operations ----------------------------------------------------------
     def _alloc(self, pending: tuple[int, ...] = ()) -> tuple[int, int]:
@@ -177,9 +159,8 @@ class _Drive:
                       "return a NEW list for the child")
         if not isinstance(child, list) or child != mt:
             if isinstance(child, list) and len(child) == len(mt):
-                self.fail(f"fork({mt}) returned {child}. Looks like your code copies blocks in fork instead "
-                          "of sharing them: the child must hold the SAME block ids, each incref'd "
-                          "(copies happen later, on write)")
+                self.fail(f"fork({mt}) returned {child}.", "copies blocks in fork instead of sharing them: the "
+                          "child must hold the SAME block ids, each incref'd (copies happen later, on write)", end="")
             self.fail(f"fork({mt}) returned {child!r}: expected a new list with the same block ids")
         self.tables.append((child, self.ref.fork(rt)))
         self.check("fork")
@@ -203,12 +184,12 @@ class _Drive:
                           f"0..{self.n - 1}), got {type(b).__name__} {str(b)[:40]}")
         if shared and old is None:
             self.fail(f"append_slot on a table whose last block {before[-1]} is shared by 2+ tables returned "
-                      f"{got!r}. Looks like your code never copies in append_slot: writing there would "
-                      "change the other sequences' tokens too; allocate a new block and return (new, old)")
+                      f"{got!r}.", "never copies in append_slot: writing there would change the other sequences' "
+                      "tokens too; allocate a new block and return (new, old)", end="")
         if not shared and old is not None:
-            self.fail(f"append_slot on a table whose last block {before[-1]} has ref count 1 returned {got!r}. "
-                      "Looks like your code copies in append_slot although the last block is not shared: "
-                      "copy only when ref_count > 1, else return (block_table[-1], None)")
+            self.fail(f"append_slot on a table whose last block {before[-1]} has ref count 1 returned {got!r}.",
+                      "copies in append_slot although the last block is not shared: copy only when ref_count > 1, "
+                      "else return (block_table[-1], None)", end="")
         if not shared:
             if new != before[-1] or after != before:
                 self.fail(f"append_slot on an unshared last block must return ({before[-1]}, None) and leave "
@@ -216,8 +197,8 @@ class _Drive:
         else:
             if old == before[-1] and new != old and after == before:
                 self.fail(f"copy-on-write of block {old}: append_slot returned {got!r} but left the table as "
-                          f"{after}. Looks like your code puts the new block into a copy of the table: set "
-                          "block_table[-1] = new in place (the engine keeps using the list it passed)")
+                          f"{after}.", "puts the new block into a copy of the table: set block_table[-1] = new in "
+                          "place (the engine keeps using the list it passed)", end="")
             if old != before[-1] or new == old or after[:-1] != before[:-1] or after[-1] != new:
                 self.fail(f"copy-on-write of block {before[-1]}: expected (new, {before[-1]}) with the table's "
                           f"last entry replaced in place by new; got {got!r}, table {before} -> {after}")
@@ -241,27 +222,27 @@ class _Drive:
         for a, b in zip(mt, rt):
             if self.ref.ref_count(b) == 0:
                 self.log.append(f"free block {a} again (it is free)")
-                _, raised = self.t.attempt(self.t.call_fn, self.method("free"), a, what="PagedBlockAllocator.free")
-                if raised:
+                if self.refused("free", a):
                     self.check("a refused double free")  # any error is right, if it changed nothing
                     return
-                self.fail(f"free({a}) of a block that is already free did not raise. Looks like your code lets "
-                          "a free block be freed again: raise an error, or the block enters the free list "
-                          "twice and is later handed to two sequences")
+                self.fail(f"free({a}) of a block that is already free did not raise.", "lets a free block be freed "
+                          "again: raise an error, or the block enters the free list twice and is later handed to two "
+                          "sequences", end="")
 
 
     def must_raise(self, op: str, *args, why: str):
         """op(*args) must raise RuntimeError (the interface's error) and change nothing."""
-        self.log.append(f"{op}({', '.join(map(repr, args))}) (must raise)")
-        _, raised = self.t.attempt(self.t.call_fn, self.method(op), *args, what=f"PagedBlockAllocator.{op}")
+        call = f"{op}({', '.join(map(repr, args))})"
+        self.log.append(f"{call} (must raise)")
+        raised = self.refused(op, *args)
         if raised:
             if not raised.is_a(RuntimeError):
-                self.fail(f"{op}({', '.join(map(repr, args))}) raised {raised.type_name}, expected RuntimeError. Looks "
-                          f"like your code lets {raised.type_name} escape ({why}): the BlockAllocator interface "
-                          "raises RuntimeError, which is what a caller catches")
+                self.fail(f"{call} raised {raised.type_name}, expected RuntimeError.", f"lets {raised.type_name} "
+                          f"escape ({why}): the BlockAllocator interface raises RuntimeError, which is what a caller "
+                          "catches", end="")
             self.check(f"a refused {op}")
             return
-        self.fail(f"{op}({', '.join(map(repr, args))}) did not raise: {why}")
+        self.fail(f"{call} did not raise: {why}")
 
     def exhaust(self):
         """allocate() on an empty pool raises RuntimeError."""
@@ -345,10 +326,9 @@ def block_allocator(t):
     with t.case("visible: fork returns a new list (the child's table is not the parent's)"):
         got = t.run(fork_aliasing, t.learner("PagedBlockAllocator"), what="fork, then append_slot on the child,")
         if not isinstance(got, dict) or got.get("same_object") is not False:
-            t.fail("fork(parent_table) returned the parent's own list object. Looks like your code returns the "
-                   "parent's own list from fork: the two sequences then share ONE table, so the child's "
-                   "copy-on-write (append_slot edits the table in place) rewrites the parent's table too. "
-                   "Return a new list, list(block_table)")
+            t.fail("fork(parent_table) returned the parent's own list object.", "returns the parent's own list from "
+                   "fork: the two sequences then share ONE table, so the child's copy-on-write (append_slot edits the "
+                   "table in place) rewrites the parent's table too. Return a new list, list(block_table)", end="")
         if got["parent_after"] != got["parent_before"]:
             t.fail(f"copy-on-write on the child changed the parent's table {got['parent_before']} -> "
                    f"{got['parent_after']}: the child's table must be a separate list")
@@ -400,10 +380,9 @@ def allocator_in_engine(t):
     with t.case(f"greedy, 4 prompts, 10 blocks of 8 tokens ({pre} preemption(s) with {ENGINE_TAIL}): same tokens"):
         runs["greedy"] = g = t.run(run_engine, greedy, 10, llm_kwargs=mine, catch=True,
                                    what="the engine, running on your allocator,")
-        if g["error"]:
-            t.fail(stopped(g, who="on your allocator"))
-        t.expect(g["tokens"], g_ref["tokens"], "generated token ids per request",
-                 hint="The engine's own allocator gives these tokens; yours changes what attention reads.")
+        with judged(t, g, who="on your allocator", leak=False):  # the third case judges the leaks
+            t.expect(g["tokens"], g_ref["tokens"], "generated token ids per request",
+                     hint="The engine's own allocator gives these tokens; yours changes what attention reads.")
     with t.case("parallel sampling n=2 (forked blocks, copy-on-write): same tokens"):
         runs["parallel"] = p = t.run(sample_in_engine, parallel, mine, **SAMPLING,
                                      what="the engine, running on your allocator,")
@@ -575,10 +554,9 @@ def paged_decode_torch(t):
         run = t.run(run_engine, greedy[:3], 8, llm_kwargs=kw, catch=True,
                     make={"attention_backend": (t.learner("DecodeBackend"), t.learner("paged_decode_torch"))},
                     what="the engine, running your paged_decode_torch,")
-        if run["error"]:
-            t.fail(stopped(run, who="your paged_decode_torch"))
-        t.expect(run["tokens"], expected["tokens"], "generated token ids per request",
-                 hint="Every decode step of the engine ran your function; its prefill is the engine's own.")
+        with judged(t, run, who="your paged_decode_torch"):
+            t.expect(run["tokens"], expected["tokens"], "generated token ids per request",
+                     hint="Every decode step of the engine ran your function; its prefill is the engine's own.")
 
 
 @check(points=4, section="4.2", timeout=120, cost=0.7, requires_triton=True)

@@ -354,12 +354,12 @@ def _expect_row(t, got_row, exp_row, metric, wrong_rows, percentiles, default):
     for key in exp_row:
         if key not in got_row:
             if {k for k in got_row if k.startswith("p")} == {f"p{q:g}" for q in default}:
-                t.fail(f"[{metric!r}]: missing key {key!r} (asked for percentiles={tuple(percentiles)}). Looks like "
-                       "your code ignores the percentiles argument and uses PERCENTILES")
+                t.fail(f"[{metric!r}]: missing key {key!r} (asked for percentiles={tuple(percentiles)}).",
+                       "ignores the percentiles argument and uses PERCENTILES", end="")
             plain = {f"p{q}" for q in percentiles}
             if plain - {f"p{q:g}" for q in percentiles} and plain <= set(got_row):
-                t.fail(f"[{metric!r}]: missing key {key!r}; your keys are {sorted(got_row)}. Looks like your code "
-                       "names the keys with f'p{q}', which writes 50.0 as 'p50.0': use f'p{q:g}' ('p50', 'p99.9')")
+                t.fail(f"[{metric!r}]: missing key {key!r}; your keys are {sorted(got_row)}.", "names the keys with "
+                       "f'p{q}', which writes 50.0 as 'p50.0': use f'p{q:g}' ('p50', 'p99.9')", end="")
             t.fail(f"[{metric!r}]: missing key {key!r} (keys are 'count', 'mean' and f'p{{q:g}}' per percentile)")
         wrong = {name: row[key] for name, row in wrong_rows.items() if row is not None and key in row}
         if key == "p50":

@@ -216,9 +216,9 @@ def _expect_reason(t, got, exp, ctx):
         t.fail(f"reason: {reason!r} does not say that the weights (with the reserve) do not fit, which is why "
                f"no user fits here (free KV bytes per GPU: {exp['free_kv_bytes_per_gpu']:.4g})")
     if not weights_fail and not any(w in text for w in ("sequence", "token", "context", "kv", "user")):
-        t.fail(f"reason: {reason!r}. Looks like your code gives the same reason for both causes: here the weights "
-               f"fit ({exp['free_kv_bytes_per_gpu']:.4g} bytes of KV free per GPU), but one sequence of {ctx} tokens "
-               "needs more KV than that; say so (the sequence, its tokens or its KV)")
+        t.fail(f"reason: {reason!r}.", "gives the same reason for both causes: here the weights fit "
+               f"({exp['free_kv_bytes_per_gpu']:.4g} bytes of KV free per GPU), but one sequence of {ctx} tokens "
+               "needs more KV than that; say so (the sequence, its tokens or its KV)", end="")
 
 
 def _users_case(t, label, cfg, mem, n, ctx, wd, kd, util, reserve):
@@ -241,8 +241,8 @@ def _users_case(t, label, cfg, mem, n, ctx, wd, kd, util, reserve):
                  mistakes=_free_mistakes(mem, util, exp["weight_bytes_per_gpu"], reserve))
         exact = exp["free_kv_bytes_per_gpu"] / (exp["kv_bytes_per_token_per_gpu"] * ctx)
         if exp["users"] == 0 and isinstance(got["users"], (int, float)) and got["users"] < 0:
-            t.fail(f"users: got {got['users']}, expected 0. Looks like your code reports a negative "
-                   "user count when the weights do not fit; it should be 0.")
+            t.fail(f"users: got {got['users']}, expected 0.", "reports a negative user count when the weights do "
+                   "not fit; it should be 0")
         t.expect(got["users"], exp["users"], "users",
                  mistakes={"does not round the user count down to a whole number": exact,
                            "rounds the user count to the nearest integer; a partial user does not fit":

@@ -20,9 +20,10 @@ import random
 from types import SimpleNamespace
 
 from autograder.checks._configs import non_default
-from autograder.checks._engine import POLICY_ERRORS, step_bound, stopped, stub_guard
+from autograder.checks._engine import POLICY_ERRORS, judged, known_error, step_bound, stopped, stub_guard
 from autograder.core import CaseFailed, check
 from autograder.harnesses.engine import run_engine
+from autograder.mistakes import looks_like
 from autograder.reference import answer_code
 
 # -- 1.1 plan_step -----------------------------------------------------------------------------------
@@ -309,8 +310,8 @@ def judge_calls(t, run: dict, policy: tuple):
     """Every recorded schedule() call the policy returned from, against the reference rule on the same
     inputs; the first wrong pick fails the case, named by the one wrong rule that picks the same. A wrong
     rule that picks differently on some call counts as tested (it would have been caught)."""
-    hint = next((f"Looks like your code {m}." for p, m in POLICY_ERRORS
-                 if run["error"] is not None and p in run["error"]["message"]), "")
+    named = known_error(run)
+    hint = looks_like(named) if named else ""
     for i, call in enumerate(run["policy_calls"]):
         if call["picks"] is None and i == len(run["policy_calls"]) - 1 and run["error"] is not None:
             return  # it raised, or returned no list of pairs: the engine's error says which
@@ -346,17 +347,14 @@ def engine_case(t, llm_kwargs: dict, policy: tuple, prompts: list, max_tokens: i
     if expected["error"] is not None:
         raise RuntimeError(f"the reference policy failed in the engine: {expected['error']['message']}")
     judge_calls(t, run, policy)
-    if run["error"] is not None:
-        t.fail(stopped(run, POLICY_ERRORS))
-    t.expect_true(run["finished"], f"the requests did not finish in {run['steps']} steps (the reference policy "
-                                   f"needs {expected['steps']}): does your policy make progress?")
-    t.expect(run["schedule"], expected["schedule"], "the per-step schedule (each step: prompts prefilled, prefill "
-             "tokens, decodes, preemptions) vs the reference policy's")
-    t.expect(run["tokens"], expected["tokens"], "generated token ids (greedy) vs the reference policy's run")
-    limit = run["max_num_batched_tokens"]
-    over = [k for k, n in enumerate(run["step_tokens"]) if n > limit]
-    t.expect_true(not over, f"steps {over} computed more than max_num_batched_tokens={limit} tokens")
-    t.expect_true(run["leak"] is None, run["leak"] or "")
+    with judged(t, run, POLICY_ERRORS, unfinished=f"the requests did not finish in {run['steps']} steps (the "
+                f"reference policy needs {expected['steps']}): does your policy make progress?"):
+        t.expect(run["schedule"], expected["schedule"], "the per-step schedule (each step: prompts prefilled, "
+                 "prefill tokens, decodes, preemptions) vs the reference policy's")
+        t.expect(run["tokens"], expected["tokens"], "generated token ids (greedy) vs the reference policy's run")
+        limit = run["max_num_batched_tokens"]
+        over = [k for k, n in enumerate(run["step_tokens"]) if n > limit]
+        t.expect_true(not over, f"steps {over} computed more than max_num_batched_tokens={limit} tokens")
 
 
 def _prompts(rng, lens) -> list:

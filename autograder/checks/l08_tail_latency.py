@@ -145,8 +145,8 @@ def call_hinted(t, name: str, *args):
         if e.not_implemented or not e.is_a(KeyError) or not _is_number(msg):
             raise
         t.fail(f"{name}() raised KeyError {msg}: a token time that is the end of no step in the steps it was "
-               "looked up in. Looks like your code judges a request against another replica's steps; each "
-               f"request ran on steps_by_replica[request[\"replica\"]].\n{e.tb_text}")
+               "looked up in.", "judges a request against another replica's steps; each request ran on "
+               "steps_by_replica[request[\"replica\"]]", end=f".\n{e.tb_text}")
 
 
 def _is_number(text: str) -> bool:

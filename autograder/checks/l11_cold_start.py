@@ -23,6 +23,7 @@ import torch
 from autograder import compare as cmp
 from autograder.core import LearnerRaised, check
 from autograder.harnesses.l11_cold_start import count_header_reads, count_shard_reads
+from autograder.mistakes import looks_like
 from autograder.reference import answer_code
 
 
@@ -394,8 +395,8 @@ def _judge_header_reads(t, seen, size: int, start: int, blksize: int) -> None:
     n = max(counts)
     if n < start + (size - start) // 2:
         return
-    how = ("Looks like your code reads the whole file to find the header" if n >= size else
-           "It reads (most of) the tensor bytes too")
+    how = looks_like("reads the whole file to find the header", end="") if n >= size else \
+        "It reads (most of) the tensor bytes too"
     t.fail(f"safetensors_header read {n:,} bytes of a {size:,}-byte file whose header is its first {start:,} bytes. "
            f"{how}: read_range(path, 0, 8) gives N, then read_range(path, 8, 8 + N) the JSON; the tensors after "
            "it are what a rank must not read unless it needs them")

@@ -11,6 +11,7 @@ import math
 
 from autograder import compare as cmp
 from autograder.core import LearnerRaised, check
+from autograder.mistakes import groups
 from autograder.reference import answer_code
 
 
@@ -22,12 +23,11 @@ def _same(a, b, rtol=None, atol=None) -> bool:
 
 
 def unique_mistakes(mistakes: dict, expected, rtol=None, atol=None) -> dict:
-    """The mistakes a case can name: those whose value differs from the expected one and from every other
-    mistake's. An output two mistakes share could come from either, so the case then names neither (its
-    message states the rule instead of guessing)."""
-    wrong = {n: v for n, v in mistakes.items() if not _same(v, expected, rtol, atol)}
-    return {n: v for n, v in wrong.items()
-            if not any(_same(v, w, rtol, atol) for m, w in wrong.items() if m != n)}
+    """The mistakes a case can name: the mistake rule's groups of one (autograder/mistakes.py). An output two
+    mistakes share could come from either, and here (a diagnosis has four answers) the case then names neither:
+    its message states the docstring's rule instead of naming them together."""
+    same = lambda a, b: _same(a, b, rtol, atol)
+    return {names[0]: v for names, v in groups(mistakes, same, expected) if len(names) == 1}
 
 
 def both_accepting(t, name: str, args: tuple, refusals: dict) -> tuple:
@@ -41,7 +41,7 @@ def both_accepting(t, name: str, args: tuple, refusals: dict) -> tuple:
         why = next((msg for exc, msg in refusals.items() if e.is_a(exc)), None)
         if why is None or e.not_implemented:
             raise
-        t.fail(f"{name}() raised {e.type_name} on an input it must accept. Looks like your code {why}\n{e.tb_text}")
+        t.fail(f"{name}() raised {e.type_name} on an input it must accept.", why, end=f"\n{e.tb_text}")
 
 # ---------------------------------------------------------------- 1.1 NVML utilization
 

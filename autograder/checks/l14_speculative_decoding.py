@@ -30,6 +30,7 @@ import torch
 
 from autograder.core import check
 from autograder.harnesses.l14_speculative_decoding import CKPT, greedy_loop, sample_verify
+from autograder.mistakes import groups, named
 from autograder.reference import answer_code, recording
 
 F64 = torch.float64
@@ -429,9 +430,8 @@ def judge_verify(t, run: dict, p: list, q: list):
                                    "looks like your code never emits the bonus token)" if k == 0 and bad == [] else ""))
     right = emission_law(p, q)
     wrong = {name: emission_law(p, q, **kw) for name, kw in VERIFY_MISTAKES.items()}
-    for name, law in wrong.items():
-        if _law_distance(law, right) > 1e-12:
-            t.offered.add(name)
+    found = groups(wrong, lambda a, b: _law_distance(a, b) <= 1e-12, right)  # laws equal to each other together
+    t.offered.update(name for names, _ in found for name in names)
     counts = Counter(tuple(o) for o in outs)
     stat, df, pvalue = chi_square(counts, right, len(outs))
     if pvalue >= FALSE_ALARM:
@@ -442,32 +442,17 @@ def judge_verify(t, run: dict, p: list, q: list):
     why = (f"it emitted {list(impossible)}, which the rule can never emit" if impossible is not None else
            f"chi-square {stat:.0f} on {df} degrees of freedom, p-value {pvalue:.2g} (a case fails below "
            f"{FALSE_ALARM:g}: a right verifier fails it once in a million runs)")
-    fits = _fitting_mistakes(counts, right, wrong, len(outs))
-    named = f" Looks like your code {fits[0]}." if len(fits) == 1 else ""
     t.fail(f"over {len(outs)} calls (drafts drawn from draft_probs), the sequences verify emits do not follow the "
            f"rejection sampler's exact law: {why}.\n"
            f"  tokens emitted per call (1 .. {k + 1}): yours {_fmt(_length_shares(counts, k, len(outs)))}, "
            f"the rule's {_fmt(_length_shares(right, k))}\n"
            f"  first emitted token: yours {_fmt(_first_token_shares(counts, V, len(outs)))}, "
-           f"target_probs[0] {_fmt(p[0])} (the rule emits exactly p_0)." + named)
+           f"target_probs[0] {_fmt(p[0])} (the rule emits exactly p_0).",
+           named(counts, found, lambda c, law: chi_square(c, law, len(outs))[2] >= FALSE_ALARM))  # a law it fits
 
 
 def _law_distance(a: dict, b: dict) -> float:
     return sum(abs(a.get(s, 0.0) - b.get(s, 0.0)) for s in set(a) | set(b))
-
-
-def _fitting_mistakes(counts: Counter, right: dict, wrong: dict, n: int) -> list[str]:
-    """The wrong laws the test does not reject on these counts (laws equal to each other named together)."""
-    groups: list[tuple[list[str], dict]] = []
-    for name, law in wrong.items():
-        if _law_distance(law, right) <= 1e-12:
-            continue
-        same = next((g for g in groups if _law_distance(g[1], law) <= 1e-12), None)
-        if same:
-            same[0].append(name)
-        else:
-            groups.append(([name], law))
-    return ["; or your code ".join(names) for names, law in groups if chi_square(counts, law, n)[2] >= FALSE_ALARM]
 
 
 @check(points=4, section="1.4", timeout=120, cost=0.4)
@@ -562,11 +547,10 @@ def _engine(prompts, params, proposer, greedy_kind=None, verify_kind=None) -> di
 
 def _judge_engine_run(t, run: dict):
     """Fail unless the run finished with every KV block back in the pool."""
-    from autograder.checks._engine import stopped
-    if run["error"] is not None:
-        t.fail(stopped(run, VERIFIER_ERRORS, who="your verifier (YourVerifier: your verify_greedy and verify)"))
-    t.expect_true(run["finished"], f"the engine stopped after {run['steps']} steps with requests unfinished")
-    t.expect_true(run["leak"] is None, str(run["leak"]))
+    from autograder.checks._engine import judged
+    with judged(t, run, VERIFIER_ERRORS, who="your verifier (YourVerifier: your verify_greedy and verify)",
+                unfinished=f"the engine stopped after {run['steps']} steps with requests unfinished"):
+        pass
     t.expect_true(run["free_blocks"] == run["num_blocks"],
                   f"{run['num_blocks'] - run['free_blocks']} KV blocks still held after every request finished")
 

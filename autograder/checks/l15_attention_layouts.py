@@ -15,6 +15,7 @@ from autograder.checks._configs import shape
 from autograder.core import LearnerRaised, check
 from autograder.harnesses.l15_attention_layouts import gqa_timing_inputs, time_gqa, watch_shapes
 from autograder.harnesses.timing import seconds_per_call
+from autograder.mistakes import looks_like
 from autograder.reference import answer_code
 
 # ---------------------------------------------------------------- 1. bytes per token
@@ -123,9 +124,9 @@ def _call_on_nulls(t, name: str, cfg: dict, *args):
         if not nulls or not e.is_a(TypeError) or e.not_implemented:
             raise
         t.fail(f"{name}() raised on a config whose {', '.join(nulls)} are present but null:\n{e.tb_text}\n"
-               "Looks like your code reads a null field as a value: config.get(key, default) gives None when "
-               "the key is there with null, and 'kv_lora_rank' in config is true for it; a null kv_lora_rank "
-               "means the model is not MLA: test config.get(\"kv_lora_rank\")")
+               + looks_like("reads a null field as a value: config.get(key, default) gives None when the key is there "
+                            "with null, and 'kv_lora_rank' in config is true for it; a null kv_lora_rank means the "
+                            "model is not MLA: test config.get(\"kv_lora_rank\")", end=""))
 
 
 def _cfg_repr(cfg: dict) -> str:
@@ -331,8 +332,8 @@ def gqa_decode_triton(t):
         expected = t.ref.gqa_decode_torch(q, k, v, lens_t)
         got = t.call("gqa_decode_triton", q, k, v, lens_t)
         if isinstance(got, torch.Tensor) and got.shape == expected.shape and not torch.isfinite(got).all():
-            t.fail("your output has inf/NaN where the answer is finite. Looks like your code skips the "
-                   "running-max subtraction, so exp overflows: use exp(s - m_new) and rescale by exp(m - m_new)")
+            t.fail("your output has inf/NaN where the answer is finite.", "skips the running-max subtraction, so exp "
+                   "overflows: use exp(s - m_new) and rescale by exp(m - m_new)", end="")
         # TF32 rounding of scores near 150 moves the softmax by a few percent on a GPU.
         big_tol = {"rtol": 5e-2, "atol": 5e-2} if t.cuda else {}
         t.expect(got, expected, "attention output", mistakes=_gqa_mistakes(q, k, v, lens_t, block_n=16), **big_tol)
@@ -617,6 +618,6 @@ def mla_attention_absorbed(t):
                     what="mla_attention_absorbed")
         t.expect(got["out"], expected, "attention output")
         seen = got["seen"]
-        t.expect_true(seen == [], f"your code built tensors of shape {seen[:3]!r} from the {S} cached "
-                      "tokens. Looks like your code decompresses the cache into per-head K/V: the absorbed "
-                      "form keeps every [S, ...] tensor in latent space (c_kv, k_pe, the scores)")
+        t.expect_true(seen == [], f"your code built tensors of shape {seen[:3]!r} from the {S} cached tokens. "
+                      + looks_like("decompresses the cache into per-head K/V: the absorbed form keeps every [S, ...] "
+                                   "tensor in latent space (c_kv, k_pe, the scores)", end=""))

@@ -19,6 +19,7 @@ import torch
 from autograder import compare as cmp
 from autograder.core import LearnerRaised, check
 from autograder.harnesses.l17_disaggregation import ENGINE_KW, engine_kw, pack_layout, pair_harness
+from autograder.mistakes import looks_like, name_of
 from autograder.reference import answer_code
 
 MODELS = ("llama-3-8b", "llama-3-70b")
@@ -56,9 +57,9 @@ def kv_transfer_bytes(t):
             P, L, H, D, b, tp_p, tp_d = case
             got, expected = t.both("kv_transfer_bytes", *case)
             if isinstance(got, float) and got == expected:
-                t.fail(f"bytes: got the float {got!r}, expected the int {expected}. Looks like your code returns a "
-                       "float byte count: true division (tp_decode / num_kv_heads) gives a float even when it divides "
-                       "evenly; a byte count is an int (max(num_kv_heads, tp_decode) stays in integers)")
+                t.fail(f"bytes: got the float {got!r}, expected the int {expected}.", "returns a float byte count: "
+                       "true division (tp_decode / num_kv_heads) gives a float even when it divides evenly; a byte "
+                       "count is an int (max(num_kv_heads, tp_decode) stays in integers)", end="")
             t.expect(got, expected, "bytes", mistakes={
                 "counts only K (or only V): both cross the link": bytes_variant(*case, k_only=True),
                 "ignores decode-side replication: a head held by several decode GPUs is received by each":
@@ -305,22 +306,21 @@ def _diagnose(t, values: dict) -> str:
         k8, v8, _, _ = kv_case(torch.Generator().manual_seed(7), 3, 8, 4, 2, 4, 10, torch.uint8)
         got8 = t.call("pack_kv", k8, v8, table, n)
         if isinstance(got8, torch.Tensor) and got8.dtype != torch.uint8:
-            return (f" Looks like your pack_kv returns {got8.dtype} for a uint8 cache, not the caches' dtype (an fp8 "
-                    "cache travels as its bytes; the decode side writes them into a cache of the same dtype).")
+            return " " + looks_like(f"returns {got8.dtype} for a uint8 cache, not the caches' dtype (an fp8 cache "
+                                    "travels as its bytes; the decode side writes them into a cache of the same "
+                                    "dtype)", who="your pack_kv")
         got = t.call("pack_kv", k, v, table, n)
         if not isinstance(got, torch.Tensor):
-            return (f" Looks like your pack_kv returns {cmp.describe(got)}, not one tensor: the buffer is a single "
-                    "tensor [layers, 2, num_tokens, kv_heads, head_dim] (K at [:, 0], V at [:, 1]), which unpack_kv "
-                    "reads back.")
-        for name in ENGINE_PACK_MISTAKES:
-            if torch.equal(got, values["pack"][name]):
-                return f" Looks like your pack_kv {name}."
-        buf = values["buf"]
-        _, after = t.call_fn(t.fn("unpack_kv"), buf, k2, v2, dest, inplace=True)
-        for name in UNPACK_MISTAKES:
-            wk, wv = values["unpack"][name]
-            if torch.equal(after[1], wk) and torch.equal(after[2], wv):
-                return f" Looks like your unpack_kv {name}."
+            return " " + looks_like(f"returns {cmp.describe(got)}, not one tensor: the buffer is a single tensor "
+                                    "[layers, 2, num_tokens, kv_heads, head_dim] (K at [:, 0], V at [:, 1]), which "
+                                    "unpack_kv reads back", who="your pack_kv")
+        names = name_of(got, values["pack"], torch.equal, values["buf"])
+        if names:
+            return " " + looks_like(names, who="your pack_kv")
+        _, after = t.call_fn(t.fn("unpack_kv"), values["buf"], k2, v2, dest, inplace=True)
+        names = name_of(tuple(after[1:3]), values["unpack"], lambda a, b: all(map(torch.equal, a, b)))
+        if names:
+            return " " + looks_like(names, who="your unpack_kv")
     except LearnerRaised:
         pass
     return " (pack_kv then unpack_kv must give the decode side exactly the prefill side's K and V: run the 2.1 and 2.2 checks)"

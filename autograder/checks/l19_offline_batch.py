@@ -18,6 +18,7 @@ import torch.nn.functional as F
 from autograder.checks import _attention
 from autograder.checks._configs import NULL_FIELDS_7B, call, describe, non_default, random_config
 from autograder.core import LearnerRaised, check
+from autograder.mistakes import name_of
 from autograder.reference import answer_code
 
 # -- 1.1 packing ------------------------------------------------------------------------------------
@@ -320,21 +321,16 @@ def form_batches(t):
             ref = t.ref.form_batches(costs, budget, padded)
             # computed whatever the answer (a student's copy replays what the release computed for the solution)
             too_many, other = batching_mistakes(costs, budget, padded), assignment_mistakes(costs, budget, padded)
+            same = lambda a, b: canonical(a) == canonical(b)
             if len(got) > len(ref):
-                mine = canonical(got)
-                for name, wrong in too_many.items():
-                    if canonical(wrong) == mine:
-                        t.fail(f"{len(got)} batches where first-fit decreasing needs {len(ref)}. "
-                               f"Looks like your code {name}.")
-                t.fail(f"{len(got)} batches where first-fit decreasing needs {len(ref)}: {ref}")
+                names = name_of(got, too_many, same, ref)
+                t.fail(f"{len(got)} batches where first-fit decreasing needs {len(ref)}" + ("." if names else f": {ref}"),
+                       names)
             if canonical(got) != canonical(ref):  # as few batches, but not the docstring's assignment
-                mine = canonical(got)
-                named = [name for name, wrong in other.items()
-                         if canonical(wrong) == mine and canonical(wrong) != canonical(ref)]
+                names = name_of(got, other, same, ref)
                 t.fail(f"batches {[list(b) for b in got]}; first-fit decreasing gives {ref}"
-                       + (f". Looks like your code {named[0]}." if len(named) == 1 else
-                          " (the requests are grouped differently: visit costs largest first, ties lower index "
-                          "first, each into the first batch opened that has room)"))
+                       + ("." if names else " (the requests are grouped differently: visit costs largest first, "
+                          "ties lower index first, each into the first batch opened that has room)"), names)
     for label, costs, budget in [("a budget of 0", [3, 2], 0), ("a cost of 0", [3, 0, 2], 10)]:
         with t.case(f"{label} is refused with ValueError"):
             t.expect_raises(ValueError, "form_batches", costs, budget,
@@ -361,8 +357,8 @@ def check_batches(t, got, costs, budget, padded) -> None:
                 t.fail(f"request {big[0]} costs {costs[big[0]]} > budget {budget}, yet shares batch {list(b)}: "
                        "an oversized request runs alone")
             if padded and _cost(costs, list(b), False) <= budget:
-                t.fail(f"batch {list(b)} is {size} tokens padded, over the budget {budget}. Looks like your code "
-                       "counts packed tokens in padded mode (a padded batch costs len(batch) * its longest request).")
+                t.fail(f"batch {list(b)} is {size} tokens padded, over the budget {budget}.", "counts packed tokens "
+                       "in padded mode (a padded batch costs len(batch) * its longest request)")
             t.fail(f"batch {list(b)} is {size} tokens {kind}, over the budget {budget}")
 
 

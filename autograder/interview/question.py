@@ -12,6 +12,8 @@ from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Callable
 
+from ..mistakes import groups, named
+
 
 @dataclass
 class Numeric:
@@ -48,9 +50,11 @@ class Numeric:
         return "exact" if self.rtol == 0 else f"within {self.rtol * 100:g}%"
 
     def mistake(self, value: float) -> str | None:
-        """The named mistakes this wrong value matches (within the same tolerance), joined by "or"; None if none."""
-        hits = [name for name, v in self.mistakes.items() if abs(value - v) <= max(self.rtol, 1e-9) * abs(v)]
-        return " or ".join(hits) or None
+        """The mistake this wrong value gives away, by the checks' rule (autograder/mistakes.py: it matches that
+        mistake's value within the same tolerance, and no other's), those with the same value joined by "or";
+        None if none."""
+        same = lambda x, v: abs(x - v) <= max(self.rtol, 1e-9) * abs(v)
+        return " or ".join(named(value, groups(self.mistakes, same), same)) or None
 
 
 @dataclass
