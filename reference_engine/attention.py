@@ -79,9 +79,15 @@ class TritonBackend:
         self.k.write_kv_triton(k, v, k_cache, v_cache, slot_mapping)
 
     def decode(self, q, k_cache, v_cache, block_tables, context_lens, scale):
-        return self.k.paged_decode_triton(q.contiguous(), k_cache, v_cache, block_tables, context_lens, scale)
+        return self.k.flash_decode_triton(q.contiguous(), k_cache, v_cache, block_tables, context_lens, scale)
 
     def prefill(self, q, k, v, k_cache, v_cache, meta: AttentionMetadata, scale):
+        if meta.prefill_max_query_len <= self.k.MAX_QUERY_ROWS:  # verification rows, short chunks: split-K kernel
+            return self.k.flash_decode_triton(q.contiguous(), k_cache, v_cache, meta.prefill_block_tables,
+                                              meta.prefill_context_lens_tensor, scale,
+                                              cu_seqlens_q=meta.prefill_cu_seqlens_tensor,
+                                              max_context=max(meta.prefill_context_lens),
+                                              max_query_len=meta.prefill_max_query_len)
         return self.k.prefill_triton(q.contiguous(), k, v, k_cache, v_cache, meta.prefill_cu_seqlens_tensor,
                                      meta.prefill_context_lens_tensor, meta.prefill_block_tables, scale,
                                      max_query_len=meta.prefill_max_query_len)

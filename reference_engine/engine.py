@@ -13,8 +13,9 @@ from dataclasses import replace
 
 import torch
 
-from .attention import get_backend
+from .attention import TritonBackend, get_backend
 from .block_manager import BlockAllocator
+from .cuda_graphs import MAX_CAPTURE_SIZE, TorchCUDAGraph
 from .engine_config import EngineConfig, StepClock
 from .loader import load_config, load_model
 from .model_runner import ModelRunner
@@ -24,6 +25,16 @@ from .sampling import SamplingParams, StopStrings, make_generator, process_logit
 from .scheduler import SampledTokens, SamplerOutput, ScheduledSeq, Scheduler, SchedulerOutput
 from .sequence import RequestMetrics, RequestOutput, Sequence, Status, StepOutput, StepStats, request_output
 from .spec_decode import SpecDecoder
+
+
+def cuda_graph_class(cfg: EngineConfig, backend):
+    """cuda_graphs.TorchCUDAGraph where decode steps are captured: on CUDA, one rank, the Triton backend (the
+    default there; not a learner's backend or the fp8 cache's wrapper), enforce_eager off. None: run eagerly."""
+    m = cfg.model
+    if m.enforce_eager or m.device.type != "cuda" or cfg.parallel.tensor_parallel_size > 1 or \
+            not isinstance(backend, TritonBackend):
+        return None
+    return TorchCUDAGraph
 
 
 class LLMEngine:
@@ -91,9 +102,16 @@ class LLMEngine:
         """The forward and the KV cache: a ModelRunner here, or TPModelRunner's worker processes (their
         start-up, imports, weights, KV cache, all ranks at once, timed as tp_workers)."""
         t_kv = time.perf_counter()
+        graph_class = cuda_graph_class(cfg, self.backend)
         if cfg.parallel.tensor_parallel_size == 1:
             runner = ModelRunner(self.model, cfg.cache.block_size, cfg.cache.num_blocks, self.device, self.dtype,
-                                 self.backend, cache_dtype=self.kv_cache_dtype)
+                                 self.backend, cache_dtype=self.kv_cache_dtype, null_block=graph_class is not None)
+            if graph_class is not None:
+                t_graphs = time.perf_counter()
+                largest = min(cfg.scheduler.max_num_seqs, cfg.model.max_cudagraph_capture_size or MAX_CAPTURE_SIZE)
+                runner.capture_decode_graphs(largest, -(-cfg.scheduler.max_seq_len // cfg.cache.block_size), graph_class)
+                self.init_times["cuda_graphs"] = time.perf_counter() - t_graphs
+                t_kv += self.init_times["cuda_graphs"]
         else:
             from .tp_runner import TPModelRunner
 

@@ -88,16 +88,22 @@ class EngineModelConfig:
     device: None = cuda if available, else cpu; dtype: None / "auto" = the device's default, a name in
     _DTYPES or a torch.dtype; quantization: None or one of quantization.METHODS (weights); max_model_len:
     None = the model's (max_position_embeddings, or sliding_window), a smaller value caps it; attention_backend:
-    None (the device's best), a name in attention.BACKENDS, or an interfaces.AttentionBackend."""
+    None (the device's best), a name in attention.BACKENDS, or an interfaces.AttentionBackend. enforce_eager:
+    never capture CUDA graphs (vLLM's name); max_cudagraph_capture_size: the largest decode batch captured
+    (None: max_num_seqs, at most cuda_graphs.MAX_CAPTURE_SIZE); see cuda_graphs.py."""
     device: Any = None
     dtype: Any = None
     quantization: str | None = None
     max_model_len: int | None = None
     attention_backend: Any = None
+    enforce_eager: bool = False
+    max_cudagraph_capture_size: int | None = None
 
     def __post_init__(self):
         device = torch.device(self.device) if self.device is not None else default_device()
         _set(self, device=device, dtype=resolve_dtype(self.dtype, device))
+        if self.max_cudagraph_capture_size is not None:
+            _positive_int("max_cudagraph_capture_size", self.max_cudagraph_capture_size)
         if self.quantization is not None and self.quantization not in METHODS:
             raise ValueError(f"unknown quantization {self.quantization!r}; choose one of {METHODS} (or None for none)")
 
@@ -235,7 +241,8 @@ class EngineConfig:
                     max_model_len: int | None = None, kv_cache_memory_bytes: int | None = None,
                     clock=time.perf_counter, speculative_config: dict | None = None,
                     enable_prefix_caching: bool = False, prefix_cache=None, quantization: str | None = None,
-                    kv_cache_dtype: str = "auto", tensor_parallel_size: int = 1) -> EngineConfig:
+                    kv_cache_dtype: str = "auto", tensor_parallel_size: int = 1, enforce_eager: bool = False,
+                    max_cudagraph_capture_size: int | None = None) -> EngineConfig:
         """LLMEngine's keywords (vLLM's names; LLMEngine's docstring says what each does) -> the parts."""
         return cls(
             # checked in this order: the counts first, then the device's dtype, then the rest
@@ -243,7 +250,8 @@ class EngineConfig:
             cache=CacheConfig(block_size, num_blocks, kv_cache_memory_bytes, kv_cache_dtype, enable_prefix_caching,
                               prefix_cache, block_allocator),
             scheduler=SchedulerConfig(max_num_seqs, max_num_batched_tokens, enable_chunked_prefill, scheduler_policy),
-            model=EngineModelConfig(device, dtype, quantization, max_model_len, attention_backend),
+            model=EngineModelConfig(device, dtype, quantization, max_model_len, attention_backend, enforce_eager,
+                                    max_cudagraph_capture_size),
             speculative=None if speculative_config is None else SpeculativeConfig.from_dict(speculative_config),
             clock=clock)
 

@@ -28,9 +28,14 @@ class ModelRunner:
     clock = staticmethod(time.perf_counter)  # LLMEngine sets its own clock, so forward and wall time agree
     last_forward_time: float | None = None  # seconds the last execute() spent in the forward (prepare() excluded)
 
-    def __init__(self, model: CausalLM, block_size: int, num_blocks: int, device, dtype, backend, cache_dtype=None):
+    def __init__(self, model: CausalLM, block_size: int, num_blocks: int, device, dtype, backend, cache_dtype=None,
+                 null_block: bool = False):
         c = model.config
         self.model, self.block_size, self.device = model, block_size, device
+        # null_block: one more block than the block manager hands out, for the padded rows of CUDA-graph replays
+        self.null_block = num_blocks if null_block else None
+        self.graphs = None  # cuda_graphs.DecodeGraphs once capture_decode_graphs() ran
+        num_blocks += bool(null_block)
         # [layers, num_blocks, block_size, kv_heads, head_dim] for K and for V; layer i's view is the
         # [num_blocks, block_size, kv_heads, head_dim] cache the kernels take. Zeroed: masked slots
         # still pass through the torch gather, and 0 * NaN garbage would poison the softmax sum.
@@ -42,6 +47,16 @@ class ModelRunner:
         for i, layer in enumerate(model.layers):
             layer.self_attn.k_cache, layer.self_attn.v_cache = self.k_cache[i], self.v_cache[i]
             layer.self_attn.backend = backend
+
+    def capture_decode_graphs(self, max_batch: int, max_blocks: int, graph_class) -> None:
+        """Capture a decode graph per batch bucket up to max_batch sequences of up to max_blocks blocks
+        (cuda_graphs.DecodeGraphs; needs null_block=True)."""
+        from .cuda_graphs import DecodeGraphs
+
+        if self.null_block is None:
+            raise ValueError("capture_decode_graphs needs a runner built with null_block=True")
+        self.graphs = DecodeGraphs(self.model, max_batch, max_blocks, self.block_size, self.null_block, self.device,
+                                   graph_class)
 
     def copy_blocks(self, pairs: list[tuple[int, int]]) -> None:
         """Copy-on-write: duplicate whole blocks (all layers) before a forked sequence writes into them."""
@@ -98,7 +113,9 @@ class ModelRunner:
         """The forward over prepare()'s tensors (a tensor-parallel worker gets them from the engine, tp_runner.py)."""
         _sync(self.device)  # earlier work (inputs, block copies) finished: the timer holds this forward only
         t0 = self.clock()
-        hidden = self.model(ids, pos, meta)
+        hidden = self.graphs.run(ids, pos, meta) if self.graphs is not None else None
+        if hidden is None:
+            hidden = self.model(ids, pos, meta)
         logits = self.model.compute_logits(hidden[rows])
         _sync(self.device)  # CUDA kernels run asynchronously: wait for them before reading the clock
         self.last_forward_time = self.clock() - t0

@@ -105,3 +105,13 @@ def test_offline_json_is_strict(tiny_model, tmp_path):
     r = json.loads(out.read_text(), parse_constant=lambda c: pytest.fail(f"non-JSON constant {c}"))
     assert r["rate_rps"] is None and r["arrivals"].startswith("all at t=0")
     assert r["hf"]["output_tokens"] == round(3 * r["workload"]["output_tokens_mean"])
+
+
+def test_profile_says_where_the_engines_step_time_goes(tiny_model, capsys):
+    if not _engine_available():
+        pytest.skip("engine not importable")
+    r = bench.main(["--model", str(tiny_model), "--num-requests", "4", "--max-batch", "2", "--skip-hf", "--profile"])
+    p = r["engine_profile"]
+    assert p["steps"] > 0 and 0 < p["kernel_share"] < 1 and 0 < p["forward_share"] <= 1
+    assert p["top_ops"][0][0].startswith("aten::")
+    assert "of step time in the model's forward" in capsys.readouterr().out

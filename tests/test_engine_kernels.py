@@ -52,6 +52,86 @@ def test_paged_decode_triton_matches_torch(group, head_dim):
     torch.testing.assert_close(out, ref, **TOL)
 
 
+# (block size, KV heads, query heads per KV head): MHA, GQA 4 and 8, MQA (one KV head)
+FLASH_LAYOUTS = [(16, 4, 1), (16, 2, 4), (32, 2, 8), (32, 1, 8), (16, 1, 4)]
+
+
+@pytest.mark.parametrize("bs, kv_heads, group", FLASH_LAYOUTS)
+@pytest.mark.parametrize("splits", [3])
+def test_flash_decode_matches_torch_on_ragged_batches(bs, kv_heads, group, splits):
+    """The split-context kernel == the torch reference: a single token, partial and exact blocks, contexts that end
+    inside, at and before a split's edge (splits of whole 64-key iterations), one sequence of thousands."""
+    D = 32
+    ctx = [1, 15, 16, 17, 64, 65, 200, 2500]
+    nb = sum(-(-c // bs) for c in ctx) + 4
+    k_cache, v_cache = make_cache(nb, bs, kv_heads, D, seed=bs + group)
+    bt = scattered_tables(ctx, bs, nb, seed=group)
+    q = torch.randn(len(ctx), kv_heads * group, D, generator=torch.Generator().manual_seed(7)).to(DEV)
+    cl = torch.tensor(ctx, dtype=torch.int32, device=DEV)
+    ref = paged_decode_torch(q, k_cache, v_cache, bt, cl, D ** -0.5)
+    out = tk.flash_decode_triton(q, k_cache, v_cache, bt, cl, D ** -0.5, splits=splits)
+    torch.testing.assert_close(out, ref, **TOL)
+
+
+def test_flash_decode_splits_a_long_context_and_merges_by_log_sum_exp():
+    """Each split is plain attention over its slice; the merge weights split s by exp(lse_s - lse): any number of
+    splits gives the same output, including more splits than a short sequence has keys."""
+    bs, kv_heads, group, D = 16, 2, 4, 16
+    ctx = [3, 700]
+    k_cache, v_cache = make_cache(64, bs, kv_heads, D, seed=11)
+    bt = scattered_tables(ctx, bs, 64, seed=11)
+    q = torch.randn(2, kv_heads * group, D, generator=torch.Generator().manual_seed(3)).to(DEV)
+    cl = torch.tensor(ctx, dtype=torch.int32, device=DEV)
+    ref = paged_decode_torch(q, k_cache, v_cache, bt, cl, D ** -0.5)
+    for splits in (1, 2, 5, 11):
+        torch.testing.assert_close(tk.flash_decode_triton(q, k_cache, v_cache, bt, cl, D ** -0.5, splits=splits),
+                                   ref, **TOL)
+
+
+@pytest.mark.parametrize("bs, kv_heads, group", [(16, 2, 4), (32, 1, 8)])
+def test_flash_decode_takes_speculative_verification_rows(bs, kv_heads, group):
+    """gamma + 1 rows a sequence (ragged: 1 to 5), causal among themselves after the cached context: the same
+    as the prefill reference on those rows."""
+    D = 16
+    chunks = [(1, 9), (5, 5), (3, 40), (5, 130), (2, 1100)]  # (rows, context after the rows)
+    ctx = [c for _, c in chunks]
+    nb = sum(-(-c // bs) for c in ctx) + 2
+    k_cache, v_cache = make_cache(nb, bs, kv_heads, D, seed=13)
+    bt = scattered_tables(ctx, bs, nb, seed=13)
+    q, k, v, cu, ctx = chunk_batch(chunks, k_cache, v_cache, bt, bs, kv_heads * group, D)
+    ref = prefill_torch(q, k, v, k_cache, v_cache, cu, ctx, bt, D ** -0.5)
+    for splits in (None, 4):
+        out = tk.flash_decode_triton(q, k_cache, v_cache, bt, torch.tensor(ctx, dtype=torch.int32, device=DEV),
+                                     D ** -0.5, cu_seqlens_q=cu, splits=splits)
+        torch.testing.assert_close(out, ref, **TOL)
+
+
+def test_flash_decode_refuses_prompt_chunks():
+    k_cache, v_cache = make_cache(4, 16, 1, 16)
+    bt = scattered_tables([40], 16, 4)
+    with pytest.raises(ValueError, match="at most 16 query rows"):
+        tk.flash_decode_triton(torch.zeros(17, 1, 16, device=DEV), k_cache, v_cache, bt, [40], 0.25,
+                               cu_seqlens_q=[0, 17])
+
+
+def test_flash_decode_split_count_fills_the_chip_without_tiny_splits():
+    from reference_engine.kernels.flash_decode_triton import num_splits
+
+    class FakeCuda:
+        type = "cuda"
+    import reference_engine.kernels.flash_decode_triton as fd
+    real = fd._sm_count
+    fd._sm_count = lambda device: 132  # an H100 SXM / H200
+    try:
+        assert num_splits(8, 8, 4096, FakeCuda()) == 5  # 64 programs -> 5 splits: 320 programs, two waves of 132+
+        assert num_splits(64, 8, 4096, FakeCuda()) == 1  # 512 programs already fill the chip
+        assert num_splits(1, 8, 300, FakeCuda()) == 1  # no split under 256 keys
+        assert num_splits(1, 8, 4096, FakeCuda()) == 16  # 8 programs want 33 splits; 4096 keys allow 16
+    finally:
+        fd._sm_count = real
+    assert num_splits(8, 8, 4096, torch.device("cpu")) == 1
+
+
 def test_paged_decode_equals_contiguous_attention():
     kv_heads, group, D, bs = 2, 2, 16, 8
     ctx = [3, 8, 21]

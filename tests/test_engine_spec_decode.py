@@ -510,3 +510,22 @@ def test_the_modeled_clock_prices_the_draft_forwards_at_draft_shape():
     assert priced.now == pytest.approx(target + sum(s.time_s for s in priced.draft_steps))
     assert free.now == pytest.approx(sum(s.time_s for s in free.steps))
     assert all(s.overhead_s == 0 for s in priced.draft_steps)
+
+
+def test_verification_rows_run_on_the_split_context_triton_kernel(shipped_prompts, monkeypatch):
+    """With the Triton backend (the interpreter here), a speculative step's gamma + 1 rows a sequence go to the
+    flash-decoding kernel as short queries (cu_seqlens_q), and greedy speculation still emits plain greedy's tokens."""
+    pytest.importorskip("triton")
+    from reference_engine.kernels import triton_kernels
+    tk = triton_kernels()
+    calls = Counter()
+    real = tk.flash_decode_triton
+
+    def counting(*args, cu_seqlens_q=None, **kw):
+        calls["verify" if cu_seqlens_q is not None else "decode"] += 1
+        return real(*args, cu_seqlens_q=cu_seqlens_q, **kw)
+    monkeypatch.setattr(tk, "flash_decode_triton", counting)
+    prompts, want = shipped_prompts
+    llm = LLM(TARGET, dtype="float32", max_num_seqs=2, attention_backend="triton", speculative_config=NGRAM_CFG)
+    assert generate(llm, prompts[:2], max_tokens=8) == [w[:8] for w in want[:2]]
+    assert calls["verify"] > 0 and sum(s.num_accepted_tokens for s in llm.engine.step_stats) > 0

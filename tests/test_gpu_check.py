@@ -20,7 +20,8 @@ def test_gpu_check_on_this_machine_writes_its_reports(tmp_path, capsys):
     for name in GPU_PARTS:
         assert parts[name]["status"] == ("passed" if torch.cuda.is_available() else "skipped"), parts[name]
     if not torch.cuda.is_available():
-        assert set(parts["triton kernels"]["data"]["cases"]) == {"paged_decode fp32", "write_kv fp32", "prefill fp32"}
+        assert set(parts["triton kernels"]["data"]["cases"]) == {"paged_decode fp32", "flash_decode fp32", "write_kv fp32",
+                                                           "prefill fp32", "flash_decode verification rows fp32"}
     text = (tmp_path / "gpu-check.txt").read_text()
     assert text.strip() in capsys.readouterr().out
     assert ("skipped" in text) != torch.cuda.is_available()
@@ -52,3 +53,12 @@ def test_a_kernel_that_disagrees_with_torch_is_a_failure(monkeypatch):
     monkeypatch.setattr(kernels, "triton_kernels", lambda: Wrong())
     status, detail, data = gpu_check.kernels("cuda" if torch.cuda.is_available() else "cpu")
     assert status == "failed" and "paged_decode fp32" in detail and data["cases"]["write_kv fp32"] == "ok"
+
+
+def test_perf_runs_the_performance_parts_only(tmp_path):
+    code = gpu_check.main(["--out", str(tmp_path), "--perf", "--quick"])
+    report = json.loads((tmp_path / "gpu-check.json").read_text())
+    names = [p["part"] for p in report["parts"]]
+    assert code == 0 and "lessons with the solutions" not in names
+    assert names[-3:] == ["paged decode bandwidth", "modeled clock vs measured kernels", "engine benchmark"]
+    assert all(p["status"] == "skipped" for p in report["parts"][-3:])  # a CPU: skipped, never passed

@@ -177,6 +177,26 @@ def run_engine(llm, reqs: list[tr.Request], prompts: list[list[int]]) -> tuple[l
 # ----------------------------------------------------------------------------- report
 
 
+def profile_engine(llm, stats: list, reqs: list[tr.Request], prompts: list[list[int]]) -> dict:
+    """Where an engine step's time goes, from the run just measured and one more under torch.profiler:
+    forward_share, the steps' forward time (StepStats.forward_time: the model, kernels and its Python) over their
+    wall time; kernel_share, the self time of every aten operator (the kernels and their dispatch, on the CPU) over
+    the steps' wall time in the profiled run (the profiler's own cost counts as host time: a lower bound)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    forward, wall = sum(s.forward_time for s in stats), sum(s.wall_time for s in stats)
+    before = len(llm.engine.step_stats)
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        run_engine(llm, reqs, prompts)
+    profiled = llm.engine.step_stats[before:]
+    ops = prof.key_averages()
+    aten = sum(e.self_cpu_time_total for e in ops if e.key.startswith("aten::")) / 1e6
+    top = sorted(ops, key=lambda e: -e.self_cpu_time_total)[:5]
+    return {"steps": len(stats), "forward_share": forward / wall,
+            "kernel_share": aten / sum(s.wall_time for s in profiled),
+            "top_ops": [[e.key, e.self_cpu_time_total / 1e6] for e in top]}
+
+
 def _pct(xs: list[float], q: float) -> float:
     return float(np.percentile(xs, q)) if xs else float("nan")
 
@@ -221,7 +241,10 @@ def run(args) -> dict:
     if not args.skip_engine:
         llm = load_engine(args.model, args.max_batch, args.max_num_batched_tokens, args.device)
         _warmup(lambda r, p: run_engine(llm, r, p))
+        measured_from = len(llm.engine.step_stats)
         systems["engine"] = run_engine(llm, reqs, prompts)
+        if args.profile:
+            report["engine_profile"] = profile_engine(llm, llm.engine.step_stats[measured_from:], reqs, prompts)
     for name, (timings, wall) in systems.items():
         report[name] = summarize(timings, wall)
     if "hf" in systems and "engine" in systems:
@@ -246,6 +269,11 @@ def print_report(r: dict) -> None:
             print(f"{name:<8}{s['tokens_per_s']:>9.1f}{s['ttft_p50_s'] * 1e3:>8.0f}ms"
                   f"{s['ttft_p99_s'] * 1e3:>8.0f}ms{s['tpot_p50_s'] * 1e3:>8.1f}ms"
                   f"{s['tpot_p99_s'] * 1e3:>8.1f}ms{s['wall_s']:>8.2f}")
+    if "engine_profile" in r:
+        p = r["engine_profile"]
+        print(f"engine steps: {p['forward_share']:.1%} of step time in the model's forward; "
+              f"{p['kernel_share']:.1%} in aten kernels (torch.profiler, {p['steps']} steps); top: "
+              + ", ".join(f"{k} {t:.2f}s" for k, t in p["top_ops"][:3]))
     if "speedup_vs_hf" in r:
         print(f"engine / hf throughput: {r['speedup_vs_hf']:.2f}x; identical greedy outputs: "
               f"{r['greedy_outputs_identical']:.0%} of requests")
@@ -278,6 +306,8 @@ def parse_args(argv=None):
     ap.add_argument("--threads", type=int, default=1, help="torch threads for both systems")
     ap.add_argument("--skip-hf", action="store_true")
     ap.add_argument("--skip-engine", action="store_true")
+    ap.add_argument("--profile", action="store_true",
+                    help="also report the share of the engine's step time in the model and in aten kernels")
     ap.add_argument("--json", default=None, help="write the report here")
     return ap.parse_args(argv)
 
