@@ -23,18 +23,20 @@ The bottom of the file holds the measuring harness the notebook uses (given, not
 from __future__ import annotations
 
 import dataclasses
+import math
 import statistics
 from typing import NamedTuple
 
 from reference_engine.sim import gpu_model as gm
 
 MAX_BATCH = 4096  # the largest decode batch the searches below look at
-PREFIX_SHARE_MIN = 0.5  # prefix share from which the table picks the engine built around prefix reuse
 ENGINES = ("vLLM", "SGLang", "TensorRT-LLM")
-# Feature fit: needs that rule an engine out, and the engine each rules out (section 3.2 explains why).
-EXCLUDES = {"multi_vendor": "TensorRT-LLM",          # the same stack must also run on non-NVIDIA accelerators
-            "fast_model_turnover": "TensorRT-LLM"}   # models or shape limits change faster than a build pays off
-
+# The releases the decision table describes (section 3.2 cites what each row rests on, release by release).
+ENGINE_VERSIONS = {"vLLM": "v0.11", "SGLang": "v0.5", "TensorRT-LLM": "1.0"}
+# Feature fit: a need that rules an engine out, and the engine it rules out. TensorRT-LLM runs on NVIDIA GPUs
+# only; vLLM and SGLang also run on AMD GPUs, TPUs and other accelerators. (Model turnover no longer rules it
+# out: since 1.0 its default PyTorch backend loads a Hugging Face checkpoint with no engine build.)
+EXCLUDES = {"multi_vendor": "TensorRT-LLM"}
 
 def device_time(model: str, chip: str, batch: int, context: int, chunk: int = 0, chunk_context: int = 0,
                 tp: int = 1) -> float:
@@ -144,8 +146,9 @@ class Workload:
     target in seconds, None when only throughput matters; host_overhead_s: host time per step of the
     engine as you run it now (measure it: step_split); model: a key of gpu_model.MODELS; chip: a key of
     gpu_model.CHIPS; tp: GPUs per replica (tensor parallel; whether the weights and the cache fit is
-    lesson 06's question, not this table's); features: needs from EXCLUDES's keys ("multi_vendor",
-    "fast_model_turnover").
+    lesson 06's question, not this table's); features: the deployment's needs, as strings; only those
+    that are keys of EXCLUDES ("multi_vendor") rule an engine out, any other (say "fast_model_turnover")
+    rules nothing out.
     """
     concurrency: int
     prompt_tokens: int
@@ -163,14 +166,14 @@ class Reversal(NamedTuple):
     """The change of one workload field that reverses a row: `field op value`, and the engine the table
     picks after it (None: no engine meets the SLO)."""
     field: str
-    op: str       # "<", "<=", ">=" or "has" (features gains value)
+    op: str       # "<=", ">" or "has" (features gains value)
     value: object
     engine: str | None
 
 
 class Recommendation(NamedTuple):
-    engine: str | None  # one of ENGINES; None when no engine meets the SLO at this concurrency
-    row: str            # the row of the table that decided: "slo", "prefix", "overhead", "compute", "default"
+    engine: str | None  # one of ENGINES; None when the engine does not decide (rows "slo" and "overhead")
+    row: str            # the row of the table that decided: "slo", "overhead", "compute", "default"
     regime: str         # regime() of the workload's steady step
     reversal: Reversal
 
@@ -198,28 +201,31 @@ def steady_step(w: Workload) -> dict:
 def recommend(w: Workload) -> Recommendation:
     """Exercise 3.2: the lesson's decision table, with the condition that reverses its answer.
 
-    s = steady_step(w); its device time d = device_time(w.model, w.chip, s["batch"], s["context"],
-    s["chunk"], s["chunk_context"], w.tp) and its regime r = regime(..., w.host_overhead_s, ..., w.tp). An engine
-    named in EXCLUDES for one of w.features is ruled out. The first row that applies decides:
+    The table describes the releases in ENGINE_VERSIONS. s = steady_step(w) (prefix reuse is already in it:
+    at these releases every engine reuses a cached prefix by default, so a shared prefix moves the step on
+    the roofline and picks no engine by itself); its device time d = device_time(w.model, w.chip,
+    s["batch"], s["context"], s["chunk"], s["chunk_context"], w.tp) and its regime r = regime(...,
+    w.host_overhead_s, ..., w.tp). An engine named in EXCLUDES for one of w.features is ruled out. The first
+    row that applies decides:
 
-      row        applies when                                 engine           reversal (field, op, value)
-      "slo"      tpot_slo_s is set and d > tpot_slo_s          None             ("concurrency", "<=", b) with b the
-                                                                                largest batch whose steady step
-                                                                                meets the SLO (its d <= tpot_slo_s,
-                                                                                a tie meets it); if even batch 1
-                                                                                misses it: ("tpot_slo_s", ">=", d)
-      "prefix"   prefix_share >= PREFIX_SHARE_MIN              "SGLang"         ("prefix_share", "<", PREFIX_SHARE_MIN)
-      "overhead" r == "overhead"                               "SGLang"         ("host_overhead_s", "<=", d)
-      "compute"  r == "compute", TensorRT-LLM not ruled out    "TensorRT-LLM"   ("features", "has",
-                                                                                "fast_model_turnover")
-      "default"  always                                        "vLLM"           ("prefix_share", ">=", PREFIX_SHARE_MIN)
+      row        applies when                               engine           reversal (field, op, value)
+      "slo"      tpot_slo_s is set and d > tpot_slo_s        None             ("concurrency", "<=", b) with b the
+                                                                              largest batch whose steady step
+                                                                              meets the SLO (its d <= tpot_slo_s,
+                                                                              a tie meets it); if even batch 1
+                                                                              misses it: ("tpot_slo_s", ">=", d)
+      "overhead" r == "overhead"                             None             ("host_overhead_s", "<=", d)
+      "compute"  r == "compute", TensorRT-LLM not ruled out  "TensorRT-LLM"   ("features", "has", "multi_vendor")
+      "default"  always                                      "vLLM"           ("host_overhead_s", ">", d)
 
-    "Batch b" in the slo row means the workload with concurrency = b (its chunk changes with it). The
-    reversal's engine is recommend() of the workload after the change: with the field set to the value,
-    except for the "prefix" row, where it is the workload with prefix_share = 0 (no reuse at all).
+    None is "the engine does not decide": no engine beats its kernels (slo), or every engine overlaps the
+    host with the device and the host still takes longer (overhead). "Batch b" in the slo row means the
+    workload with concurrency = b (its chunk changes with it). The reversal's engine is recommend() of the
+    workload after the change: the field set to the value ("has": the value added to features), except for
+    ">", where the field is set to math.nextafter(value, math.inf), the next float above the value.
 
     Example: recommend(Workload(32, 1000, 300, prefix_share=0.8)) ->
-             Recommendation("SGLang", "prefix", "memory", Reversal("prefix_share", "<", 0.5, "vLLM"))
+             Recommendation("vLLM", "default", "memory", Reversal("host_overhead_s", ">", d, None)), d = 7.23 ms
     """
     raise NotImplementedError("Exercise 3.2 (recommend): see section 3.2 of lessons/l09_engine_choice.ipynb")
 

@@ -1,5 +1,7 @@
 """Lesson 08: debugging a broken latency tail. Split the tail by metric, attribute each request's time to
-where it went, then name the first suspect in the order that is cheapest to check and most often right.
+where it went, then name the first suspect in the order that is cheapest to check and most often right:
+the per-replica split first (one slow replica is the textbook flat-p50, broken-p99 fleet), then the engine's
+own suspects.
 
 Records are plain dicts, as a latency dashboard and an engine's step log would hold them (the engine's
 RequestMetrics and StepStats; reference_engine/sim/faults.py builds them from a replay). Times in seconds on
@@ -24,6 +26,8 @@ from typing import Sequence
 import numpy as np
 
 CAUSES = ("queueing", "prefill_interference", "preemption", "host_stall", "bad_replica")
+# the order first_suspect tries them in: the per-replica split first, then the engine's own suspects
+SUSPECT_ORDER = ("bad_replica", "queueing", "prefill_interference", "preemption", "host_stall")
 COMPONENTS = ("queue_s", "prefill_stall_s", "preempted_s", "host_gap_s")
 # the suspect each attributed component points at, in the order they are ruled out
 SUSPECT_OF = {"queue_s": "queueing", "prefill_stall_s": "prefill_interference", "preempted_s": "preemption",
@@ -172,18 +176,26 @@ def first_suspect(requests: Sequence[dict], steps_by_replica: Sequence[Sequence[
                   min_share: float = 0.06, ratio: float = 1.5) -> str:
     """Exercise 3.2: the first suspect to report for a tail, or "none".
 
-    shares = tail_shares(requests, steps_by_replica, q). Go through the suspects in this order and return
-    the first whose test passes:
+    Before any of this, ask what changed (a deploy, a config, the traffic mix): the data here cannot. Then
+    go through the suspects in this order (SUSPECT_ORDER) and return the first whose test passes:
+      "bad_replica":          straggler_replica(per-replica lists of per_token_latency, ratio) is some replica
+                              b, and no request that ran on b was preempted (a replica whose own requests were
+                              preempted is slow because its KV pool ran out: that is "preemption", below);
+    and with shares = tail_shares(requests, steps_by_replica, q):
       "queueing":             shares["queue_s"] >= min_share and no request was preempted (num_preemptions
                               all 0: with preemptions the queue is a symptom of a full KV pool, not of load);
       "prefill_interference": shares["prefill_stall_s"] >= min_share;
       "preemption":           shares["preempted_s"] >= min_share, or any request (in the tail or not) was
                               preempted;
-      "host_stall":           shares["host_gap_s"] >= min_share;
-      "bad_replica":          straggler_replica(per-replica lists of per_token_latency, ratio) is not None.
+      "host_stall":           shares["host_gap_s"] >= min_share.
     Otherwise "none".
     """
     ### BEGIN SOLUTION
+    n = 1 + max(r["replica"] for r in requests)
+    per_replica = [[per_token_latency(r) for r in requests if r["replica"] == i] for i in range(n)]
+    slow = straggler_replica(per_replica, ratio)
+    if slow is not None and not any(r["num_preemptions"] > 0 for r in requests if r["replica"] == slow):
+        return "bad_replica"
     shares = tail_shares(requests, steps_by_replica, q)
     preempted = any(r["num_preemptions"] > 0 for r in requests)
     if shares["queue_s"] >= min_share and not preempted:
@@ -194,10 +206,6 @@ def first_suspect(requests: Sequence[dict], steps_by_replica: Sequence[Sequence[
         return "preemption"
     if shares["host_gap_s"] >= min_share:
         return "host_stall"
-    n = 1 + max(r["replica"] for r in requests)
-    per_replica = [[per_token_latency(r) for r in requests if r["replica"] == i] for i in range(n)]
-    if straggler_replica(per_replica, ratio) is not None:
-        return "bad_replica"
     return "none"
     ### END SOLUTION
 

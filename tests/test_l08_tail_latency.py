@@ -221,7 +221,8 @@ def test_the_new_visible_cases_name_each_mistake_alone():
     older = {"counts every host gap of the run", "leaves the host gaps in queue_s", "counts the step that produced",
              "takes the mean of the decode-only", "averages over every request", "averages per-request shares",
              "judges every request against replica 0", "includes the replica itself", "names queueing although",
-             "judges preemption by its share", "names the largest share", "checks the replicas before",
+             "judges preemption by its share", "names the largest share", "checks the replicas last",
+             "names a straggler bad_replica",
              "takes the int(n", "counts a whole prefill-carrying step", "chooses the tail by TTFT"}
     missing = {n for n in every - alone if not any(n.startswith(p) for p in INSEPARABLE | older)}
     assert not missing, missing

@@ -2,6 +2,7 @@
 brute force, the reversals of the decision table actually reversing it, and the checks' re-implementation of
 the table agreeing with the reference."""
 import dataclasses
+import math
 import random
 
 import pytest
@@ -51,8 +52,10 @@ def test_docstring_examples():
     assert S.overhead_bound_batch("llama-3-8b", "H100", 1024, 0.010) == 93
     assert S.steady_step(S.Workload(64, 2000, 200, prefix_share=0.75)) == {"batch": 64, "context": 2100, "chunk": 160,
                                                                             "chunk_context": 1500}
-    assert S.recommend(S.Workload(32, 1000, 300, prefix_share=0.8)) == S.Recommendation(
-        "SGLang", "prefix", "memory", S.Reversal("prefix_share", "<", 0.5, "vLLM"))
+    r = S.recommend(S.Workload(32, 1000, 300, prefix_share=0.8))
+    assert r._replace(reversal=r.reversal._replace(value=None)) == S.Recommendation(
+        "vLLM", "default", "memory", S.Reversal("host_overhead_s", ">", None, None))
+    assert round(r.reversal.value * 1e3, 2) == 7.23  # the docstring's d
 
 
 def test_checks_split_helpers_agree_with_the_reference():
@@ -110,7 +113,7 @@ def test_checks_table_agrees_with_the_reference():
 
 def test_every_row_is_reached_by_the_visible_cases():
     rows = {S.recommend(S.Workload(**f)).row for _, f in checks.recommend_cases()}
-    assert rows == {"slo", "prefix", "overhead", "compute", "default"}
+    assert rows == {"slo", "overhead", "compute", "default"}
 
 
 def test_each_reversal_reverses_its_row():
@@ -120,8 +123,8 @@ def test_each_reversal_reverses_its_row():
         f, op, v, engine = r.reversal
         if f == "features":
             after = dataclasses.replace(w, features=tuple(sorted(set(w.features) | {v})))
-        elif r.row == "prefix":
-            after = dataclasses.replace(w, prefix_share=0.0)
+        elif op == ">":
+            after = dataclasses.replace(w, **{f: math.nextafter(v, math.inf)})
         else:
             after = dataclasses.replace(w, **{f: v})
         flipped = S.recommend(after)
@@ -137,3 +140,16 @@ def test_prefix_reuse_moves_the_steady_step_down_the_roofline():
         s = S.steady_step(S.Workload(128, 2000, 200, prefix_share=share))
         times.append(S.device_time("llama-3-8b", "H100", s["batch"], s["context"], s["chunk"], s["chunk_context"]))
     assert times == sorted(times, reverse=True) and times[0] > 1.5 * times[-1]
+
+
+def test_the_table_states_its_releases_and_its_rules_hold_for_them():
+    """The rows rest on the releases in ENGINE_VERSIONS: only multi_vendor rules TensorRT-LLM out (1.0 needs no
+    engine build), a shared prefix picks no engine by itself (every engine caches prefixes by default), and an
+    overhead-bound step picks none (every engine overlaps the host with the device)."""
+    assert set(S.ENGINE_VERSIONS) == set(S.ENGINES) and S.EXCLUDES == {"multi_vendor": "TensorRT-LLM"}
+    big = S.Workload(512, 200, 500, model="llama-3-70b", tp=4)
+    assert S.recommend(dataclasses.replace(big, features=("fast_model_turnover",))).engine == "TensorRT-LLM"
+    assert S.recommend(dataclasses.replace(big, features=("multi_vendor",))).engine == "vLLM"
+    for share in (0.0, 0.5, 0.9):
+        assert S.recommend(S.Workload(32, 1000, 300, prefix_share=share)).engine == "vLLM"
+    assert S.recommend(S.Workload(8, 500, 200, host_overhead_s=0.02)).engine is None

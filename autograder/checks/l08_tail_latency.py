@@ -34,6 +34,7 @@ from autograder.harnesses.l08_tail_latency import _resolve, call_on_replay, to_c
 from autograder.reference import answer_code
 
 CAUSES = ("queueing", "prefill_interference", "preemption", "host_stall", "bad_replica")
+SUSPECT_ORDER = ("bad_replica", "queueing", "prefill_interference", "preemption", "host_stall")
 COMPONENTS = ("queue_s", "prefill_stall_s", "preempted_s", "host_gap_s")
 # The visible seed is one whose six replays show every named mistake (tests/test_l08_tail_latency.py); the
 # hidden ones are workload seeds drawn at random from 2**31 whose replays the reference diagnoses right (tested
@@ -595,13 +596,17 @@ def tail_shares(t):
 
 @answer_code
 def straggler_variant(lats, ratio, center="median", include_self=False, first=False, at_least=False,
-                      empty_as_zero=False, renumber=False, others="median", last_on_tie=False, difference=False):
+                      empty_as_zero=False, renumber=False, others="median", last_on_tie=False, difference=False,
+                      empty_as_nan=False):
     """straggler_replica with one thing changed: means instead of medians, the others' median taken with
     the replica itself included, the first straggler instead of the worst, >= ratio instead of >, an empty
     replica as median 0, the index counted among the non-empty replicas (renumber), the others combined by
-    "mean", "min" or "pooled" (the median of all their latencies), a tie to the last, or m - others > ratio."""
+    "mean", "min" or "pooled" (the median of all their latencies), a tie to the last, m - others > ratio, or
+    an empty replica kept with median nan (np.median([])): a nan among the others' medians makes their median
+    nan, which fails `> 0`, so the excess over it counts as infinite."""
     f = np.mean if center == "mean" else np.median
-    meds = {i: float(f(x)) if len(x) else 0.0 for i, x in enumerate(lats) if len(x) or empty_as_zero}
+    meds = {i: float(f(x)) if len(x) else (math.nan if empty_as_nan else 0.0) for i, x in enumerate(lats)
+            if len(x) or empty_as_zero or empty_as_nan}
     if len(meds) < 2:
         return None
     if renumber:
@@ -638,6 +643,8 @@ STRAGGLER_MISTAKES = {
     "requests would outvote the rest)": dict(others="pooled"),
     "returns the last of two equally slow stragglers; a tie goes to the lowest index": dict(last_on_tie=True),
     "compares the difference m - others with ratio; ratio is a factor: m / others > ratio": dict(difference=True),
+    "keeps an empty replica: np.median([]) is nan, and one nan among the others' medians makes their median nan; "
+    "a replica with no latencies is left out": dict(empty_as_nan=True),
 }
 # passed a ratio, the learner's code may use its default instead: named when the case's ratio is not 1.5
 RATIO_IGNORED = "uses ratio 1.5 whatever ratio it is given"
@@ -656,6 +663,8 @@ STRAGGLER_CASES = [
     ("visible: one fast replica and two at twice its latency", ([[1.0], [2.0], [2.0]], 1.5)),
     ("visible: a replica 1.8 times the others", ([[1.8, 1.8], [1.0, 1.0], [1.0]], 2.0)),
     ("visible: latencies of a tenth of a second, one replica 5 times the others", ([[0.1, 0.1], [0.5, 0.5], [0.1]], 1.5)),
+    ("visible: an empty replica between the healthy ones and the straggler", ([[1.0], [1.0], [], [3.0]], 1.5)),
+    ("visible: two empty replicas, and a replica 1.2 times the others", ([[1.0], [1.2], [1.0], [], []], 1.5)),
 ]
 
 
@@ -696,11 +705,12 @@ def straggler_replica(t):
 @answer_code
 def suspect_variant(requests, steps_by_replica, q=90, min_share=0.06, ratio=1.5, order=None, guard=True,
                     count_preempted=True, largest=False, tail_only=False, raw_e2e=False, strict=False,
-                    queue_is_preemption=False):
+                    queue_is_preemption=False, replica_guard=True):
     """first_suspect with one thing changed: another order of the suspects, no preemption guard on
     queueing, preemption judged by its share only, the largest share named whatever the order, "was any
     request preempted" asked of the tail only, the replicas compared by raw E2E (not per output token),
-    shares tested with > min_share, or a big queue with preemptions named preemption at once."""
+    shares tested with > min_share, a big queue with preemptions named preemption at once, or a straggler
+    named bad_replica although its own requests were preempted (replica_guard=False)."""
     shares = shares_variant(requests, steps_by_replica, q)
     e2e = [r["finish"] - r["arrival"] for r in requests]
     cut = np.percentile(e2e, q)
@@ -710,44 +720,46 @@ def suspect_variant(requests, steps_by_replica, q=90, min_share=0.06, ratio=1.5,
              "prefill_interference": big["prefill_stall_s"],
              "preemption": big["preempted_s"] or (count_preempted and preempted),
              "host_stall": big["host_gap_s"]}
-    if queue_is_preemption and big["queue_s"] and preempted:
-        return "preemption"
     n = 1 + max(r["replica"] for r in requests)
     lats = [[(r["finish"] - r["arrival"]) / (1 if raw_e2e else len(r["token_times"])) for r in requests
              if r["replica"] == i] for i in range(n)]
-    tests["bad_replica"] = straggler_variant(lats, ratio) is not None
+    slow = straggler_variant(lats, ratio)
+    tests["bad_replica"] = slow is not None and not (
+        replica_guard and any(r["num_preemptions"] > 0 for r in requests if r["replica"] == slow))
     if largest:
         k = max(COMPONENTS, key=lambda c: shares[c])
         return {"queue_s": "queueing", "prefill_stall_s": "prefill_interference", "preempted_s": "preemption",
                 "host_gap_s": "host_stall"}[k] if big[k] else ("bad_replica" if tests["bad_replica"] else "none")
-    for name in order or CAUSES:
+    for name in order or SUSPECT_ORDER:
+        if name == "queueing" and queue_is_preemption and big["queue_s"] and preempted:
+            return "preemption"
         if tests[name]:
             return name
     return "none"
 
 
+ORDER_TEXT = "bad replica (the per-replica split), then queueing, prefill interference, preemption, host stall"
 SUSPECT_MISTAKES = {
     "names queueing although requests were preempted; with preemptions the queue is a symptom of a full KV "
     "pool": dict(guard=False),
     "judges preemption by its share of the tail alone; any preemption at all means the KV pool ran out "
     "(the queue it causes is counted as queueing)": dict(count_preempted=False),
-    "names the largest share whatever the order; the order is the procedure (queueing, prefill "
-    "interference, preemption, host stall, bad replica)": dict(largest=True),
-    "checks the replicas before the engine's own suspects; a straggler test comes last":
-        dict(order=("bad_replica", "queueing", "prefill_interference", "preemption", "host_stall")),
+    f"names the largest share whatever the order; the order is the procedure ({ORDER_TEXT})": dict(largest=True),
+    "checks the replicas last; the per-replica split is the first and cheapest test (one slow replica is the "
+    "textbook flat p50 and broken p99 of a fleet)": dict(order=CAUSES),
+    "names a straggler bad_replica although its own requests were preempted; that replica's KV pool ran out, "
+    "which is preemption": dict(replica_guard=False),
     "asks whether a request was preempted of the tail only; any preempted request, in the tail or not, means "
     "the KV pool ran out": dict(tail_only=True),
     "compares the replicas by raw E2E; a replica that got longer outputs is not slower: compare "
     "per_token_latency": dict(raw_e2e=True),
     "tests the shares with > min_share; a share equal to min_share passes (>=)": dict(strict=True),
-    "rules out preemption before prefill interference; the order is queueing, prefill interference, "
-    "preemption, host stall, bad replica": dict(order=("queueing", "preemption", "prefill_interference",
-                                                       "host_stall", "bad_replica")),
+    f"rules out preemption before prefill interference; the order is {ORDER_TEXT}":
+        dict(order=("bad_replica", "queueing", "preemption", "prefill_interference", "host_stall")),
     "names preemption as soon as a big queue comes with preemptions, skipping the prefill test; the guard only "
     "rules out queueing, the order goes on": dict(queue_is_preemption=True),
-    "rules out host stall before preemption; the order is queueing, prefill interference, preemption, host "
-    "stall, bad replica": dict(order=("queueing", "prefill_interference", "host_stall", "preemption",
-                                      "bad_replica")),
+    f"rules out host stall before preemption; the order is {ORDER_TEXT}":
+        dict(order=("bad_replica", "queueing", "prefill_interference", "host_stall", "preemption")),
 }
 # passed on unchanged or not: named on the cases whose argument is not the default
 ARGUMENT_IGNORED = {"q": "does not pass q on to tail_shares (it keeps tail_shares' default 90)",
@@ -785,6 +797,7 @@ SUSPECT_CASES = [
      dict(preempted=[(0, 2)], flood={(0, 30): 3, (1, 30): 3}), (90, 0.06, 1.5)),
     ("a tail request sat out 5 steps (preempted) and the host paused 2 steps' time",
      dict(sat_out={T0: (32, 5)}, host={(0, 34): 2, (1, 34): 2}), (90, 0.06, 1.5)),
+    ("replica 1 runs 2x slower and the tail queued", dict(slow={1: 2}, queue={T0: 4, T1: 4}), (90, 0.06, 1.5)),
 ]
 
 

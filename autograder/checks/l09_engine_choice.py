@@ -22,7 +22,6 @@ from autograder.wire import Record
 from reference_engine.sim import gpu_model as gm
 
 MODELS, CHIPS = ("llama-3-8b", "llama-3-70b"), ("H100", "H200", "A100")
-PREFIX_SHARE_MIN = 0.5
 
 
 # -- the modeled step, as the mistakes compute it ----------------------------------------------------
@@ -445,23 +444,24 @@ def _device(f) -> float:
 
 
 @answer_code
-def _decide(f, slo_first=True, regime_first=False, features=True, chunk=True, regime_one_gpu=False) -> tuple:
-    """(engine, row, regime) by the lesson's table, or with one of the usual mistakes put in."""
+def _decide(f, slo_first=True, features=True, chunk=True, regime_one_gpu=False, prefix_row=False,
+            overhead_engine=None, turnover=False) -> tuple:
+    """(engine, row, regime) by the lesson's table, or with one of the usual mistakes put in: the SLO row
+    after the others, feature fit ignored, the regime of the decodes alone or of one GPU, or a rule of
+    older releases (a prefix row picking SGLang, the overhead row picking an engine, fast model turnover
+    ruling TensorRT-LLM out)."""
     s = _steady(f)
     ck, cc = (s["chunk"], s["chunk_context"]) if chunk else (0, 0)
     d = _step(f["model"], f["chip"], s["batch"], s["context"], ck, cc, tp=f["tp"]).time_s
     r = _regime(f["model"], f["chip"], s["batch"], s["context"], f["host_overhead_s"], ck, cc, tp=f["tp"],
                 one_gpu=regime_one_gpu)
-    trt_out = features and bool(set(f["features"]) & {"multi_vendor", "fast_model_turnover"})
+    ruled_out = {"multi_vendor", "fast_model_turnover"} if turnover else {"multi_vendor"}
+    trt_out = features and bool(set(f["features"]) & ruled_out)
     applies = {"slo": (None, f["tpot_slo_s"] is not None and d > f["tpot_slo_s"]),
-               "prefix": ("SGLang", f["prefix_share"] >= PREFIX_SHARE_MIN),
-               "overhead": ("SGLang", r == "overhead"),
+               "prefix": ("SGLang", prefix_row and f["prefix_share"] >= 0.5),
+               "overhead": (overhead_engine, r == "overhead"),
                "compute": ("TensorRT-LLM", r == "compute" and not trt_out)}
-    order = ["slo", "prefix", "overhead", "compute"]
-    if not slo_first:
-        order = ["prefix", "slo", "overhead", "compute"]
-    if regime_first:
-        order = ["slo", "overhead", "compute", "prefix"]
+    order = ["slo", "prefix", "overhead", "compute"] if slo_first else ["prefix", "overhead", "compute", "slo"]
     for row in order:
         engine, hit = applies[row]
         if hit:
@@ -470,10 +470,15 @@ def _decide(f, slo_first=True, regime_first=False, features=True, chunk=True, re
 
 
 TABLE_MISTAKES = {
-    "checks the prefix share before the SLO; when the kernels alone miss the SLO no engine meets it, whatever "
-    "it caches": dict(slo_first=False),
-    "checks the regime before the prefix share; the prefix row comes first (it removes prefill work whatever "
-    "the regime)": dict(regime_first=True),
+    "checks the regime before the SLO; when the kernels alone miss the SLO no engine meets it, whatever the "
+    "regime": dict(slo_first=False),
+    "picks SGLang for a prefix share >= 0.5, a rule of older releases; at the releases the table describes "
+    "every engine reuses a cached prefix by default, and the steady step already counts the reuse":
+        dict(prefix_row=True),
+    "picks SGLang for an overhead-bound step, a rule of older releases; every engine now overlaps the host "
+    "with the device, so the engine does not decide (None)": dict(overhead_engine="SGLang"),
+    "rules TensorRT-LLM out for fast_model_turnover; since 1.0 it loads a Hugging Face checkpoint with no "
+    "engine build, so only the needs in EXCLUDES (multi_vendor) rule it out": dict(turnover=True),
     "ignores feature fit: an engine a needed feature rules out (EXCLUDES) cannot be picked": dict(features=False),
     "reads the regime of the decodes alone; the steady step holds the prefill chunk too": dict(chunk=False),
     "reads the regime on one GPU (tp left out of regime()); each GPU of the tensor-parallel group runs its shard":
@@ -503,24 +508,63 @@ def recommend_cases() -> list:
     ("a slow host at a small batch", W(8, 500, 200, host=0.02)),
     ("70B at a large batch", W(512, 200, 500, model="llama-3-70b")),
     ("70B at a large batch, on a mixed fleet", W(512, 200, 500, model="llama-3-70b", features=("multi_vendor",))),
+    ("70B at a large batch, models change every week", W(512, 200, 500, model="llama-3-70b",
+                                                          features=("fast_model_turnover",))),
     ("a TPOT SLO a smaller batch meets", W(256, 1000, 300, tpot_slo_s=0.01)),
     ("a TPOT SLO no batch meets", W(256, 1000, 300, tpot_slo_s=0.001)),
     ("a shared prefix and an SLO no batch meets", W(64, 2000, 200, 0.9, tpot_slo_s=0.003)),
     ("a shared prefix on a compute-bound step", W(512, 200, 500, 0.6, model="llama-3-70b")),
     ("compute-bound only with the prefill chunk", W(64, 4000, 64, model="llama-3-70b", chip="A100")),
     ("a shared prefix and a slow host", W(8, 500, 200, 0.6, host=0.02)),
+    ("a slow host and an SLO the kernels miss", W(8, 500, 200, host=0.02, tpot_slo_s=0.004)),
     ("70B over 4 GPUs, a host between the shard's kernel time and the whole model's",
      W(64, 500, 200, model="llama-3-70b", host=0.04)),
     ("an SLO exactly batch 100's step time", W(256, 1000, 300, tpot_slo_s=_device(W(100, 1000, 300)))),
     ]
 
 
+def _ref_upstream(ref, fields: dict) -> tuple:
+    """What recommend() builds on, by the reference: the steady step, and the regime() call on it."""
+    st = ref.steady_step(ref.Workload(**fields))
+    args = (fields["model"], fields["chip"], st["batch"], st["context"], fields["host_overhead_s"], st["chunk"],
+            st["chunk_context"], fields["tp"])
+    return st, list(args), ref.regime(*args)
+
+
+def upstream_failure(t, fields: dict, upstream: tuple) -> str | None:
+    """Why a wrong recommend() may not be recommend()'s own fault: steady_step() or regime(), which the table
+    is built on, gives another answer on this very workload (or raises). Asked only once recommend() is wrong,
+    so it changes no grade, only which function the message blames."""
+    from autograder.compare import compare
+    from autograder.core import LearnerRaised
+
+    st, args, r = upstream
+    for name, call_args, expected in (("steady_step", (Record("Workload", dict(fields)),), st),
+                                      ("regime", tuple(args), r)):
+        try:
+            got = t.call(name, *call_args)
+        except LearnerRaised as e:
+            if e.not_implemented:
+                return f"recommend() depends on {name}(), which is still a stub; write it first"
+            return f"recommend() depends on {name}(), which raised {e.type_name} on this workload; fix it first"
+        if compare(got, expected, 1e-9, None) is not None:
+            shown = ", ".join(map(repr, call_args[1:] if name == "steady_step" else call_args))
+            return (f"recommend() depends on {name}(), which fails on this workload"
+                    f"{'' if name == 'steady_step' else f' ({shown})'}: it gives {got!r}, the reference {expected!r}. "
+                    f"Fix {name}() first (its own check says how), then recommend()")
+    return None
+
+
 @check(points=5, section="3.2")
 def recommend(t):
     """The decision table's engine, row and regime, and the reversal (field, op, value and the engine after it)."""
+    from autograder.compare import compare
+
+    keys = ("engine", "row", "regime", "reversal.field", "reversal.op", "reversal.value", "reversal.engine")
     for label, fields in t.cases(recommend_cases(), _random_workload, n=6):
         with t.case(f"{label}: {_describe(fields)}"):
             expected = t.reference(_ref_recommend, fields)
+            upstream = t.reference(_ref_upstream, fields)
             got = t.call("recommend", Record("Workload", dict(fields)))
             t.expect_true(isinstance(got, tuple) and len(got) == 4 and isinstance(got[3], tuple) and len(got[3]) == 4,
                           f"recommend should return a Recommendation(engine, row, regime, reversal) whose reversal is "
@@ -533,7 +577,8 @@ def recommend(t):
                 rev = _slo_reversal(fields, strict=True)
                 mistakes[SLO_STRICT] = {**expected, **dict(zip(("reversal.field", "reversal.op", "reversal.value",
                                                                "reversal.engine"), rev))}
-            t.expect_dict(_flat(got), expected, "the recommendation", rtol=1e-9, mistakes=mistakes,
-                          keys=("engine", "row", "regime", "reversal.field", "reversal.op", "reversal.value",
-                                "reversal.engine"))
-
+            if compare({k: _flat(got)[k] for k in keys}, {k: expected[k] for k in keys}, 1e-9, None) is not None:
+                blame = upstream_failure(t, fields, upstream)
+                if blame:
+                    t.fail(blame)
+            t.expect_dict(_flat(got), expected, "the recommendation", rtol=1e-9, mistakes=mistakes, keys=keys)

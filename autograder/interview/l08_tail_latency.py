@@ -1,5 +1,6 @@
 """Lesson 08 questions: the ITL tail a host pause makes, a request's queue, prefill-stall and preempted time
-from a step log, the fan-out of a slow server, the straggler replica, and the order of suspects."""
+from a step log, the fan-out of a slow server, the straggler replica, a prefix-cache collapse, and the order of
+suspects."""
 from __future__ import annotations
 
 from .pools import pick
@@ -186,16 +187,49 @@ def straggler(rng, ref):
     return q
 
 
+@template(STEM, "prefix-cache collapse")
+def prefix_collapse(rng, ref):
+    prompt = pick(rng, [1500, 2000, 3000, 4000])
+    variable = pick(rng, [100, 200, 250, 400])
+    shared = prompt - variable
+
+    q = Numeric(
+        f"Prompts are a {shared:,}-token shared template followed by {variable} tokens of each user's text; the prefix "
+        "cache serves the template. A new release moves the user's text to the front of the prompt. By what factor do "
+        "the prefill tokens per request grow (x)?", "x", prompt / variable,
+        [f"before: the cache matches the {shared:,}-token template, {variable} tokens to prefill",
+         f"after: the cache matches from the first token, and the first token now differs: all {prompt:,} tokens",
+         f"{prompt:,} / {variable} = {fmt(prompt / variable)}x"],
+        "A prefix cache matches from the front: put what is shared first, what varies last. Check the hit-rate metric "
+        "next to the deploy log.", rtol=0.01,
+        mistakes={"counts the shared part instead of the whole prompt": shared / variable,
+                  "gives the share of the prompt that was cached": shared / prompt})
+    hit = pick(rng, [0.5, 0.7, 0.8])
+    eff = prompt - hit * shared
+    q.follow_ups.append(Numeric(
+        f"The fix restores the order, but only {hit:.0%} of requests find the template cached (the rest land on a "
+        "replica that evicted it). Mean prefill tokens per request?", "tokens", eff,
+        [f"{hit:g} x {variable} + {1 - hit:g} x {prompt:,} = {fmt(eff)}"],
+        "Hit rate is per replica: prefix-aware routing keeps it high.", rtol=0.01,
+        mistakes={"assumes every request hits": float(variable)}))
+    return q
+
+
 @template(STEM, "the order of suspects")
 def order(rng, ref):
     return Open(
         "p50 latency is flat but p99 doubled since yesterday. How do you find the cause, and in what order do you check "
         "the suspects?",
-        ["split the tail first: TTFT, ITL and end-to-end break for different reasons",
-         "queueing under a burst first: the cheapest check (queue depth, arrival rate) and the likeliest",
+        ["ask what changed first: a deploy, a config flag, a prompt template, the traffic mix (the change log is the "
+         "cheapest evidence)",
+         "split the tail by metric: TTFT, ITL and end-to-end break for different reasons",
+         "split by replica next: one slow replica is the textbook flat p50 and broken p99 of a fleet, and a "
+         "group-by is cheap; drain it and check clocks, ECC, thermals (unless its own requests were preempted)",
+         "then queueing under a burst (queue depth, arrival rate); with preemptions a long queue is a KV symptom",
          "then prefill interference: long prompts in steps with decodes (chunked prefill, a smaller budget)",
-         "then KV exhaustion: preemption counter and KV usage; with preemptions a long queue is a KV symptom",
+         "then KV exhaustion: preemption counter and KV usage",
          "then host stalls: gaps between steps (GC, tokenization on the loop, CPU contention)",
-         "last one bad replica or node: per-replica medians, then clocks, ECC, thermals; drain it",
+         "know the quieter ones: a prefix-cache hit rate that collapsed after a template change (TTFT), decode "
+         "batches above the largest captured CUDA graph running eager (ITL)",
          "compare with a healthy baseline, fix the first cause and measure again: causes stack"],
-        "The order is cost times likelihood: look where it is cheap and probable first.")
+        "The order is cost times likelihood: what changed, then the per-replica split, then the engine's suspects.")

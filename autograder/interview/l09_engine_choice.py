@@ -1,5 +1,5 @@
 """Lesson 09 questions: the host share of a step, overlap, the overhead-bound batch, the steady step, the batch
-an SLO allows, and the engine for a workload."""
+an SLO allows, goodput at an SLO, and the engine for a workload."""
 from __future__ import annotations
 
 from .pools import pick
@@ -156,21 +156,49 @@ def slo_batch(rng, ref):
     return q
 
 
+@template(STEM, "goodput at an SLO")
+def goodput(rng, ref):
+    rps_a, rps_b = pick(rng, [40, 48, 60]), pick(rng, [32, 36, 40])
+    ok_a, ok_b = pick(rng, [0.55, 0.62, 0.70]), pick(rng, [0.90, 0.94, 0.97])
+    slo = pick(rng, ["TTFT <= 500 ms and TPOT <= 50 ms", "TTFT <= 1 s and TPOT <= 40 ms"])
+    g_a, g_b = rps_a * ok_a, rps_b * ok_b
+    q = Numeric(
+        f"A benchmark at your SLO ({slo}) on your own prompts: engine A completes {rps_a} requests/s, of which "
+        f"{ok_a:.0%} meet both targets; engine B completes {rps_b} requests/s, of which {ok_b:.0%} meet them. What is "
+        "B's goodput divided by A's (x)?", "x", g_b / g_a,
+        ["goodput = completed requests/s that meet both targets (DistServe, OSDI 2024)",
+         f"A: {rps_a} x {ok_a:g} = {fmt(g_a)} req/s; B: {rps_b} x {ok_b:g} = {fmt(g_b)} req/s",
+         f"{fmt(g_b)} / {fmt(g_a)} = {fmt(g_b / g_a)}x"],
+        "Peak throughput ranks engines by what they push, goodput by what users get within the target.",
+        rtol=0.01, mistakes={"compares peak throughput": rps_b / rps_a,
+                             "compares the attainment alone": ok_b / ok_a})
+    need = ok_a * rps_a / ok_b
+    q.follow_ups.append(Numeric(
+        f"At what completed rate would B match A's goodput, with its attainment unchanged ({ok_b:.0%})?", "req/s", need,
+        [f"A's goodput {fmt(g_a)} req/s / {ok_b:g} = {fmt(need)} req/s"],
+        "Goodput trades rate for attainment: compare at the rate each can hold while meeting the SLO.", rtol=0.01,
+        mistakes={"uses A's attainment": g_a / ok_a}))
+    return q
+
+
 @template(STEM, "engine for a workload")
 def which_engine(rng, ref):
     return Open(
         "You serve Llama-3-70B on H100s: a support chatbot with a 3,000-token shared system prompt, 200 concurrent users "
-        "and a 50 ms TPOT target. vLLM, SGLang or TensorRT-LLM? Say what would change your answer.",
-        ["feature fit first: hardware (TensorRT-LLM is NVIDIA-only), model support, quantization, LoRA, "
-         "structured output; an engine that cannot run the workload is out",
+        "and a 50 ms TPOT target. vLLM, SGLang or TensorRT-LLM? Say which releases your answer holds for, and what would "
+        "change it.",
+        ["name the releases (say vLLM v0.11, SGLang v0.5, TensorRT-LLM 1.0): engine comparisons age with every release",
+         "feature fit first: hardware (TensorRT-LLM is NVIDIA-only; SGLang and vLLM also run on AMD, TPU and more), "
+         "and the features that still separate engines: MoE expert parallelism, prefill/decode disaggregation, "
+         "EAGLE-3 or MTP speculative decoding, FP4, many LoRA adapters; check each in the release you deploy",
          "check the SLO against the kernels at this batch (modeled or measured): if the kernels alone miss it, no "
          "engine fixes it; lower the batch per replica or add GPUs",
-         "a long shared prefix: prefix reuse removes most prefill work (RadixAttention, up to 6.4x in the SGLang "
-         "paper); vLLM V1 also caches prefixes by default, so measure both on the real prompts",
-         "small batch or a slow host: the step is overhead-bound; an engine that overlaps scheduling with the "
-         "GPU wins (SGLang v0.4's zero-overhead scheduler; vLLM v0.6.0 found 33% API server + 29% scheduling)",
-         "large batch, compute-bound, a pinned model: compiled kernels (TensorRT-LLM) are the case for the build",
-         "reversal conditions: prefix share drops, the batch grows past the overhead-bound batch, models change "
-         "weekly, or non-NVIDIA hardware joins the fleet; and benchmark the two finalists on your traffic"],
-        "The three engines share one roofline; pick by which roof the workload hits first, and name what would "
-        "move it.")
+         "the shared prompt picks no engine: all three reuse cached prefixes by default (vLLM's automatic prefix "
+         "caching, SGLang's radix cache, TensorRT-LLM's block reuse); it lowers the prefill work for any of them",
+         "an overhead-bound step picks no engine either: all three overlap the host with the device (vLLM's async "
+         "scheduling, SGLang's and TensorRT-LLM's overlap schedulers); what is left is the host's own work",
+         "compute-bound on NVIDIA: TensorRT-LLM's own kernels, no engine build since 1.0",
+         "decide on goodput at the SLO (requests/s meeting TTFT and TPOT) on your own traffic, not peak throughput; "
+         "re-run when a reversal condition moves (the batch, the host, the fleet's hardware, a new release)"],
+        "The three engines share one roofline and, at current releases, most of their core; pick by fit and by goodput "
+        "at your SLO, and name what would move the answer.")

@@ -72,13 +72,19 @@ def first_suspect(requests, steps_by_replica, q=90, min_share=0.06, ratio=1.5):
     return sol.first_suspect(requests, steps_by_replica, q, min_share, ratio)
 
 
-@mutant(check="first_suspect", message="checks the replicas before the engine's own suspects")
+@mutant(check="first_suspect", message="names a straggler bad_replica although its own requests were preempted")
 def first_suspect(requests, steps_by_replica, q=90, min_share=0.06, ratio=1.5):  # noqa: F811
     n = 1 + max(r["replica"] for r in requests)
     lats = [[sol.per_token_latency(r) for r in requests if r["replica"] == i] for i in range(n)]
     if sol.straggler_replica(lats, ratio) is not None:
         return "bad_replica"
     return sol.first_suspect(requests, steps_by_replica, q, min_share, ratio)
+
+
+@mutant(check="first_suspect", message="checks the replicas last")
+def first_suspect(requests, steps_by_replica, q=90, min_share=0.06, ratio=1.5):  # noqa: F811
+    """The order of older versions of the lesson: the engine's suspects first, the per-replica split last."""
+    return _m_suspect(requests, steps_by_replica, q, min_share, ratio, order=sol.CAUSES)
 
 
 # -- edge cases: arguments passed on, empty replicas, ties, exact cuts, host gaps clipped at arrival ---------
@@ -242,9 +248,10 @@ def straggler_replica(latencies_by_replica, ratio=1.5):  # noqa: F811
     return max(over, key=lambda i: (gaps[i], -i)) if over else None
 
 
-def _m_suspect(requests, steps_by_replica, q=90, min_share=0.06, ratio=1.5, order=sol.CAUSES, preempted=None,
+def _m_suspect(requests, steps_by_replica, q=90, min_share=0.06, ratio=1.5, order=sol.SUSPECT_ORDER, preempted=None,
                per_replica=sol.per_token_latency, big=lambda v, m: v >= m):
-    """first_suspect with the order, the preemption test, the replica latency or the share test swapped."""
+    """first_suspect with the order, the preemption test, the replica latency or the share test swapped (the
+    straggler keeps its guard: a replica whose own requests were preempted is no bad replica)."""
     shares = sol.tail_shares(requests, steps_by_replica, q)
     if preempted is None:
         preempted = any(r["num_preemptions"] > 0 for r in requests)
@@ -254,8 +261,12 @@ def _m_suspect(requests, steps_by_replica, q=90, min_share=0.06, ratio=1.5, orde
              "prefill_interference": big(shares["prefill_stall_s"], min_share),
              "preemption": big(shares["preempted_s"], min_share) or preempted,
              "host_stall": big(shares["host_gap_s"], min_share),
-             "bad_replica": sol.straggler_replica(lats, ratio) is not None}
+             "bad_replica": _m_unpreempted_straggler(requests, sol.straggler_replica(lats, ratio))}
     return next((c for c in order if tests[c]), "none")
+
+
+def _m_unpreempted_straggler(requests, slow):
+    return slow is not None and not any(r["num_preemptions"] > 0 for r in requests if r["replica"] == slow)
 
 
 @mutant(check="first_suspect", message="asks whether a request was preempted of the tail only")
@@ -293,13 +304,13 @@ def first_suspect(requests, steps_by_replica, q=90, min_share=0.06, ratio=1.5): 
 @mutant(check="first_suspect", message="rules out preemption before prefill interference")
 def first_suspect(requests, steps_by_replica, q=90, min_share=0.06, ratio=1.5):  # noqa: F811
     return _m_suspect(requests, steps_by_replica, q, min_share, ratio,
-                      order=("queueing", "preemption", "prefill_interference", "host_stall", "bad_replica"))
+                      order=("bad_replica", "queueing", "preemption", "prefill_interference", "host_stall"))
 
 
 @mutant(check="first_suspect", message="rules out host stall before preemption")
 def first_suspect(requests, steps_by_replica, q=90, min_share=0.06, ratio=1.5):  # noqa: F811
     return _m_suspect(requests, steps_by_replica, q, min_share, ratio,
-                      order=("queueing", "prefill_interference", "host_stall", "preemption", "bad_replica"))
+                      order=("bad_replica", "queueing", "prefill_interference", "host_stall", "preemption"))
 
 
 @mutant(check="first_suspect", message="names preemption as soon as a big queue comes with preemptions")
@@ -313,3 +324,14 @@ def first_suspect(requests, steps_by_replica, q=90, min_share=0.06, ratio=1.5): 
 @mutant(check="first_suspect", message="judges a request against another replica's steps")
 def first_suspect(requests, steps_by_replica, q=90, min_share=0.06, ratio=1.5):  # noqa: F811
     return sol.first_suspect(requests, [steps_by_replica[0]] * len(steps_by_replica), q, min_share, ratio)
+
+
+
+@mutant(check="straggler_replica", message="keeps an empty replica")
+def straggler_replica(latencies_by_replica, ratio=1.5):  # noqa: F811
+    """The reference without its `if len(x)`: an empty replica's median is nan, and it stays among the others."""
+    import warnings
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # np.median([]) warns, then gives nan
+        meds = {i: float(np.median(x)) for i, x in enumerate(latencies_by_replica)}
+    return _m_straggler(meds, ratio, lambda i: float(np.median([v for j, v in meds.items() if j != i])))

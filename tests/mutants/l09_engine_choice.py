@@ -4,7 +4,7 @@ import math
 import statistics
 
 from reference_engine.sim import gpu_model as gm
-from solutions.l09_engine_choice import MAX_BATCH, PREFIX_SHARE_MIN, Recommendation, Reversal, device_time, steady_step
+from solutions.l09_engine_choice import MAX_BATCH, Recommendation, Reversal, device_time, steady_step
 from tests.mutants import mutant
 
 
@@ -145,15 +145,18 @@ def steady_step(w):  # noqa: F811
 
 # ---------------------------------------------------------------- 3.2 recommend
 
-def _m_recommend(w, order=("slo", "prefix", "overhead", "compute"), features=True, chunk=True, one_gpu=False):
+def _m_recommend(w, order=("slo", "prefix", "overhead", "compute"), features=True, chunk=True, one_gpu=False,
+                 prefix_engine=None, overhead_engine=None, turnover=False):
     s = steady_step(w)
     ck, cc = (s["chunk"], s["chunk_context"]) if chunk else (0, 0)
     d = device_time(w.model, w.chip, s["batch"], s["context"], ck, cc, w.tp)
     r = sol.regime(w.model, w.chip, s["batch"], s["context"], w.host_overhead_s, ck, cc,  # noqa: F821
                    1 if one_gpu else w.tp)
-    out = bool(features and {"multi_vendor", "fast_model_turnover"} & set(w.features))
+    ruled_out = {"multi_vendor", "fast_model_turnover"} if turnover else {"multi_vendor"}
+    out = bool(features and ruled_out & set(w.features))
     rows = {"slo": (None, w.tpot_slo_s is not None and d > w.tpot_slo_s),
-            "prefix": ("SGLang", w.prefix_share >= PREFIX_SHARE_MIN), "overhead": ("SGLang", r == "overhead"),
+            "prefix": (prefix_engine, prefix_engine is not None and w.prefix_share >= 0.5),
+            "overhead": (overhead_engine, r == "overhead"),
             "compute": ("TensorRT-LLM", r == "compute" and not out)}
     right = sol.recommend(w)  # noqa: F821 - the reversal as the reference gives it; the decision is wrong
     for row in order:
@@ -162,14 +165,20 @@ def _m_recommend(w, order=("slo", "prefix", "overhead", "compute"), features=Tru
     return Recommendation("vLLM", "default", r, right.reversal)
 
 
-@mutant(check="recommend", message="checks the prefix share before the SLO")
+@mutant(check="recommend", message="picks SGLang for a prefix share >= 0.5")
 def recommend(w):
-    return _m_recommend(w, order=("prefix", "slo", "overhead", "compute"))
+    """The table of older releases: a shared prefix of half the prompt or more picks SGLang."""
+    return _m_recommend(w, prefix_engine="SGLang")
 
 
-@mutant(check="recommend", message="checks the regime before the prefix share")
+@mutant(check="recommend", message="picks SGLang for an overhead-bound step")
 def recommend(w):  # noqa: F811
-    return _m_recommend(w, order=("slo", "overhead", "compute", "prefix"))
+    return _m_recommend(w, overhead_engine="SGLang")
+
+
+@mutant(check="recommend", message="rules TensorRT-LLM out for fast_model_turnover")
+def recommend(w):  # noqa: F811
+    return _m_recommend(w, turnover=True)
 
 
 @mutant(check="recommend", message="ignores feature fit")
@@ -194,12 +203,18 @@ def recommend(w):  # noqa: F811
 
 @mutant(check="recommend", message="reversal.engine")
 def recommend(w):  # noqa: F811
-    """The prefix row's reversal engine read just below the threshold instead of at no reuse at all."""
+    """The default row's reversal engine read with the host set to the kernel time itself (not yet above it)."""
     r = sol.recommend(w)  # noqa: F821
-    if r.row == "prefix":
-        then = sol.recommend(dataclasses.replace(w, prefix_share=PREFIX_SHARE_MIN - 0.01)).engine  # noqa: F821
-        return r._replace(reversal=r.reversal._replace(engine=then if then != r.reversal.engine else "SGLang"))
+    if r.row == "default":
+        then = sol.recommend(dataclasses.replace(w, host_overhead_s=r.reversal.value)).engine  # noqa: F821
+        return r._replace(reversal=r.reversal._replace(engine=then))
     return r
+
+
+@mutant(check="recommend", message="depends on steady_step(), which fails on this workload")
+def steady_step(w):  # noqa: F811
+    """A wrong steady step (the context at the end of a request): recommend() is right, its input is not."""
+    return {**sol.steady_step(w), "context": w.prompt_tokens + w.output_tokens}  # noqa: F821
 
 
 # ---------------------------------------------------------------- wrong answers an earlier version of the checks missed
@@ -331,10 +346,10 @@ def steady_step(w):  # noqa: F811
     return {**sol.steady_step(w), "context": w.prompt_tokens + round(w.output_tokens / 2)}  # noqa: F821
 
 
-@mutant(check="recommend", message="checks the regime before the prefix share")
+@mutant(check="recommend", message="checks the regime before the SLO")
 def recommend(w):  # noqa: F811
-    """The overhead row before the prefix row (the compute row still after it)."""
-    return _m_recommend(w, order=("slo", "overhead", "prefix", "compute"))
+    """The SLO row last: an overhead- or compute-bound step is decided before the SLO is looked at."""
+    return _m_recommend(w, order=("overhead", "compute", "slo"))
 
 
 @mutant(check="recommend", message="reads the regime on one GPU")
