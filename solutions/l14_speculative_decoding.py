@@ -196,7 +196,16 @@ def lm_head_seconds(model: str, chip: str, rows: int) -> float:
     return calls * gm.roofline(flops, nbytes, c.peak_flops * c.gemm_eff, c.bandwidth * c.mem_eff)[0]
 
 
-def modeled_speedup(model: str, chip: str, alpha: float, gamma: int, context: int, c: float, batch: int) -> float:
+def model_shape(name: str):
+    """A reference_engine.sim.gpu_model shape by key: a key of gpu_model.MODELS ("llama-3-8b", "llama-3-70b"), or
+    "llama-3.2-1b" (gpu_model.LLAMA_3_2_1B, a draft model for the Llama-3 targets: same tokenizer)."""
+    from reference_engine.sim import gpu_model as gm
+
+    return {**gm.MODELS, "llama-3.2-1b": gm.LLAMA_3_2_1B}[name]
+
+
+def modeled_speedup(model: str, chip: str, alpha: float, gamma: int, context: int, c: float | str,
+                    batch: int) -> float:
     """Exercise 3.1: the speedup of speculative decoding at a decode batch of `batch` sequences, on the modeled
     GPU clock (reference_engine.sim.gpu_model).
 
@@ -209,11 +218,19 @@ def modeled_speedup(model: str, chip: str, alpha: float, gamma: int, context: in
                  token each), plus lm_head_seconds(model, chip, batch * (gamma + 1))
                  - lm_head_seconds(model, chip, batch): step_time charges lm_head on one row per sequence,
                  verification needs logits at all gamma + 1 positions;
-      one draft forward costs c * t_decode (c: the draft's step over the target's, at the same batch).
-    Returns expected_tokens_per_step(alpha, gamma) * t_decode / (gamma * c * t_decode + t_verify): tokens per
-    second with speculation over tokens per second without. While the step is memory-bound, t_verify is
-    close to t_decode and this is speedup(alpha, gamma, c); once its GEMMs are compute-bound, their time grows
-    with the (gamma + 1) times more tokens verification puts in the step.
+      t_draft = the seconds of one draft forward over the batch, set by c:
+        a number: c * t_decode, a fixed fraction of the target's step at every batch and context ("frozen c").
+          That is right for a drafter whose cost is negligible or a fixed slice of the target's own step, with
+          next to no KV cache of its own: prompt lookup (n-gram), an EAGLE head (one decoder layer), MTP modules;
+        a string: a separate draft model, model_shape(c) (e.g. "llama-3.2-1b"), priced by its own decode step
+          at the same batch and context, gpu_model.step_time(model_shape(c), CHIPS[chip],
+          Composition.decode_batch(batch, context)).time_s. Its c = t_draft / t_decode is not constant: the
+          draft's KV cache per token is a larger share of the target's than its weights are, so c grows with
+          batch x context.
+    Returns expected_tokens_per_step(alpha, gamma) * t_decode / (gamma * t_draft + t_verify): tokens per second
+    with speculation over tokens per second without. While the step is memory-bound, t_verify is close to
+    t_decode and this is speedup(alpha, gamma, c); once its GEMMs are compute-bound, their time grows with the
+    (gamma + 1) times more tokens verification puts in the step.
     """
     ### BEGIN SOLUTION
     from reference_engine.sim import gpu_model as gm
@@ -222,17 +239,23 @@ def modeled_speedup(model: str, chip: str, alpha: float, gamma: int, context: in
     t_decode = gm.step_time(shape, hw, gm.Composition.decode_batch(batch, context)).time_s
     t_verify = gm.step_time(shape, hw, gm.Composition(prefills=((gamma + 1, context),) * batch)).time_s
     t_verify += lm_head_seconds(model, chip, batch * (gamma + 1)) - lm_head_seconds(model, chip, batch)
-    return expected_tokens_per_step(alpha, gamma) * t_decode / (gamma * c * t_decode + t_verify)
+    if isinstance(c, str):
+        t_draft = gm.step_time(model_shape(c), hw, gm.Composition.decode_batch(batch, context)).time_s
+    else:
+        t_draft = c * t_decode
+    return expected_tokens_per_step(alpha, gamma) * t_decode / (gamma * t_draft + t_verify)
     ### END SOLUTION
 
 
-def break_even_batch(model: str, chip: str, alpha: float, gamma: int, context: int, c: float,
+def break_even_batch(model: str, chip: str, alpha: float, gamma: int, context: int, c: float | str,
                      max_batch: int = 1024) -> int | None:
     """Exercise 3.2: the smallest batch in 1 .. max_batch at which speculation stops paying:
     modeled_speedup(model, chip, alpha, gamma, context, c, batch) <= 1. None if it still pays at max_batch.
+    c as in modeled_speedup: a frozen ratio (a number) or a draft model's key (its cost at each batch).
 
-    The modeled speedup does not rise again once it falls with the batch (the check and the lesson's tests
-    rely on that), so a bisection finds the same batch as a scan from 1, in about log2(max_batch) calls.
+    Once the modeled speedup is <= 1 it stays <= 1 at larger batches (with a frozen c it never rises again;
+    with a draft model's c it can rise by under 1e-3 but not back above 1: the lesson's tests check both over a
+    grid), so a bisection finds the same batch as a scan from 1, in about log2(max_batch) calls.
     gamma >= 1.
     """
     ### BEGIN SOLUTION
@@ -247,6 +270,129 @@ def break_even_batch(model: str, chip: str, alpha: float, gamma: int, context: i
         else:
             hi = mid
     return hi
+    ### END SOLUTION
+
+
+# -- 4. tree drafts: one verification forward over several candidate continuations -----------------------
+#
+# A tree of n nodes: node 0 is the root, the last token already emitted (the target has not run on it yet, as
+# in speculative_generate); every other node i holds a drafted token and its parent parents[i], with
+# 0 <= parents[i] < i (parents[0] == -1). A node's children, in index order, are candidate next tokens after
+# the path root .. node. The target scores all n nodes in one forward; row i of its output predicts the token
+# after the path root .. i.
+
+
+def children_of(parents: list[int]) -> list[list[int]]:
+    """children_of(parents)[i]: node i's children, in index order (given)."""
+    kids = [[] for _ in parents]
+    for i, j in enumerate(parents[1:], start=1):
+        kids[j].append(i)
+    return kids
+
+
+def tree_attention_mask(parents: list[int], prefix_len: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Exercise 4.1: the attention mask and the positions of a tree's verification forward.
+
+    parents: the tree (see above), n nodes; prefix_len: tokens already in the KV cache before the root.
+    Returns (mask, positions):
+      mask: bool [n, prefix_len + n]; mask[i, j] is True when node i may attend to key j: every prefix key
+        (j < prefix_len), and among the tree's keys (j = prefix_len + m) node i itself and its ancestors up to
+        the root, never a sibling, a cousin or a descendant: node i must see exactly the sequence root .. i.
+      positions: int64 [n], the position of each node's token in its own sequence: prefix_len + depth(i), the
+        root at depth 0 (siblings share a position).
+
+    >>> mask, pos = tree_attention_mask([-1, 0, 0, 1], 2)
+    >>> mask.int().tolist()
+    [[1, 1, 1, 0, 0, 0], [1, 1, 1, 1, 0, 0], [1, 1, 1, 0, 1, 0], [1, 1, 1, 1, 0, 1]]
+    >>> pos.tolist()
+    [2, 3, 3, 4]
+    """
+    ### BEGIN SOLUTION
+    n = len(parents)
+    mask = torch.zeros(n, prefix_len + n, dtype=torch.bool)
+    mask[:, :prefix_len] = True
+    depth = [0] * n
+    for i in range(n):
+        j = i
+        while j != -1:
+            mask[i, prefix_len + j] = True
+            j = parents[j]
+        depth[i] = 0 if i == 0 else depth[parents[i]] + 1
+    return mask, torch.tensor(depth, dtype=torch.long) + prefix_len
+    ### END SOLUTION
+
+
+def verify_tree_greedy(target_logits: torch.Tensor, tokens: list[int], parents: list[int]) -> list[int]:
+    """Exercise 4.2: greedy verification of a tree of drafts.
+
+    target_logits: [n, V], row i the target's logits after the path root .. i; tokens: the n node tokens
+    (tokens[0] is the root's, already emitted); parents: the tree.
+
+    Start at the root. At node i, t = the argmax of row i (torch.argmax: the first index on ties); emit t.
+    If one of i's children holds the token t, move to the first such child and go on; otherwise stop. A leaf's
+    row gives the last token (the bonus). Returns the emitted token ids as Python ints, 1 to depth + 1 of them:
+    the tokens plain greedy decoding of the target produces next, whichever branch holds them.
+
+    >>> logits = torch.tensor([[0., 0., 9.], [9., 0., 0.], [0., 9., 0.], [0., 0., 9.]])
+    >>> verify_tree_greedy(logits, [5, 1, 2, 1], [-1, 0, 0, 2])
+    [2, 1, 2]
+    """
+    ### BEGIN SOLUTION
+    best, kids = target_logits.argmax(dim=-1).tolist(), children_of(parents)
+    out, node = [], 0
+    while True:
+        out.append(best[node])
+        nxt = next((c for c in kids[node] if tokens[c] == best[node]), None)
+        if nxt is None:
+            return out
+        node = nxt
+    ### END SOLUTION
+
+
+def verify_tree(target_probs: torch.Tensor, draft_probs: torch.Tensor, tokens: list[int], parents: list[int],
+                generator: torch.Generator) -> list[int]:
+    """Exercise 4.3: multi-candidate rejection sampling over a tree (SpecInfer's rule, with siblings drawn
+    without replacement as in recursive speculative decoding).
+
+    target_probs: [n, V], p at each node (row i: the target's distribution after the path root .. i).
+    draft_probs: [n, V], q at each node: node i's children were drawn one after another from q_i without
+      replacement (each from q_i with the earlier siblings' tokens removed, renormalized). tokens, parents:
+      the tree, as in 4.2. generator: the only source of randomness.
+
+    Start at the root with p = target_probs[0], q = draft_probs[0]. Try the node's children in index order;
+    for child c with token x:
+      draw u = torch.rand((), generator=generator, dtype=p.dtype, device=p.device);
+      if u < p(x) / q(x): emit x, move to c (p, q = its rows) and try its children;
+      else: p = residual_distribution(p, q) (section 1.3: norm(max(0, p - q))), and q = q with q(x) set to 0,
+        renormalized (the next sibling was drawn without x); try the next child with these p and q.
+    When a node has no child left to try (every child rejected, or a leaf), emit one token drawn from the
+    current p with torch.multinomial(p, 1, generator=generator), and stop.
+    Returns the emitted token ids, Python ints. Do not modify the arguments.
+
+    Why it is exact: at each try, x was drawn from the current q and the fallback is the residual of the
+    current p against it, so (as in section 1.4) what this try and everything after it emit follows the
+    current p; by induction from the last sibling back, the token emitted at a node follows its target row.
+    """
+    ### BEGIN SOLUTION
+    kids = children_of(parents)
+    out, node = [], 0
+    p, q = target_probs[0], draft_probs[0]
+    while True:
+        moved = False
+        for c in kids[node]:
+            x = tokens[c]
+            u = torch.rand((), generator=generator, dtype=p.dtype, device=p.device)
+            if u < p[x] / q[x]:
+                out.append(x)
+                node, p, q, moved = c, target_probs[c], draft_probs[c], True
+                break
+            p = residual_distribution(p, q)
+            q = q.clone()
+            q[x] = 0
+            q = q / q.sum() if q.sum() > 0 else q
+        if not moved:
+            out.append(int(torch.multinomial(p, 1, generator=generator)))
+            return out
     ### END SOLUTION
 
 
@@ -447,3 +593,51 @@ def measure_acceptance(target, draft, contexts: list[list[int]], gamma: int = 8,
         accepted.append(len(emitted) - 1)
         expected.append(acceptance_rate(p[:gamma], torch.stack(qs)).tolist())
     return {"accepted": accepted, "expected": expected}
+
+
+@torch.no_grad()
+def tree_logits(model, prefix: list[int], tokens: list[int], mask: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    """One forward of a shipped model over `prefix` (causal) and a tree of len(tokens) nodes (tokens[0], the root,
+    is the token after the prefix), with the tree's attention mask [n, len(prefix) + n] and positions [n] (4.1's
+    tree_attention_mask). Returns the logits of the n tree nodes [n, V]. No KV cache: the prefix is recomputed."""
+    from reference_engine.tools import train
+
+    a, m, P, n = model.args, model, len(prefix), len(tokens)
+    full = torch.zeros(P + n, P + n, dtype=torch.bool)
+    full[:P, :P] = torch.ones(P, P, dtype=torch.bool).tril()
+    full[P:] = mask
+    pos = torch.cat([torch.arange(P), positions.to(torch.long)])
+    cos, sin = train.rope_cos_sin(a, pos)
+    x = m.model.embed_tokens(torch.tensor([list(prefix) + list(tokens)]))
+    group = a.num_attention_heads // a.num_key_value_heads
+    for layer in m.model.layers:
+        att, h = layer.self_attn, layer.input_layernorm(x)
+        q = att.q_proj(h).view(1, P + n, a.num_attention_heads, a.head_dim).transpose(1, 2)
+        k = att.k_proj(h).view(1, P + n, a.num_key_value_heads, a.head_dim).transpose(1, 2)
+        v = att.v_proj(h).view(1, P + n, a.num_key_value_heads, a.head_dim).transpose(1, 2)
+        q, k = train.apply_rope(q, cos, sin), train.apply_rope(k, cos, sin)
+        k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
+        y = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=full)
+        x = x + att.o_proj(y.transpose(1, 2).reshape(1, P + n, -1))
+        x = x + layer.mlp(layer.post_attention_layernorm(x))
+    return m.lm_head(m.model.norm(x))[0, P:]
+
+
+@torch.no_grad()
+def draft_tree(draft, context: list[int], width: int, depth: int) -> tuple[list[int], list[int]]:
+    """A greedy draft tree after `context` (its last token is the root): the draft's top-`width` tokens at the
+    root, each continued by the draft's argmax for depth - 1 more tokens (width chains sharing the root, as
+    Medusa's and SpecInfer's simplest trees). Returns (tokens, parents), width * depth + 1 nodes; width 1 is
+    plain chain speculation of `depth` tokens."""
+    tokens, parents = [context[-1]], [-1]
+    top = draft(torch.tensor([context]))[0, -1].topk(width).indices.tolist()
+    for t in top:
+        seq, parent = list(context), 0
+        for d in range(depth):
+            if d:
+                t = int(draft(torch.tensor([seq]))[0, -1].argmax())
+            tokens.append(t)
+            parents.append(parent)
+            parent = len(tokens) - 1
+            seq.append(t)
+    return tokens, parents

@@ -227,6 +227,37 @@ def test_check_variant_equals_the_reference_modeled_speedup():
         assert checks.modeled(*case) == pytest.approx(S.modeled_speedup(*case), rel=1e-12)
 
 
+def test_check_variant_equals_the_reference_with_a_draft_model():
+    for case in [c for _, c in checks.MODELED_CASES] + [("llama-3-8b", chip, 0.7, 3, ctx, "llama-3.2-1b", b)
+                                                         for chip in ("A100", "H200") for ctx in (128, 2048)
+                                                         for b in (1, 77, 512)]:
+        assert checks.modeled(*case) == pytest.approx(S.modeled_speedup(*case), rel=1e-12)
+
+
+def test_a_draft_models_c_grows_with_batch_and_context_and_freezing_it_moves_the_break_even():
+    """The lesson's claims (section 3.3, the solution's docstring, the checks' visible cases): the 1B draft keeps a
+    quarter of the 8B target's KV bytes per token, a larger share than of its parameters; so its c rises with the
+    batch; at alpha 0.6, gamma 4 on the modeled H100 the break-even batch is 103 at context 1024 (116 with c
+    frozen at its batch-1 value) and 236 at context 4096 (none up to 1024 with c frozen)."""
+    from reference_engine.sim import gpu_model as gm
+    D, T = gm.LLAMA_3_2_1B, gm.LLAMA_3_8B
+    assert gm.kv_bytes_per_token(D) / gm.kv_bytes_per_token(T) == 0.25
+    assert gm.param_count(D) / gm.param_count(T) < 0.2
+    assert S.model_shape("llama-3.2-1b") is D and S.model_shape("llama-3-8b") is T
+    step = lambda s, b, ctx: gm.step_time(s, gm.H100, gm.Composition.decode_batch(b, ctx)).time_s
+    for ctx in (1024, 4096):
+        cs = [step(D, b, ctx) / step(T, b, ctx) for b in (1, 64, 256)]
+        assert cs == sorted(cs) and cs[-1] < 0.25
+    c1 = step(D, 1, 1024) / step(T, 1, 1024)
+    assert S.break_even_batch("llama-3-8b", "H100", 0.6, 4, 1024, "llama-3.2-1b") == 103
+    assert S.break_even_batch("llama-3-8b", "H100", 0.6, 4, 1024, c1) == 116
+    assert S.break_even_batch("llama-3-8b", "H100", 0.6, 4, 4096, "llama-3.2-1b") == 236
+    assert S.break_even_batch("llama-3-8b", "H100", 0.6, 4, 4096, c1) is None
+    # a frozen c is the draft model at batch 1 exactly
+    assert S.modeled_speedup("llama-3-8b", "H100", 0.6, 4, 1024, c1, 1) == \
+        pytest.approx(S.modeled_speedup("llama-3-8b", "H100", 0.6, 4, 1024, "llama-3.2-1b", 1), rel=1e-12)
+
+
 def test_modeled_speedup_is_leviathan_at_batch_one_and_falls_with_the_batch():
     """At batch 1 the step is memory-bound: verification costs about one decode step. The speedup never rises
     again once it falls (what break_even_batch's bisection relies on), over a grid of settings."""
@@ -239,12 +270,29 @@ def test_modeled_speedup_is_leviathan_at_batch_one_and_falls_with_the_batch():
                 assert all(b <= a + 1e-12 for a, b in zip(vals, vals[1:])), (chip, context, alpha, gamma, c)
 
 
+def test_with_a_draft_model_the_speedup_never_comes_back_above_one():
+    """With a draft model's c(batch, context) the modeled speedup can rise again past a few hundred sequences,
+    by under 1e-3 (the draft's c dips where the target's GEMMs turn compute-bound), but once it is <= 1 it stays
+    <= 1 up to batch 1024: what break_even_batch's bisection needs, over a grid of settings."""
+    for chip in ("A100", "H100", "H200"):
+        for context in (128, 1024, 4096):
+            for alpha, gamma in ((0.5, 2), (0.6, 4), (0.9, 8)):
+                vals = [S.modeled_speedup("llama-3-8b", chip, alpha, gamma, context, "llama-3.2-1b", b)
+                        for b in range(1, 1025)]
+                assert max(b - a for a, b in zip(vals, vals[1:])) < 1e-3
+                first = next((i for i, v in enumerate(vals) if v <= 1), None)
+                assert first is None or max(vals[first:]) <= 1, (chip, context, alpha, gamma)
+
+
 def test_break_even_bisection_equals_a_scan():
     for chip, alpha, gamma, context, c in (("H100", 0.7, 4, 1024, 0.2), ("A100", 0.6, 3, 256, 0.3),
                                            ("H200", 0.8, 6, 512, 0.1)):
         scan = next((b for b in range(1, 513)
                      if S.modeled_speedup("llama-3-8b", chip, alpha, gamma, context, c, b) <= 1), None)
         assert S.break_even_batch("llama-3-8b", chip, alpha, gamma, context, c, 512) == scan
+        scan = next((b for b in range(1, 513)
+                     if S.modeled_speedup("llama-3-8b", chip, alpha, gamma, context, "llama-3.2-1b", b) <= 1), None)
+        assert S.break_even_batch("llama-3-8b", chip, alpha, gamma, context, "llama-3.2-1b", 512) == scan
 
 
 def test_break_even_cases_at_max_batch_are_what_their_labels_say():
@@ -281,7 +329,7 @@ def test_every_named_mistake_shows_in_a_visible_case():
     greedy = _exercised(checks.GREEDY_CASES, S.verify_greedy, lambda lg, d: {
         n: checks.greedy_rule(lg, d, kind) for n, kind in checks.GREEDY_MISTAKES.items()})
     assert greedy == set(checks.GREEDY_MISTAKES)
-    acc = _exercised(checks.PAIR_CASES, S.acceptance_rate, checks.acceptance_mistakes)
+    acc = _exercised(checks.PAIR_CASES + checks.ONE_HOT_CASES, S.acceptance_rate, checks.acceptance_mistakes)
     assert acc == set(checks.acceptance_mistakes(*checks.PAIR_CASES[0][1]))
     res = _exercised(checks.PAIR_CASES, S.residual_distribution, checks.residual_mistakes)
     assert res == set(checks.residual_mistakes(*checks.PAIR_CASES[0][1]))
@@ -291,11 +339,11 @@ def test_every_named_mistake_shows_in_a_visible_case():
     assert spd == set(checks.speedup_mistakes(0.5, 2, 0.1))
     best = _exercised(checks.BEST_CASES, S.best_gamma, checks.best_gamma_mistakes)
     assert best == set(checks.best_gamma_mistakes(0.5, 0.1, 3))
-    mod = _exercised(checks.MODELED_CASES, S.modeled_speedup,
-                     lambda *case: {n: checks.modeled(*case, kind=k) for n, k in checks.MODELED_MISTAKES.items()})
-    assert mod == set(checks.MODELED_MISTAKES)
+    mod = _exercised(checks.MODELED_CASES, S.modeled_speedup, checks.modeled_mistakes)
+    assert mod == set(checks.MODELED_MISTAKES) | set(checks.DRAFT_MISTAKES)
     be = _exercised(checks.BREAK_EVEN_CASES, S.break_even_batch, checks.break_even_mistakes)
-    assert be == set(checks.break_even_mistakes(*checks.BREAK_EVEN_CASES[0][1]))
+    assert be == set(checks.break_even_mistakes(*checks.BREAK_EVEN_CASES[0][1])) | set(
+        checks.break_even_mistakes(*checks.BREAK_EVEN_CASES[-1][1]))
 
 
 # -- 3.4 the verifier inside the engine --------------------------------------------------------------------------
@@ -363,3 +411,33 @@ def test_every_engine_mistake_changes_the_visible_runs(engine_runs):
     for name, kind in checks.ENGINE_VERIFY_MISTAKES.items():
         wrong = checks._engine(prompts, checks.VISIBLE_PARAMS, "draft", verify_kind=kind)
         assert (wrong["tokens"], checks._counts(wrong)) != (right["tokens"], checks._counts(right)), name
+
+
+# -- a check grades its own function: a mistake upstream fails only the upstream function's check ----------------
+
+def _mutants(function: str, message: str):
+    from tests.mutants import load
+    return [m for m in load("l14_speculative_decoding") if function in m.replaces and message in m.message]
+
+
+@pytest.mark.parametrize("message", ["one term short", "returns 0 at alpha = 0"])
+def test_a_wrong_expected_tokens_per_step_fails_only_its_own_check(message, tmp_path):
+    """An expected_tokens_per_step mistake: speedup, best_gamma, modeled_speedup and break_even_batch still pass
+    (they run on the right upstream values), only expected_tokens_per_step fails."""
+    from autograder.runner import grade_lesson
+    from tests.test_mutants import mutant_target
+    (m,) = _mutants("expected_tokens_per_step", message)
+    downstream = ["speedup", "best_gamma", "modeled_speedup", "break_even_batch"]
+    results = grade_lesson(m.lesson, mutant_target(m, tmp_path), 0, only=["expected_tokens_per_step", *downstream])
+    status = {r.name: r for r in results}
+    assert status["expected_tokens_per_step"].status != "passed"
+    for name in downstream:
+        assert status[name].status == "passed", (name, status[name].message)
+
+
+def test_a_wrong_speedup_fails_only_its_own_check(tmp_path):
+    from autograder.runner import grade_lesson
+    from tests.test_mutants import mutant_target
+    (m,) = _mutants("speedup", "leaves out the draft's cost")
+    results = {r.name: r for r in grade_lesson(m.lesson, mutant_target(m, tmp_path), 0, only=["speedup", "best_gamma"])}
+    assert results["speedup"].status != "passed" and results["best_gamma"].status == "passed", results["best_gamma"].message

@@ -29,7 +29,13 @@ from functools import partial
 import torch
 
 from autograder.core import check
-from autograder.harnesses.l14_speculative_decoding import CKPT, greedy_loop, sample_verify
+from autograder.harnesses.l14_speculative_decoding import (
+    CKPT,
+    call_with_upstream,
+    greedy_loop,
+    sample_tree_verify,
+    sample_verify,
+)
 from autograder.mistakes import groups, named
 from autograder.reference import answer_code, recording
 
@@ -233,12 +239,38 @@ def acceptance_mistakes(p, q) -> dict:
     both = torch.minimum(p, q).sum(-1)
     return {"takes p/q without the min: E_q[p/q] = sum p = 1 always; a token with p > q is accepted with "
             "probability 1, not p/q": (q * p / q.clamp(min=1e-300)).sum(-1),
-            "averages min(1, p/q) over the vocabulary; weight each token by q(x), the chance the draft proposes it":
-                ratio.mean(-1),
+            "averages min(1, p/q) over the vocabulary (0/0 counted as 1 there); weight each token by q(x), the "
+            "chance the draft proposes it": ratio.mean(-1),
             "takes the ratio upside down: min(1, q/p)": (q * inverse).sum(-1),
             "returns the rejection probability 1 - sum min(p, q)": 1 - both,
             "uses max(p, q) instead of min(p, q)": torch.maximum(p, q).sum(-1),
-            "forgets to sum over the vocabulary (returns min(p, q) per token)": torch.minimum(p, q)}
+            "forgets to sum over the vocabulary (returns min(p, q) per token)": torch.minimum(p, q),
+            NAN_ACCEPT: (q * (p / q).clamp(max=1)).sum(-1)}
+
+
+NAN_ACCEPT = ("divides p by q at tokens where both are 0 (as in a one-hot row at temperature 0): 0/0 is NaN, and "
+              "q * NaN stays NaN; such a token adds min(p, q) = 0, so sum torch.minimum(p, q) and divide nothing")
+
+ONE_HOT_CASES = [
+    ("visible: one-hot rows, as at temperature 0 (same argmax, then different argmaxes; most tokens have p = q = 0)",
+     (_t([[0.0, 0.0, 1.0, 0.0, 0.0], [1.0, 0.0, 0.0, 0.0, 0.0]]),
+      _t([[0.0, 0.0, 1.0, 0.0, 0.0], [0.0, 0.0, 0.0, 1.0, 0.0]]))),
+]
+
+
+def random_accept_case(rng):
+    """random_pair_case's rows, then row 0 made one-hot in p and in q (argmaxes equal half the time) and, in the
+    other rows, one token set to 0 in both p and q: every case has tokens where both are 0."""
+    p, q = random_pair_case(rng)
+    V = p.shape[-1]
+    a = rng.randrange(V)
+    b = a if rng.random() < 0.5 else (a + rng.randrange(1, V)) % V
+    p[0], q[0] = torch.nn.functional.one_hot(torch.tensor(a), V), torch.nn.functional.one_hot(torch.tensor(b), V)
+    for i in range(1, p.shape[0]):
+        z = rng.randrange(V)
+        p[i, z] = q[i, z] = 0.0
+        p[i], q[i] = p[i] / p[i].sum(), q[i] / q[i].sum()
+    return p, q
 
 
 @answer_code
@@ -267,13 +299,24 @@ def residual_mistakes(p, q) -> dict:
 NAN_ROWS = "divides by a zero sum where p == q (return p for such a row)"
 
 
+def _nan_only(t, got, mistakes: dict, nan_name: str) -> dict:
+    """`mistakes` for t.expect, the NaN mistake `nan_name` offered to an answer holding a NaN only: an expected NaN
+    matches any value in the comparison, so that mistake would "fit" every answer wrong only where it is NaN."""
+    if not (isinstance(got, torch.Tensor) and bool(torch.isnan(got).any())):
+        if bool(torch.isnan(mistakes.pop(nan_name)).any()):
+            t.offered.add(nan_name)
+    return mistakes
+
+
 @check(points=2, section="1.2")
 def acceptance_rate(t):
-    """The acceptance probability of a drafted token: sum over the vocabulary of min(p, q)."""
-    for label, (p, q) in t.cases(visible=PAIR_CASES, hidden=random_pair_case, n=3):
+    """The acceptance probability of a drafted token: sum over the vocabulary of min(p, q), also on rows with
+    tokens where both are 0 (one-hot rows, as the temperature-0 measurement of section 2.4 builds)."""
+    for label, (p, q) in t.cases(visible=PAIR_CASES + ONE_HOT_CASES, hidden=random_accept_case, n=3):
         with t.case(f"{label}: {p.shape[0] if p.dim() > 1 else 1} row(s) of V={p.shape[-1]}"):
             got, expected = t.both("acceptance_rate", p, q)
-            t.expect(got, expected, "acceptance probability", mistakes=acceptance_mistakes(p, q))
+            t.expect(got, expected, "acceptance probability",
+                     mistakes=_nan_only(t, got, acceptance_mistakes(p, q), NAN_ACCEPT))
 
 
 @check(points=2, section="1.3")
@@ -282,13 +325,7 @@ def residual_distribution(t):
     for label, (p, q) in t.cases(visible=PAIR_CASES, hidden=random_pair_case, n=3):
         with t.case(f"{label}: {p.shape[0] if p.dim() > 1 else 1} row(s) of V={p.shape[-1]}"):
             got, expected = t.both("residual_distribution", p, q)
-            mistakes = residual_mistakes(p, q)
-            if not (isinstance(got, torch.Tensor) and bool(torch.isnan(got).any())):
-                # an expected NaN matches any value in the comparison, so the NaN mistake would "fit" every
-                # answer that is wrong only on a p == q row: offer it to answers with a NaN only
-                if bool(torch.isnan(mistakes.pop(NAN_ROWS)).any()):
-                    t.offered.add(NAN_ROWS)
-            t.expect(got, expected, "residual distribution", mistakes=mistakes)
+            t.expect(got, expected, "residual distribution", mistakes=_nan_only(t, got, residual_mistakes(p, q), NAN_ROWS))
 
 
 # -- 1.4 the rejection sampler, judged on its distribution --------------------------------------------------
@@ -503,7 +540,7 @@ def verify_rule(target_probs, draft_probs, draft_tokens, generator, kind: str = 
     call it only inside `_engine`."""
     p, q, k, out = target_probs, draft_probs, len(draft_tokens), []
     for i, x in enumerate(draft_tokens.tolist()):
-        u = torch.rand((), generator=generator, dtype=p.dtype, device=p.device)
+        u = torch.rand((), generator=generator, dtype=torch.float32 if kind == "f32" else p.dtype, device=p.device)
         ratio = q[i, x] / p[i, x] if kind == "inverse" else p[i, x] / q[i, x]
         if u < ratio:
             out.append(x)
@@ -518,6 +555,10 @@ def verify_rule(target_probs, draft_probs, draft_tokens, generator, kind: str = 
     return out
 
 
+F32_DRAW = ("draws u with torch.rand in float32 (no dtype=): the engine's probabilities are float64, and a float64 "
+            "draw takes other bits from the generator than a float32 one, so every later draw moves; pass "
+            "dtype=target_probs.dtype (and device=) to torch.rand")
+
 ENGINE_VERIFY_MISTAKES = {
     "resamples from p after a rejection; sample from norm(max(0, p - q))": "p",
     "accepts with min(1, q/p): the ratio is target over draft, p/q": "inverse",
@@ -525,6 +566,7 @@ ENGINE_VERIFY_MISTAKES = {
         "no_bonus",
     "draws the bonus token from target_probs[k - 1]; target_probs[k] predicts the token after the last draft":
         "previous",
+    F32_DRAW: "f32",
 }
 
 
@@ -729,12 +771,26 @@ SPEEDUP_CASES = [("visible", (0.8, 4, 0.05)), ("visible: a slow draft", (0.6, 3,
                  ("visible: gamma = 0, no speculation", (0.7, 0, 0.3))]
 
 
+def _tokens_table(ref, alpha, gammas) -> tuple:
+    """expected_tokens_per_step's right values at (alpha, g) for g in gammas, as call_with_upstream takes them."""
+    return ("expected_tokens_per_step", [((alpha, g), ref.expected_tokens_per_step(alpha, g)) for g in gammas])
+
+
+def _on_right_upstream(t, name: str, args: tuple, *upstream):
+    """The learner's `name`(*args), with the exercises it builds on (`upstream`: call_with_upstream's tables of
+    the reference's values) answering right while it runs: a check judges its own function only, and a mistake
+    upstream is named by the upstream function's own check."""
+    return t.run(call_with_upstream, t.learner(name), list(upstream), list(args), what=name)
+
+
 @check(points=2, section="2.2")
 def speedup(t):
-    """Leviathan et al.'s wall-time speedup: expected tokens per step over (gamma * c + 1)."""
+    """Leviathan et al.'s wall-time speedup: expected tokens per step over (gamma * c + 1). Your
+    expected_tokens_per_step answers with the right values while it runs (its own check judges it)."""
     for label, (alpha, gamma, c) in t.cases(visible=SPEEDUP_CASES, hidden=random_formula_case, n=3):
         with t.case(f"{label}: alpha={alpha}, gamma={gamma}, c={c}"):
-            got, expected = t.both("speedup", alpha, gamma, c)
+            expected = t.ref.speedup(alpha, gamma, c)
+            got = _on_right_upstream(t, "speedup", (alpha, gamma, c), _tokens_table(t.ref, alpha, [gamma]))
             t.expect(got, expected, "speedup", mistakes=speedup_mistakes(alpha, gamma, c), rtol=1e-9)
 
 
@@ -782,23 +838,30 @@ def random_best_case(rng):
 
 @check(points=2, section="2.3")
 def best_gamma(t):
-    """The gamma in 0 .. max_gamma with the largest speedup (0: do not speculate)."""
+    """The gamma in 0 .. max_gamma with the largest speedup (0: do not speculate). Your speedup and
+    expected_tokens_per_step answer with the right values while it runs (their own checks judge them)."""
     for label, (alpha, c, max_gamma) in t.cases(visible=BEST_CASES, hidden=random_best_case, n=3):
         with t.case(f"{label}: alpha={alpha}, c={c}, max_gamma={max_gamma}"):
-            got, expected = t.both("best_gamma", alpha, c, max_gamma)
+            expected = t.ref.best_gamma(alpha, c, max_gamma)
+            gammas = range(max_gamma + 2)  # one past the range too: a range slip is best_gamma's own mistake
+            got = _on_right_upstream(t, "best_gamma", (alpha, c, max_gamma), _tokens_table(t.ref, alpha, gammas),
+                                     ("speedup", [((alpha, g, c), t.ref.speedup(alpha, g, c)) for g in gammas]))
             t.expect(got, expected, "best gamma", mistakes=best_gamma_mistakes(alpha, c, max_gamma), count=True)
 
 
 # -- 3. the modeled GPU clock -------------------------------------------------------------------------------
 
+DRAFT_SHAPES = {"llama-3.2-1b": "LLAMA_3_2_1B"}  # the draft model keys a case may pass as c (gpu_model names)
+
+
 @answer_code
 def modeled(model, chip, alpha, gamma, context, c, batch, kind: str = "") -> float:
-    """The modeled speedup, right (kind "") or one of its usual wrong versions (MODELED_MISTAKES), computed
-    with reference_engine.sim.gpu_model."""
+    """The modeled speedup, right (kind "") or one of its usual wrong versions (MODELED_MISTAKES,
+    DRAFT_MISTAKES), computed with reference_engine.sim.gpu_model. c: a frozen ratio, or a draft model's key."""
     from reference_engine.sim import gpu_model as gm
 
     shape, hw = gm.MODELS[model], gm.CHIPS[chip]
-    step = lambda comp: gm.step_time(shape, hw, comp).time_s
+    step = lambda comp, s=shape: gm.step_time(s, hw, comp).time_s
 
     def lm_head(rows):
         _, m, n, k, calls = gm.gemm_shapes(shape, rows, rows)[-1]
@@ -813,7 +876,17 @@ def modeled(model, chip, alpha, gamma, context, c, batch, kind: str = "") -> flo
                 "as_decodes": lambda: step(gm.Composition.decode_batch(batch * (gamma + 1), context)) + extra,
                 "one_chunk": lambda: step(gm.Composition(prefills=((batch * (gamma + 1), context),))) + extra,
                 }.get(kind, lambda: step(chunks) + extra)()
-    drafting = 0.0 if kind == "no_draft" else gamma * c * t_decode
+    if isinstance(c, str):
+        draft = getattr(gm, DRAFT_SHAPES[c])
+        t_draft = {"frozen_c": lambda: step(gm.Composition.decode_batch(1, context), draft)
+                   / step(gm.Composition.decode_batch(1, context)) * t_decode,
+                   "draft_batch_1": lambda: step(gm.Composition.decode_batch(1, context), draft),
+                   "draft_no_kv": lambda: step(gm.Composition.decode_batch(batch, 0), draft),
+                   "draft_is_target": lambda: t_decode,
+                   }.get(kind, lambda: step(gm.Composition.decode_batch(batch, context), draft))()
+    else:
+        t_draft = c * t_decode
+    drafting = 0.0 if kind == "no_draft" else gamma * t_draft
     return _geometric(alpha, gamma + 1) * t_decode / (drafting + t_verify)
 
 
@@ -831,11 +904,33 @@ MODELED_MISTAKES = {
     "own chunk at its own context": "one_chunk",
 }
 
+# A draft model's key as c: the usual ways of pricing its forward wrongly.
+DRAFT_MISTAKES = {
+    "freezes the draft's cost at its batch-1 ratio (c = draft step / target step at batch 1, times t_decode at "
+    "every batch); a draft model is priced by its own decode step at each batch and context, and its KV cache "
+    "makes that ratio grow with the batch": "frozen_c",
+    "prices the draft's forward at batch 1 whatever the batch; it drafts for every sequence of the batch, "
+    "Composition.decode_batch(batch, context)": "draft_batch_1",
+    "prices the draft's forward at context 0 (no KV read); the draft reads its own KV cache of `context` tokens "
+    "per sequence": "draft_no_kv",
+    "prices the draft's forward as a target decode step; price model_shape(c), the draft model's own shape":
+        "draft_is_target",
+}
+
 MODELED_CASES = [
     ("visible: batch 1", ("llama-3-8b", "H100", 0.7, 4, 1024, 0.2, 1)),
     ("visible: batch 256", ("llama-3-8b", "H100", 0.7, 4, 1024, 0.2, 256)),
     ("visible: A100, long context", ("llama-3-8b", "A100", 0.8, 3, 4096, 0.1, 64)),
+    ("visible: a 1B draft model, batch 128, context 4096 (its c at this batch, not at batch 1)",
+     ("llama-3-8b", "H100", 0.6, 4, 4096, "llama-3.2-1b", 128)),
 ]
+
+
+@answer_code
+def modeled_mistakes(*case) -> dict:
+    """{mistake: the modeled speedup it gives} for a modeled_speedup case (the draft-model ones where c names one)."""
+    kinds = {**MODELED_MISTAKES, **(DRAFT_MISTAKES if isinstance(case[5], str) else {})}
+    return {name: modeled(*case, kind=kind) for name, kind in kinds.items()}
 
 
 def random_modeled_case(rng):
@@ -852,12 +947,13 @@ def _modeled_label(label, case, last: str = "batch") -> str:
 @check(points=3, section="3.1", timeout=30)
 def modeled_speedup(t):
     """The speedup at a decode batch on the modeled GPU clock: draft steps and one verification chunk per
-    sequence against plain decode steps."""
+    sequence against plain decode steps. Your expected_tokens_per_step answers with the right values while it
+    runs (its own check judges it)."""
     for label, case in t.cases(visible=MODELED_CASES, hidden=random_modeled_case, n=3):
         with t.case(_modeled_label(label, case)):
-            got, expected = t.both("modeled_speedup", *case)
-            t.expect(got, expected, "modeled speedup", rtol=1e-9,
-                     mistakes={name: modeled(*case, kind=kind) for name, kind in MODELED_MISTAKES.items()})
+            expected = t.ref.modeled_speedup(*case)
+            got = _on_right_upstream(t, "modeled_speedup", case, _tokens_table(t.ref, case[2], [case[3]]))
+            t.expect(got, expected, "modeled speedup", rtol=1e-9, mistakes=modeled_mistakes(*case))
 
 
 @answer_code
@@ -903,6 +999,10 @@ def break_even_mistakes(model, chip, alpha, gamma, context, c, max_batch) -> dic
     for name, kind in MODELED_MISTAKES.items():
         if kind in ("full_steps", "as_decodes"):
             out[f"{name} (in modeled_speedup)"] = first_not_paying(*case, max_batch, kind)
+    if isinstance(c, str):
+        for name, kind in DRAFT_MISTAKES.items():
+            if kind == "frozen_c":
+                out[f"{name} (in modeled_speedup)"] = first_not_paying(*case, max_batch, kind)
     return out
 
 
@@ -915,6 +1015,9 @@ BREAK_EVEN_CASES = [
     ("visible: max_batch is exactly the break-even batch", ("llama-3-8b", "H100", 0.7, 4, 1024, 0.2, 245)),
     ("visible: max_batch one below the break-even batch", ("llama-3-8b", "H100", 0.7, 4, 1024, 0.2, 244)),
     ("visible: max_batch one above the break-even batch", ("llama-3-8b", "H100", 0.7, 4, 1024, 0.2, 246)),
+    # a separate draft model: c = its own step over the target's at each batch (frozen at batch 1, 4k never stops)
+    ("visible: a 1B draft model, context 4096", ("llama-3-8b", "H100", 0.6, 4, 4096, "llama-3.2-1b", 1024)),
+    ("visible: a 1B draft model, context 1024", ("llama-3-8b", "H100", 0.6, 4, 1024, "llama-3.2-1b", 1024)),
 ]
 
 
@@ -925,9 +1028,297 @@ def random_break_even_case(rng):
 
 @check(points=3, section="3.2", timeout=60, cost=0.2)
 def break_even_batch(t):
-    """The smallest batch at which the modeled speedup is <= 1 (None if it still pays at max_batch)."""
+    """The smallest batch at which the modeled speedup is <= 1 (None if it still pays at max_batch). Your
+    expected_tokens_per_step answers with the right values while it runs; where your answer is wrong and your
+    modeled_speedup is wrong at the batches that decide it, the case says so: fix modeled_speedup first."""
     for label, case in t.cases(visible=BREAK_EVEN_CASES, hidden=random_break_even_case, n=2):
         with t.case(_modeled_label(label, case, "max_batch")):
-            got, expected = t.both("break_even_batch", *case)
-            t.expect(got, expected, "break-even batch", mistakes=break_even_mistakes(*case),
-                     count=expected is not None)
+            expected = t.ref.break_even_batch(*case)
+            tokens = _tokens_table(t.ref, case[2], [case[3]])
+            got = _on_right_upstream(t, "break_even_batch", case, tokens)
+            # the batches that decide the answer, and the reference's modeled speedup there (made for every
+            # answer, so that a student's copy holds them)
+            decide = sorted({b for b in ((expected - 1, expected) if expected else (case[6],)) if b >= 1})
+            right = {b: t.ref.modeled_speedup(*case[:6], b) for b in decide}
+            mistakes = break_even_mistakes(*case)
+            if got != expected:
+                _blame_modeled_speedup(t, case, right, tokens)
+            t.expect(got, expected, "break-even batch", mistakes=mistakes, count=expected is not None)
+
+
+def _blame_modeled_speedup(t, case, right: dict, tokens):
+    """Fail the case, naming modeled_speedup, if the learner's modeled_speedup is wrong at a batch that decides
+    the break-even batch (break_even_batch cannot be right on a wrong modeled_speedup)."""
+    from autograder.compare import compare
+    for b, value in right.items():
+        mine, raised = t.attempt(_on_right_upstream, t, "modeled_speedup", (*case[:6], b), tokens)
+        if raised is not None or compare(mine, value, rtol=1e-9) is not None:
+            said = f"raises {raised.type_name}" if raised is not None else f"returns {mine!r}"
+            t.fail(f"break_even_batch depends on modeled_speedup, which fails: at batch {b} your modeled_speedup "
+                   f"{said}, the right value is {value:.6g}. Fix modeled_speedup (its own check names the "
+                   "mistake) first; this case judges break_even_batch once modeled_speedup is right at the batches "
+                   "that decide it")
+
+
+# -- 4. tree drafts ---------------------------------------------------------------------------------------------
+
+def _kids(parents) -> list[list[int]]:
+    kids = [[] for _ in parents]
+    for i, j in enumerate(parents[1:], start=1):
+        kids[j].append(i)
+    return kids
+
+
+@answer_code
+def tree_mask_rule(parents: list, prefix_len: int, kind: str = "") -> tuple:
+    """The tree attention mask and positions, right (kind "") or one of TREE_MASK_MISTAKES."""
+    n = len(parents)
+    depth = [0] * n
+    for i in range(1, n):
+        depth[i] = depth[parents[i]] + 1
+    mask = torch.zeros(n, prefix_len + n, dtype=torch.bool)
+    if kind != "no_prefix":
+        mask[:, :prefix_len] = True
+    for i in range(n):
+        if kind == "causal":  # every earlier node, as in a chain
+            mask[i, prefix_len:prefix_len + i + 1] = True
+            continue
+        j = i
+        while j != -1:
+            if not (kind == "no_self" and j == i):
+                mask[i, prefix_len + j] = True
+            j = parents[j]
+    if kind == "descendants":
+        mask[:, prefix_len:] = mask[:, prefix_len:].T.clone()
+    pos = {"index": list(range(n)), "depth_plus_one": [d + 1 for d in depth]}.get(kind, depth)
+    return mask, torch.tensor(pos, dtype=torch.long) + prefix_len
+
+
+TREE_MASK_MISTAKES = {
+    "lets a node attend to every earlier node (a causal mask): siblings and cousins are other candidates, a node "
+    "sees only its ancestors and itself": "causal",
+    "leaves the prefix out: every node attends to all prefix_len cached keys": "no_prefix",
+    "leaves out the node itself: a token attends to its own key, as in a causal mask's diagonal": "no_self",
+    "marks descendants instead of ancestors (the mask transposed)": "descendants",
+    "numbers positions by node index (as in a chain); a node's position is prefix_len + its depth, siblings share "
+    "it": "index",
+    "puts the root at prefix_len + 1; the root is at depth 0, position prefix_len": "depth_plus_one",
+}
+
+TREE_CASES = [
+    ("visible: root, two children, a grandchild", ([-1, 0, 0, 1], 3)),
+    ("visible: a chain of 4 (the tree of plain speculation)", ([-1, 0, 1, 2], 2)),
+    ("visible: two branches of depth 2 and a third child", ([-1, 0, 0, 1, 2, 0], 5)),
+    ("visible: the root alone", ([-1], 4)),
+]
+
+
+def random_tree(rng, n_max: int = 9) -> list[int]:
+    n = rng.randint(2, n_max)
+    return [-1] + [rng.randrange(i) for i in range(1, n)]
+
+
+def random_tree_case(rng):
+    return random_tree(rng), rng.randint(0, 6)
+
+
+@answer_code
+def tree_mask_mistakes(parents, prefix_len) -> dict:
+    return {name: tree_mask_rule(parents, prefix_len, kind) for name, kind in TREE_MASK_MISTAKES.items()}
+
+
+@check(points=2, section="4.1")
+def tree_attention_mask(t):
+    """The tree attention mask (prefix, ancestors and self) and positions (prefix_len + depth)."""
+    for label, (parents, prefix_len) in t.cases(visible=TREE_CASES, hidden=random_tree_case, n=3):
+        with t.case(f"{label}: parents {parents}, prefix_len {prefix_len}"):
+            got, expected = t.both("tree_attention_mask", parents, prefix_len)
+            wrong = tree_mask_mistakes(parents, prefix_len)
+            if not (isinstance(got, tuple) and len(got) == 2):
+                t.fail(f"expected a tuple (mask, positions), got {type(got).__name__}")
+            t.expect(got[0], expected[0], "the mask", mistakes={k: v[0] for k, v in wrong.items()})
+            t.expect(got[1], expected[1], "the positions", mistakes={k: v[1] for k, v in wrong.items()})
+
+
+@answer_code
+def tree_greedy_rule(logits, tokens: list, parents: list, kind: str = "") -> list[int]:
+    """Greedy tree verification, right (kind "") or one of TREE_GREEDY_MISTAKES."""
+    best, kids = logits.argmax(dim=-1).tolist(), _kids(parents)
+    out, node = [], 0
+    while True:
+        t = best[node]
+        tried = kids[node][:1] if kind == "first_child" else kids[node]
+        nxt = next((c for c in tried if tokens[c] == t), None)
+        if kind == "own_row" and kids[node]:  # compares a child's token with the child's own row
+            nxt = next((c for c in kids[node] if tokens[c] == best[c]), None)
+            t = tokens[nxt] if nxt is not None else t
+        if nxt is None:
+            if kind != "no_bonus" or not out:
+                out.append(t)
+            return out
+        out.append(t)
+        node = nxt
+
+
+TREE_GREEDY_MISTAKES = {
+    "tries only the first child: when it does not match the target's argmax, try its siblings, one of them may":
+        "first_child",
+    "never emits the last token (the target's own, where no child matches or at a leaf)": "no_bonus",
+    "compares a child's token with the child's own row; the parent's row predicts the child's token": "own_row",
+}
+
+TREE_GREEDY_CASES = [
+    ("visible: the second child matches, then its child", ([[0, 0, 9, 0], [9, 0, 0, 0], [0, 9, 0, 0], [0, 0, 0, 9],
+                                                          [1, 0, 0, 0]], [3, 1, 2, 1, 3], [-1, 0, 0, 2, 3])),
+    ("visible: no child matches at the root", ([[0, 9, 0, 0], [9, 0, 0, 0], [0, 0, 9, 0]], [0, 2, 3], [-1, 0, 0])),
+    ("visible: a full path to a leaf (the bonus token)", ([[0, 0, 0, 9], [0, 9, 0, 0], [0, 0, 9, 0], [9, 0, 0, 0]],
+                                                          [1, 3, 1, 0], [-1, 0, 1, 1])),
+]
+
+
+def random_tree_greedy_case(rng):
+    parents = random_tree(rng)
+    n, V = len(parents), rng.randint(3, 6)
+    best = [rng.randrange(V) for _ in range(n)]
+    tokens = [rng.randrange(V)] + [best[parents[i]] if rng.random() < 0.6 else rng.randrange(V) for i in range(1, n)]
+    return _logits(best, V, rng.randrange(2**31)), tokens, parents
+
+
+@answer_code
+def tree_greedy_mistakes(logits, tokens, parents) -> dict:
+    return {name: tree_greedy_rule(logits, tokens, parents, kind) for name, kind in TREE_GREEDY_MISTAKES.items()}
+
+
+@check(points=2, section="4.2")
+def verify_tree_greedy(t):
+    """Greedy tree verification: follow the child holding the target's argmax, trying every sibling, then the
+    target's own token."""
+    visible = [(label, (_t(rows).float(), tokens, parents)) for label, (rows, tokens, parents) in TREE_GREEDY_CASES]
+    for label, (logits, tokens, parents) in t.cases(visible=visible, hidden=random_tree_greedy_case, n=3):
+        with t.case(f"{label}: argmax per node {logits.argmax(-1).tolist()}, tokens {tokens}, parents {parents}"):
+            got, expected = t.both("verify_tree_greedy", logits, tokens, parents)
+            t.expect(got, expected, "the emitted tokens", mistakes=tree_greedy_mistakes(logits, tokens, parents),
+                     hint="" if _is_int_list(got) else "Return a list of Python ints (tensor.tolist()).")
+
+
+def _norm(row: list) -> list:
+    total = sum(row)
+    return [x / total for x in row] if total > 0 else list(row)
+
+
+@answer_code
+def tree_law(p: list, q: list, parents: list, kind: str = "") -> dict:
+    """The exact probability of every token sequence one verify_tree call emits, node tokens drawn here (each
+    node's children from q[parent] without replacement, in index order), for the right rule (kind "") or one of
+    TREE_VERIFY_MISTAKES."""
+    n, kids, law = len(parents), _kids(parents), {}
+
+    def add(seq, w):
+        if w > 0:
+            law[seq] = law.get(seq, 0.0) + w
+
+    def walk(toks, prob):
+        def at(node, seq, w):
+            tries(node, kids[node][:1] if kind == "first_only" else kids[node], p[node], q[node], seq, w)
+
+        def tries(node, rest, pc, qc, seq, w):
+            if w == 0:
+                return
+            if not rest:
+                final = p[node] if kind == "final_from_target" else pc
+                for y, py in enumerate(final):
+                    add(seq + (y,), w * py)
+                return
+            x = toks[rest[0]]
+            a = min(1.0, pc[x] / qc[x]) if qc[x] > 0 else 1.0
+            if a > 0:
+                at(rest[0], seq + (x,), w * a)
+            if a < 1:
+                pc2 = pc if kind == "no_p_update" else _residual_row(pc, qc, "norm")
+                qc2 = qc if kind == "no_q_update" else _norm([0.0 if y == x else v for y, v in enumerate(qc)])
+                tries(node, rest[1:], pc2, qc2, seq, w * (1 - a))
+
+        at(0, (), prob)
+
+    def assign(i, toks, prob):
+        if i == n:
+            walk(toks, prob)
+            return
+        used = {toks[s] for s in kids[parents[i]] if s < i}
+        row = _norm([0.0 if y in used else v for y, v in enumerate(q[parents[i]])])
+        for x, w in enumerate(row):
+            if w > 0:
+                assign(i + 1, toks + [x], prob * w)
+
+    assign(1, [0], 1.0)
+    return law
+
+
+TREE_VERIFY_MISTAKES = {
+    "tries only the first child and samples the residual when it is rejected; try every sibling in turn":
+        dict(kind="first_only"),
+    "does not remove a rejected sibling's token from q: the next sibling was drawn without it, so set q(x) to 0 "
+    "and renormalize": dict(kind="no_q_update"),
+    "does not update p between siblings: after a rejection the next sibling is judged against the residual "
+    "norm(max(0, p - q))": dict(kind="no_p_update"),
+    "samples the last token from the node's target row after rejecting its children; sample from the residual "
+    "left by the rejections": dict(kind="final_from_target"),
+}
+
+TREE_VERIFY_CASES = [
+    ("visible: root with 3 children, V=4", ([-1, 0, 0, 0],
+     [[0.4, 0.3, 0.2, 0.1], [0.25, 0.25, 0.25, 0.25], [0.1, 0.2, 0.3, 0.4], [0.7, 0.1, 0.1, 0.1]],
+     [[0.1, 0.2, 0.3, 0.4], [0.25, 0.25, 0.25, 0.25], [0.25, 0.25, 0.25, 0.25], [0.25, 0.25, 0.25, 0.25]])),
+    ("visible: two children, the first with two of its own, V=4", ([-1, 0, 0, 1, 1],
+     [[0.5, 0.2, 0.2, 0.1], [0.1, 0.6, 0.2, 0.1], [0.3, 0.3, 0.2, 0.2], [0.2, 0.2, 0.3, 0.3], [0.4, 0.1, 0.1, 0.4]],
+     [[0.2, 0.5, 0.2, 0.1], [0.3, 0.3, 0.3, 0.1], [0.25, 0.25, 0.25, 0.25], [0.25, 0.25, 0.25, 0.25],
+      [0.25, 0.25, 0.25, 0.25]])),
+]
+
+
+def random_tree_verify_case(rng):
+    parents = [-1, 0, 0] + ([1] if rng.random() < 0.5 else [0])
+    V = rng.randint(3, 4)
+    return parents, _rows(rng, len(parents), V, zeros=False), _rows(rng, len(parents), V, zeros=False)
+
+
+def _draw_trees(q: list, parents: list, count: int, g: torch.Generator) -> list:
+    """count node-token lists: each node's children drawn from q[parent] without replacement, in index order."""
+    kids, rows = _kids(parents), []
+    for _ in range(count):
+        toks = [0]
+        for i in range(1, len(parents)):
+            used = {toks[s] for s in kids[parents[i]] if s < i}
+            row = _t([0.0 if y in used else v for y, v in enumerate(q[parents[i]])])
+            toks.append(int(torch.multinomial(row / row.sum(), 1, generator=g)))
+        rows.append(toks)
+    return rows
+
+
+@check(points=3, section="4.3", timeout=120, cost=0.3)
+def verify_tree(t):
+    """Multi-candidate rejection sampling over a tree: the law of what it emits, judged by a chi-square test
+    against the exact law (false-alarm rate 1e-6 per case)."""
+    for label, (parents, p, q) in t.cases(visible=TREE_VERIFY_CASES, hidden=random_tree_verify_case, n=1):
+        g = torch.Generator().manual_seed(t.rng.randrange(2**31))
+        trees = _draw_trees(q, parents, N_CALLS, g)
+        seed = t.rng.randrange(2**31)
+        with t.case(f"{label}: parents {parents}, {N_CALLS} calls"):
+            run = t.run(sample_tree_verify, t.learner("verify_tree"), _t(p), _t(q), trees, parents, seed,
+                        what=f"verify_tree, called {N_CALLS} times,")
+            if run["problem"]:
+                t.fail(run["problem"])
+            t.expect_true(not run["modified"], "verify_tree modified an argument in place; the caller still needs it")
+            right = tree_law(p, q, parents)
+            wrong = {name: tree_law(p, q, parents, **kw) for name, kw in TREE_VERIFY_MISTAKES.items()}
+            found = groups(wrong, lambda a, b: _law_distance(a, b) <= 1e-12, right)
+            t.offered.update(name for names, _ in found for name in names)
+            counts = Counter(tuple(o) for o in run["outputs"])
+            stat, df, pvalue = chi_square(counts, right, N_CALLS)
+            if pvalue >= FALSE_ALARM:
+                continue
+            first = _first_token_shares(counts, len(p[0]), N_CALLS)
+            t.fail(f"over {N_CALLS} calls (node tokens drawn from draft_probs), the sequences verify_tree emits do "
+                   f"not follow the rule's exact law: chi-square {stat:.0f} on {df} degrees of freedom, p-value "
+                   f"{pvalue:.2g}.\n  first emitted token: yours {_fmt(first)}, target_probs[0] {_fmt(p[0])}",
+                   named(counts, found, lambda c, law: chi_square(c, law, N_CALLS)[2] >= FALSE_ALARM))

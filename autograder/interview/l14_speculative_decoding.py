@@ -192,12 +192,25 @@ def decode_seconds(model: str, chip: str, batch: int, ctx: int) -> float:
     return gm.step_time(MODELS[model], gm.CHIPS[chip], gm.Composition.decode_batch(batch, ctx)).time_s
 
 
-def setting_text(model: str, chip: str, alpha: float, gamma: int, ctx: int, c: float) -> str:
+DRAFT = "llama-3.2-1b"  # the lesson's draft model key (solutions' model_shape): gpu_model.LLAMA_3_2_1B
+
+
+def setting_text(model: str, chip: str, alpha: float, gamma: int, ctx: int, c: float | str) -> str:
+    draft = (f"one draft forward costs c = {c:g} of the target's decode step at any batch (a drafter with next to no "
+             "KV cache of its own, such as an EAGLE head, so its c stays fixed)" if not isinstance(c, str) else
+             f"the draft is a separate {gm.LLAMA_3_2_1B.name}-shaped model, priced by its own modeled decode step at "
+             "each batch and context")
     return (f"Modeled {gm.CHIPS[chip].name} (reference_engine/sim/gpu_model.py: roofline kernels at achievable fractions of "
             f"the datasheet peaks, plus its per-step overhead), {MODELS[model].name} target in bf16, every sequence at "
-            f"{ctx:,} tokens of context. Draft: gamma = {gamma} tokens per step, acceptance alpha = {alpha:g}, one draft "
-            f"forward costs c = {c:g} of the target's decode step at the same batch. Verification scores gamma + 1 "
-            "tokens per sequence with logits at every position")
+            f"{ctx:,} tokens of context. Draft: gamma = {gamma} tokens per step, acceptance alpha = {alpha:g}; {draft}. "
+            "Verification scores gamma + 1 tokens per sequence with logits at every position")
+
+
+def frozen_c(model: str, chip: str, ctx: int) -> float:
+    """The 1B draft's c at batch 1: its decode step over the target's (what freezing c keeps at every batch)."""
+    one = gm.Composition.decode_batch(1, ctx)
+    return (gm.step_time(gm.LLAMA_3_2_1B, gm.CHIPS[chip], one).time_s
+            / gm.step_time(MODELS[model], gm.CHIPS[chip], one).time_s)
 
 
 @template(STEM, "modeled speedup at a batch")
@@ -232,12 +245,18 @@ def modeled(rng, ref):
     return q
 
 
+def _c_at(model: str, chip: str, ctx: int, batch: int) -> float:
+    comp = gm.Composition.decode_batch(batch, ctx)
+    return (gm.step_time(gm.LLAMA_3_2_1B, gm.CHIPS[chip], comp).time_s
+            / gm.step_time(MODELS[model], gm.CHIPS[chip], comp).time_s)
+
+
 @template(STEM, "break-even batch")
 def break_even(rng, ref):
     while True:  # an instance where it pays at batch 1 and stops within MAX_BATCH, at this gamma and at gamma 8
         model, chip = pick(rng, sorted(MODELS)), pick(rng, sorted(gm.CHIPS))
-        alpha, gamma = pick(rng, [0.5, 0.6, 0.7]), pick(rng, [2, 3, 4, 5])
-        ctx, c = pick(rng, [256, 512, 1024]), pick(rng, [0.05, 0.1, 0.2])
+        alpha, gamma = pick(rng, [0.6, 0.7, 0.8]), pick(rng, [2, 3, 4, 5])
+        ctx, c = pick(rng, [256, 512, 1024, 2048]), DRAFT  # a 1B draft model: its c at each batch
         b = ref.break_even_batch(model, chip, alpha, gamma, ctx, c, MAX_BATCH)
         if b is None or b == 1:
             continue
@@ -245,16 +264,25 @@ def break_even(rng, ref):
         if b8 is not None:
             break
 
+    c1 = frozen_c(model, chip, ctx)
+
     def ask(g, n, prompt):
         at = lambda k: ref.modeled_speedup(model, chip, alpha, g, ctx, c, k)
         steps = [f"modeled speedup at batch 1: {fmt(at(1))}x; it falls as the batch grows: verification holds "
-                 f"{g + 1}x the decode step's tokens, and past the ridge point those tokens cost compute"]
+                 f"{g + 1}x the decode step's tokens, and past the ridge point those tokens cost compute",
+                 f"the draft's c is its own step over the target's at each batch: {fmt(c1)} at batch 1, "
+                 f"{fmt(_c_at(model, chip, ctx, n))} at "
+                 f"batch {n} (its KV reads grow with the batch)"]
         if n > 1:
             steps.append(f"batch {n - 1}: {fmt(at(n - 1))}x, still above 1")
         steps.append(f"batch {n}: {fmt(at(n))}x <= 1: the first batch at which it stops paying is {n}")
+        frozen = ref.break_even_batch(model, chip, alpha, g, ctx, c1, MAX_BATCH)
+        mistakes = {"gives the last batch at which it still pays, not the first at which it stops": n - 1}
+        if frozen is not None:
+            mistakes["freezes the draft's c at its batch-1 value; a separate draft model's c grows with the batch"] = frozen
         return Numeric(prompt, "sequences", n, steps,
                        "Speculation spends spare arithmetic; a large enough batch has none left to spend.", rtol=0,
-                       mistakes={"gives the last batch at which it still pays, not the first at which it stops": n - 1})
+                       mistakes=mistakes)
 
     q = ask(gamma, b, f"{setting_text(model, chip, alpha, gamma, ctx, c)}. What is the smallest decode batch (1 to "
                       f"{MAX_BATCH} sequences) at which speculation stops paying, its modeled speedup <= 1?")

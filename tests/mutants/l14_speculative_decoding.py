@@ -106,6 +106,17 @@ def acceptance_rate(target_probs, draft_probs):  # noqa: F811
     return ratio.clamp(max=1).mean(dim=-1)
 
 
+@mutant(check="acceptance_rate", message="divides p by q at tokens where both are 0")
+def acceptance_rate(target_probs, draft_probs):  # noqa: F811
+    return (draft_probs * (target_probs / draft_probs).clamp(max=1)).sum(dim=-1)  # 0/0 = NaN on one-hot rows
+
+
+@mutant(check="acceptance_rate", message="0/0 counted as 1")
+def acceptance_rate(target_probs, draft_probs):  # noqa: F811
+    ratio = torch.nan_to_num(target_probs / draft_probs, nan=1.0)  # "0/0: both models agree"
+    return ratio.clamp(max=1).mean(dim=-1)
+
+
 @mutant(check="residual_distribution", message="does not normalize max(0, p - q)")
 def residual_distribution(target_probs, draft_probs):
     return (target_probs - draft_probs).clamp(min=0)
@@ -265,6 +276,18 @@ def verify(target_probs, draft_probs, draft_tokens, generator):  # noqa: F811
     return _m_verify(target_probs, draft_probs, draft_tokens, generator, rng=False)  # torch's global RNG
 
 
+@mutant(check="verifier_in_engine", message="draws u with torch.rand in float32 (no dtype=)")
+def verify(target_probs, draft_probs, draft_tokens, generator):  # noqa: F811
+    out = []
+    for i, x in enumerate(draft_tokens.tolist()):
+        if torch.rand((), generator=generator) < target_probs[i, x] / draft_probs[i, x]:  # float32: no dtype=
+            out.append(x)
+            continue
+        row = sol.residual_distribution(target_probs[i], draft_probs[i])
+        return out + [int(torch.multinomial(row, 1, generator=generator))]
+    return out + [int(torch.multinomial(target_probs[len(out)], 1, generator=generator))]
+
+
 # -- 2. the arithmetic ------------------------------------------------------------------------------------
 
 @mutant(check="expected_tokens_per_step", message="one term short")
@@ -404,9 +427,9 @@ def break_even_batch(model, chip, alpha, gamma, context, c, max_batch=1024):  # 
     return found - 1 if found else found
 
 
-@mutant(check="break_even_batch", message="or a modeled_speedup that charges verification as one decode step")
+@mutant(check="break_even_batch", message="break_even_batch depends on modeled_speedup, which fails")
 def modeled_speedup(model, chip, alpha, gamma, context, c, batch):  # noqa: F811
-    return sol.speedup(alpha, gamma, c)  # break_even_batch calls this wrong modeled_speedup
+    return sol.speedup(alpha, gamma, c)  # break_even_batch calls this wrong modeled_speedup: blamed on it
 
 
 @mutant(check="break_even_batch", message="ignores max_batch")
@@ -447,3 +470,85 @@ def break_even_batch(model, chip, alpha, gamma, context, c, max_batch=1024):  # 
 @mutant(check="break_even_batch", message="uses speedup(alpha, gamma, c), which does not depend on the batch")
 def break_even_batch(model, chip, alpha, gamma, context, c, max_batch=1024):  # noqa: F811
     return None if sol.speedup(alpha, gamma, c) > 1 else 1
+
+
+# -- 4. tree drafts ---------------------------------------------------------------------------------------------
+
+@mutant(check="tree_attention_mask", message="lets a node attend to every earlier node")
+def tree_attention_mask(parents, prefix_len):  # noqa: F811
+    n = len(parents)
+    mask = torch.ones(n, prefix_len + n, dtype=torch.bool).tril(prefix_len)  # causal: siblings see each other
+    return mask, sol.tree_attention_mask(parents, prefix_len)[1]
+
+
+@mutant(check="tree_attention_mask", message="numbers positions by node index")
+def tree_attention_mask(parents, prefix_len):  # noqa: F811
+    mask, _ = sol.tree_attention_mask(parents, prefix_len)
+    return mask, torch.arange(len(parents)) + prefix_len  # chain positions
+
+
+@mutant(check="tree_attention_mask", message="leaves the prefix out")
+def tree_attention_mask(parents, prefix_len):  # noqa: F811
+    mask, pos = sol.tree_attention_mask(parents, prefix_len)
+    mask[:, :prefix_len] = False
+    return mask, pos
+
+
+@mutant(check="verify_tree_greedy", message="tries only the first child")
+def verify_tree_greedy(target_logits, tokens, parents):  # noqa: F811
+    best, kids = target_logits.argmax(dim=-1).tolist(), sol.children_of(parents)
+    out, node = [], 0
+    while True:
+        out.append(best[node])
+        if not kids[node] or tokens[kids[node][0]] != best[node]:
+            return out
+        node = kids[node][0]
+
+
+@mutant(check="verify_tree_greedy", message="never emits the last token")
+def verify_tree_greedy(target_logits, tokens, parents):  # noqa: F811
+    out = sol.verify_tree_greedy(target_logits, tokens, parents)
+    return out[:-1] if len(out) > 1 else out
+
+
+def _m_tree(p, q, tokens, parents, gen, kind):
+    kids = sol.children_of(parents)
+    out, node, pc, qc = [], 0, p[0], q[0]
+    while True:
+        tried = kids[node][:1] if kind == "first_only" else kids[node]
+        moved = False
+        for c in tried:
+            x = tokens[c]
+            if torch.rand((), generator=gen, dtype=p.dtype) < pc[x] / qc[x]:
+                out.append(x)
+                node, pc, qc, moved = c, p[c], q[c], True
+                break
+            if kind != "no_p_update":
+                pc = sol.residual_distribution(pc, qc)
+            if kind != "no_q_update":
+                qc = qc.clone()
+                qc[x] = 0
+                qc = qc / qc.sum()
+        if not moved:
+            final = p[node] if kind == "final_from_target" else pc
+            return out + [int(torch.multinomial(final, 1, generator=gen))]
+
+
+@mutant(check="verify_tree", message="tries only the first child")
+def verify_tree(target_probs, draft_probs, tokens, parents, generator):  # noqa: F811
+    return _m_tree(target_probs, draft_probs, tokens, parents, generator, "first_only")
+
+
+@mutant(check="verify_tree", message="does not remove a rejected sibling's token from q")
+def verify_tree(target_probs, draft_probs, tokens, parents, generator):  # noqa: F811
+    return _m_tree(target_probs, draft_probs, tokens, parents, generator, "no_q_update")
+
+
+@mutant(check="verify_tree", message="does not update p between siblings")
+def verify_tree(target_probs, draft_probs, tokens, parents, generator):  # noqa: F811
+    return _m_tree(target_probs, draft_probs, tokens, parents, generator, "no_p_update")
+
+
+@mutant(check="verify_tree", message="samples the last token from the node's target row")
+def verify_tree(target_probs, draft_probs, tokens, parents, generator):  # noqa: F811
+    return _m_tree(target_probs, draft_probs, tokens, parents, generator, "final_from_target")
