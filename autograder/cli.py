@@ -19,7 +19,7 @@ def _seed(args) -> int:
 
 
 # The instructor's commands: a student's copy has neither them nor the files they need.
-INSTRUCTOR_COMMANDS = ("sync", "new-lesson", "release", "nbgrader")
+INSTRUCTOR_COMMANDS = ("sync", "new-lesson", "release", "nbgrader", "gradescope", "autograde")
 SEED_IN_COPY = ("--seed is not available in this copy of the course: it grades the visible cases only, at a fixed "
                 "seed; the hidden cases, which a seed reproduces, are graded by your instructor")
 
@@ -251,6 +251,15 @@ def cmd_nbgrader(args) -> int:
     return 0
 
 
+def cmd_gradescope(args) -> int:
+    from . import gradescope
+    stems = [lessons.find(x).stem for x in args.lessons] if args.lessons else None
+    path = gradescope.build(args.out, stems, allow_unsandboxed=args.allow_unsandboxed)
+    print(f"wrote {path} ({path.stat().st_size / 1e6:.1f} MB): upload it as the assignment's autograder "
+          "(Gradescope: Configure Autograder > Zip file upload), and raise the assignment's time limit to 40 minutes")
+    return 0
+
+
 def cmd_serve(args) -> int:
     from reference_engine.server import options
 
@@ -349,6 +358,14 @@ def parser(in_copy: bool | None = None) -> argparse.ArgumentParser:
         b.add_argument("dir")
         b.add_argument("lessons", nargs="*", help="default: every ready lesson")
         b.set_defaults(func=cmd_nbgrader)
+        gs = sub.add_parser("gradescope", help="(instructors) a Gradescope autograder")
+        gsub = gs.add_subparsers(dest="gscmd", required=True)
+        gb = gsub.add_parser("build", help="write OUT/autograder.zip (Gradescope's autograder specification)")
+        gb.add_argument("out")
+        gb.add_argument("lessons", nargs="*", help="default: every ready lesson")
+        gb.add_argument("--allow-unsandboxed", action="store_true",
+                        help="grade even where the course's sandbox is not active in Gradescope's container")
+        gb.set_defaults(func=cmd_gradescope)
     return p
 
 
