@@ -260,6 +260,16 @@ def cmd_gradescope(args) -> int:
     return 0
 
 
+def cmd_autograde(args) -> int:
+    from . import batch
+    stems = [lessons.find(x).stem for x in args.lessons] if args.lessons else None
+    r = batch.autograde(args.submissions, args.out, stems, args.workers, args.allow_unsandboxed)
+    print(f"graded {r['graded']} submission(s) in {r['seconds']:.1f} s "
+          f"({r['graded'] / max(r['seconds'], 1e-9) * 60:.1f} a minute), {r['skipped']} unchanged; gradebook, "
+          f"grades.csv and feedback/ in {Path(args.out) if args.out else Path(args.submissions).parent / 'gradebook'}")
+    return 0
+
+
 def cmd_serve(args) -> int:
     from reference_engine.server import options
 
@@ -366,6 +376,14 @@ def parser(in_copy: bool | None = None) -> argparse.ArgumentParser:
         gb.add_argument("--allow-unsandboxed", action="store_true",
                         help="grade even where the course's sandbox is not active in Gradescope's container")
         gb.set_defaults(func=cmd_gradescope)
+        ag = sub.add_parser("autograde", help="(instructors) grade a folder of submissions in parallel into one "
+                                              "gradebook (grades.csv, a CSV and JSON per lesson, feedback/)")
+        ag.add_argument("submissions", help="one folder per student, or nbgrader's course folder (submitted/...)")
+        ag.add_argument("--workers", type=int, default=os.cpu_count() or 1, help="graders at once (default: cores)")
+        ag.add_argument("--out", help="gradebook folder (default: SUBMISSIONS/../gradebook)")
+        ag.add_argument("--lessons", nargs="*", help="default: every lesson a student has a file for")
+        ag.add_argument("--allow-unsandboxed", action="store_true", help="grade even without the course's sandbox")
+        ag.set_defaults(func=cmd_autograde)
     return p
 
 

@@ -31,7 +31,7 @@ from . import lessons, reference, scan
 COPIED = ["README.md", "pyproject.toml", "lessons", "exercises", "reference_engine", "autograder"]
 INSTRUCTOR_ONLY = ["autograder/sync.py", "autograder/nbgrader_build.py",
                    "autograder/release.py", "autograder/README.md", "autograder/bench.py", "autograder/new_lesson.py",
-                   "autograder/gradescope.py"]
+                   "autograder/gradescope.py", "autograder/batch.py", "autograder/bench_autograde.py"]
 # (nbgrader_grade.py stays: the notebooks' grade_cell shares its helpers.)
 _IGNORE = shutil.ignore_patterns("__pycache__", "*.pyc", ".ipynb_checkpoints", "*.egg-info", "visible")
 MARKERS = ("### BEGIN SOLUTION", "### END SOLUTION")
