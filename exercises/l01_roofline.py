@@ -33,6 +33,20 @@ CHIPS = {
     "H200 SXM": {"dense_tflops": 989.0, "sparse_tflops": 2 * 989.0, "hbm_gb_per_s": 4800.0, "hbm_gb": 141},
 }
 
+# Two more accelerators for section 5.3, from their vendors' datasheets, dense bf16 (half the sparse figure):
+# NVIDIA HGX B200 datasheet, per GPU of the board's eight (its 1,000 W configuration): 2.25 PFLOP/s dense bf16
+# (4.5 sparse), 8 TB/s of HBM3e, 180 GB (the board's 1.44 TB / 8); AMD Instinct MI300X data sheet: 1,307.4 TFLOP/s
+# dense bf16 (2,614.9 with structured sparsity), 5.3 TB/s, 192 GB of HBM3. Section 5.3 only: CHIPS above stays the
+# three chips the exercises and checks use.
+OTHER_CHIPS = {
+    "B200 (HGX, 1000 W)": {"dense_tflops": 2250.0, "sparse_tflops": 2 * 2250.0, "hbm_gb_per_s": 8000.0, "hbm_gb": 180},
+    "MI300X": {"dense_tflops": 1307.4, "sparse_tflops": 2614.9, "hbm_gb_per_s": 5300.0, "hbm_gb": 192},
+}
+
+# GPU-to-GPU bandwidth for section 5.3, per GPU and per direction: NVLink 4 on the H100 SXM (datasheet: 900 GB/s,
+# both directions together) and NVLink 5 on the HGX B200 (datasheet: 1.8 TB/s, both directions together).
+NVLINK_GB_PER_S = {"H100 SXM": 450.0, "B200 (HGX, 1000 W)": 900.0}
+
 # Shapes from the models' config.json; "params" is the nominal parameter count (8e9, 70e9).
 # hidden (hidden_size), intermediate (intermediate_size) and vocab (vocab_size) size the weight
 # matrices one by one; only section 3.3 uses them.
@@ -48,6 +62,12 @@ LLAMA_3_70B = {"name": "Llama-3-70B", "params": 70e9, "layers": 80, "heads": 64,
 # 47B, of which 13B are active per token).
 MIXTRAL_8X7B = {"name": "Mixtral-8x7B", "params": 46_702_792_704, "layers": 32, "heads": 32, "kv_heads": 8,
                 "head_dim": 128, "experts": 8, "top_k": 2, "expert_params": 3 * 4096 * 14336}
+
+# A large MoE for section 5.3's expert parallelism, from DeepSeek-V3's config.json (61 layers of which the first 3
+# are dense, hidden 7168, 256 routed experts and 1 shared, 8 routed experts per token, expert intermediate size
+# 2048) and its technical report (arXiv:2412.19437: 671B parameters in all, 37B activated per token).
+DEEPSEEK_V3 = {"name": "DeepSeek-V3", "params": 671e9, "active_params": 37e9, "layers": 61, "dense_layers": 3,
+               "hidden": 7168, "routed_experts": 256, "shared_experts": 1, "top_k": 8, "expert_intermediate": 2048}
 
 
 # ---------------------------------------------------------------- 1. the cost of a forward pass

@@ -5,13 +5,18 @@
 
 Every metric here is computed from one record per request, `RequestTimes`: when the request
 arrived, when each of its output tokens was produced, and when it finished, all in seconds on
-one clock. The definitions follow vLLM's serving benchmark (benchmarks/benchmark_serving.py,
-`calculate_metrics`) and DistServe (OSDI 2024) for goodput:
+one clock. The definitions follow vLLM's serving benchmark, `vllm bench serve` (its code is
+vllm/benchmarks/serve.py, `calculate_metrics`; the old benchmarks/benchmark_serving.py script now only
+points there), and DistServe (OSDI 2024) for goodput:
 
     TTFT = first token time - arrival
     TPOT = (latency - TTFT) / (output tokens - 1),  latency = finish - arrival
     ITL  = the gaps between successive output tokens after the first
     goodput = requests meeting BOTH the TTFT and the TPOT SLO, per second of the run
+
+Here every token has its own timestamp. vLLM's client has one per streamed message
+(vllm/benchmarks/lib/endpoint_request_func.py), and a message may carry several tokens: its ITL list
+holds one gap per message, while its TPOT divides by the token count the server reports.
 
 The bottom of the file holds the measurement harness the notebook uses (a trace replay through
 the reference engine); it is given, not an exercise.

@@ -31,8 +31,21 @@ ZERO_BITS = 4    # an asymmetric group's zero point, packed 4-bit like the weigh
 
 GB, GiB = 10**9, 2**30
 
-# HBM per GPU from the vendor datasheets, in GB as printed there (1 GB taken as 1e9 bytes).
+# HBM per GPU from the vendor datasheets, in GB as printed there (1 GB taken as 1e9 bytes): the LABEL.
+# The course's convention for capacity is the memory the driver reports, which is what vLLM multiplies by
+# gpu_memory_utilization: H100 SXM 81,559 MiB = 85.52e9 bytes, H200 SXM 143,771 MiB = 150.75e9 bytes (nvidia-smi /
+# NVML, via Modal's "Why does an NVIDIA H100 80GB card offer 85.52 GB?"; kept in reference_engine/sim/gpu_model.py).
+# The label is a few percent less and is used only where a figure says so. max_users takes either: it is an input.
 GPU_MEMORY_BYTES = {"H100 SXM": 80 * GB, "H200 SXM": 141 * GB}
+
+# Two more accelerators, datasheet labels (their driver totals are not collected here): NVIDIA HGX B200 datasheet,
+# 1.44 TB of HBM3e over 8 GPUs = 180 GB each; AMD Instinct MI300X data sheet, 192 GB of HBM3.
+OTHER_GPU_MEMORY_BYTES = {"B200 (HGX)": 180 * GB, "MI300X": 192 * GB}
+
+# A mixture-of-experts model for section 4's last part: DeepSeek-V3's technical report (arXiv:2412.19437) gives 671B
+# parameters in all and 37B activated per token; its KV cache is MLA's latent, 61 layers x (512 + 64) x 2 bytes
+# = 70,272 bytes per token in bf16 (config.json: kv_lora_rank 512, qk_rope_head_dim 64).
+DEEPSEEK_V3 = {"name": "DeepSeek-V3", "params": 671e9, "active_params": 37e9, "kv_bytes_per_token": 61 * (512 + 64) * 2}
 
 # The fields of the models' config.json that matter here (meta-llama on the Hugging Face hub).
 LLAMA_3_70B = {"model_type": "llama", "hidden_size": 8192, "intermediate_size": 28672,
@@ -161,6 +174,6 @@ def max_users(config: dict, gpu_mem_bytes: float, n_gpus: int, context_len: int,
                                     causes it is: the weights (with the reserve) do not fit, or they
                                     do but one sequence of context_len tokens needs more KV than is free
 
-    Example: max_users(LLAMA_3_70B, 80e9, 8, 8192)["users"] == 155
+    Example: max_users(LLAMA_3_70B, 80e9, 8, 8192)["users"] == 155   (80e9: the H100's datasheet label)
     """
     raise NotImplementedError("Exercise 4.1 (max_users): see section 4.1 of lessons/l06_capacity_planning.ipynb")

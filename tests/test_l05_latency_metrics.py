@@ -37,7 +37,7 @@ def test_percentile_edges():
 # -- per-request metrics against vLLM's formulas ---------------------------------------------------
 
 def _vllm_style(requests, ttft_slo, tpot_slo):
-    """vLLM benchmark_serving.calculate_metrics: tpot = 0 for one-token requests in the goodput
+    """vLLM `vllm bench serve` (vllm/benchmarks/serve.py, calculate_metrics): tpot = 0 for one-token requests in the goodput
     check, a request is good when every SLO >= its value, goodput = good / duration."""
     ttfts = [r.token_times[0] - r.arrival for r in requests]
     all_tpots = []

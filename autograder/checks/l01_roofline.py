@@ -282,7 +282,7 @@ def decode_step_cost(t):
 
 @answer_code
 def _crossover(bits, model, chip, ctx, wd, kd, include_kv, *, flop_factor=2.0, peak_key="dense_tflops",
-               gb=1e9, byte_scale=1.0, per_seq_weights=False, rounding="ceil"):
+               gb=1e9, byte_scale=1.0, per_seq_weights=False, rounding="ceil", kv_bytes_always=False):
     """The crossover batch with one typical error put in (defaults: the right answer)."""
     ridge = chip[peak_key] * 1e12 / (chip["hbm_gb_per_s"] * gb)
     W = model["params"] * _nbytes(bits, wd) * byte_scale
@@ -290,6 +290,7 @@ def _crossover(bits, model, chip, ctx, wd, kd, include_kv, *, flop_factor=2.0, p
     K = 0.0
     if include_kv:  # attention of one new token over ctx + 1 keys: 4 * layers * heads * head_dim per key
         F += flop_factor / 2 * 4 * model["layers"] * model["heads"] * model["head_dim"] * (ctx + 1)
+    if include_kv or kv_bytes_always:
         K = (ctx + 1) * _kv_per_token(bits, model, kd) * byte_scale
     if per_seq_weights:
         K, W = K + W, 0.0  # intensity F / (W + K) does not grow with B
@@ -301,9 +302,10 @@ def _crossover(bits, model, chip, ctx, wd, kd, include_kv, *, flop_factor=2.0, p
     return {"ceil": max(1, math.ceil(x)), "floor": math.floor(x), "real": x, "past": math.floor(x) + 1}[rounding]
 
 
-def _random_crossover(t, include_kv: bool) -> tuple:
+def _random_crossover(t, include_kv: bool, cached_without_kv: bool = False) -> tuple:
     """(model, chip, context, weight dtype, KV dtype, include_kv), drawn again while the real-valued
-    crossover is too close to a whole number to ask for its ceiling exactly."""
+    crossover is too close to a whole number to ask for its ceiling exactly. With include_kv=False the
+    context is 0, or with cached_without_kv a cached context that the answer must leave out."""
     rng = t.rng
     while True:
         model, chip = _random_model(rng), _random_chip(rng)
@@ -312,6 +314,8 @@ def _random_crossover(t, include_kv: bool) -> tuple:
         per_ctx = _ridge(chip) * _kv_per_token(t.ref.DTYPE_BITS, model, kd) - 4 * model["layers"] * model["heads"] * model["head_dim"]
         longest = 2 * model["params"] / per_ctx if per_ctx > 0 else 50000
         ctx = rng.randint(0, int(min(1.5 * longest, 100000))) if include_kv else 0
+        if cached_without_kv:
+            ctx = rng.randint(256, 32768)
         x = _crossover(t.ref.DTYPE_BITS, model, chip, ctx, wd, kd, include_kv, rounding="real")
         if x is None or (x <= 1e7 and abs(x - round(x)) >= 1e-6 * max(1.0, x)):
             return model, chip, ctx, wd, kd, include_kv
@@ -326,11 +330,15 @@ def _crossover_cases(t) -> list:
                ("bf16, 128 cached tokens per sequence", (m8, h100, 128, "bf16", "bf16", True)),
                ("bf16, 512 cached tokens per sequence", (m70, a100, 512, "bf16", "bf16", True)),
                ("bf16, 2000 cached tokens per sequence", (m8, h100, 2000, "bf16", "bf16", True)),
+               ("2000 cached tokens per sequence, but include_kv=False: the approximation leaves them out",
+                (m8, h100, 2000, "bf16", "bf16", False)),
                ("ridge point 250, weights only: the crossover is exactly B = 250",
                 (m8, RIDGE_250, 0, "bf16", "bf16", False))]
     hidden = [_random_crossover(t, include_kv) for include_kv in (False, True, True, True)]
+    hidden.append(_random_crossover(t, False, cached_without_kv=True))
     return [(f"{label}: {model['name']} on {_fmt_chip(chip)}, {wd} weights, {kd} KV, "
-             + (f"{ctx} cached" if include_kv else "weights only (include_kv=False)"), model, chip, ctx, wd, kd, include_kv)
+             + (f"{ctx} cached" if include_kv else
+                f"{ctx} cached, " * (ctx > 0) + "weights only (include_kv=False)"), model, chip, ctx, wd, kd, include_kv)
             for label, (model, chip, ctx, wd, kd, include_kv) in t.cases(visible, hidden)]
 
 
@@ -359,6 +367,12 @@ def decode_crossover_batch(t):
             if include_kv:
                 wrong["ignores the KV cache read (only right for very short contexts)"] = \
                     _crossover(t.ref.DTYPE_BITS, model, chip, ctx, wd, kd, False)
+            elif ctx:
+                wrong["ignores include_kv=False: it counts the cached context's KV read and attention "
+                      "anyway (the weights-only approximation leaves both out)"] = \
+                    _crossover(t.ref.DTYPE_BITS, model, chip, ctx, wd, kd, True)
+                wrong["adds the KV cache bytes even with include_kv=False (the weights-only approximation "
+                      "counts only the weight read and the weight FLOPs)"] = _crossover(*args, kv_bytes_always=True)
             if expected is not None:
                 wrong["counts the weights once per sequence instead of once per step, so batching "
                       "never raises the intensity"] = _crossover(*args, per_seq_weights=True)

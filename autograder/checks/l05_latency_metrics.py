@@ -16,12 +16,13 @@ visible cases.
 """
 from __future__ import annotations
 
+import contextlib
 import math
 import random
 
 from autograder import compare as cmp
 from autograder.checks._configs import non_default
-from autograder.core import check
+from autograder.core import CaseFailed, LearnerRaised, check
 from autograder.reference import answer_code
 from autograder.wire import Record
 
@@ -79,6 +80,70 @@ def _tpot(r, end: str = "finish") -> float | None:
 def _itl(r) -> list[float]:
     ts = r.token_times
     return [b - a for a, b in zip(ts, ts[1:])]
+
+
+# -- what a check depends on ------------------------------------------------------------------
+# tpot may call the learner's ttft; latency_summary their ttft, tpot, itl and percentile; meets_slo their
+# ttft and tpot; goodput all of those and meets_slo. A wrong upstream answer makes every downstream answer
+# wrong too, and the downstream mistake models would then name a downstream mistake that is not there. So
+# when a downstream case fails, the check asks the learner's upstream exercises for their answers on that
+# case's inputs (the reference's answers were computed up front) and, if one of them is wrong, says that
+# the case depends on it, which fails, instead of naming a downstream mistake.
+
+def _calls_on_ref(ref, calls: list) -> list:
+    """The reference's answer to each (exercise name, args) of `calls`."""
+    return [_on_ref(ref, name, *args) for name, args in calls]
+
+
+def _upstream_calls(reqs: list, *names: str) -> list:
+    """(name, (request,)) for each exercise in `names` (upstream first) and each request."""
+    return [(name, (r,)) for name in names for r in reqs]
+
+
+def _normalized(name: str, value):
+    return _as_bool(value) if name == "meets_slo" else _as_list(value) if name == "itl" else value
+
+
+def _show(x) -> str:
+    if isinstance(x, Record):
+        return f"the request arriving at {x.fields['arrival']:g}"
+    return repr(x) if len(repr(x)) <= 60 else repr(x)[:57] + "..."
+
+
+class Upstream:
+    """The exercises a check's function may call, on one case's inputs, with the reference's answers."""
+
+    def __init__(self, t, what: str, calls: list):
+        self.t, self.what, self.calls = t, what, calls
+        self.expected = t.reference(_calls_on_ref, calls)  # up front: a student's copy replays it
+
+    def blame(self):
+        """Fail the case naming the first upstream exercise whose answer is wrong here, if any; an upstream
+        stub is not blamed (the function judged may not call it)."""
+        for (name, args), expected in zip(self.calls, self.expected):
+            try:
+                got = _normalized(name, self.t.call(name, *args))
+            except LearnerRaised as e:
+                if e.not_implemented:
+                    continue
+                self.t.fail(f"{self.what} depends on {name}, which fails here: {name}({_show(args[0])}, ...) raised "
+                            f"{e.type_name}. Fix {name} first (its own check shows the error), "
+                            f"then run this check again.")
+            if cmp.compare(got, expected) is not None:
+                shown = ", ".join(_show(a) for a in args)
+                self.t.fail(f"{self.what} depends on {name}, which fails here: {name}({shown}) gave {_show(got)}, "
+                            f"expected {_show(expected)}. Fix {name} first (its own check names the mistake), "
+                            f"then run this check again.")
+
+    @contextlib.contextmanager
+    def judging(self):
+        """Judge the case's own answer inside this block; a failure is put down to an upstream exercise
+        when one of them is wrong on the same inputs."""
+        try:
+            yield
+        except CaseFailed:
+            self.blame()
+            raise
 
 
 # -- traces -----------------------------------------------------------------------------------
@@ -193,10 +258,12 @@ def tpot(t):
     for label, r in t.cases(visible, hidden):
         with t.case(f"{label}: {_describe(r)}"):
             expected = _ref(t, "tpot", r)
+            upstream = Upstream(t, "tpot", [("ttft", (r,))])
             got = t.call("tpot", r)
             hint = ("a request with one output token has no time between tokens: return None (vLLM leaves it "
                     "out of the TPOT statistics)") if expected is None else ""
-            t.expect(got, expected, "TPOT (s)", mistakes=tpot_mistakes(r), hint=hint)
+            with upstream.judging():
+                t.expect(got, expected, "TPOT (s)", mistakes=tpot_mistakes(r), hint=hint)
 
 
 # -- 1.3 ITL ----------------------------------------------------------------------------------
@@ -367,6 +434,13 @@ def _expect_row(t, got_row, exp_row, metric, wrong_rows, percentiles, default):
         t.expect(got_row[key], exp_row[key], f"[{metric!r}][{key!r}]", mistakes=wrong)
 
 
+def _summary_upstream(reqs: list, percentiles) -> list:
+    """latency_summary's upstream calls: ttft, tpot and itl of each request, then percentile of a sample
+    (the requests' end-to-end latencies, a list no upstream mistake changes) at each percentile asked."""
+    e2el = [r.fields["finish"] - r.fields["arrival"] for r in reqs]
+    return _upstream_calls(reqs, "ttft", "tpot", "itl") + [("percentile", (e2el, q)) for q in percentiles if e2el]
+
+
 SUMMARY_TRACE = [VISIBLE, ONE_TOKEN, R(3.0, [3.125, 3.25, 3.375], scheduled=3.0),
                  R(3.5, [4.5, 4.5625, 5.5625, 5.625, 5.6875, 5.75, 5.8125, 5.875], finish=5.90625, scheduled=4.0),
                  R(6.0, [6.0625, 6.125], scheduled=6.0)]
@@ -387,13 +461,15 @@ def latency_summary(t):
     for label, (reqs, pcts) in t.cases(visible, hidden):
         with t.case(f"{label} ({len(reqs)} requests)"):
             expected = _ref(t, "latency_summary", reqs, pcts)
+            upstream = Upstream(t, "latency_summary", _summary_upstream(reqs, pcts))
             got = t.call("latency_summary", reqs, **non_default(percentiles=(tuple(pcts), default)))
             metrics = list(expected)
             t.expect_true(isinstance(got, dict), f"expected a dict with keys {metrics}, got {type(got).__name__}")
             wrong = summary_mistakes(reqs, pcts)
             for metric in metrics:
                 t.expect_true(metric in got, f"missing key {metric!r} (expected keys {metrics})")
-                _expect_row(t, got[metric], expected[metric], metric, wrong[metric], pcts, default)
+                with upstream.judging():
+                    _expect_row(t, got[metric], expected[metric], metric, wrong[metric], pcts, default)
 
 
 # -- 3.1 SLOs ---------------------------------------------------------------------------------
@@ -471,8 +547,11 @@ def meets_slo(t):
             label += f" (10 requests, SLOs {ttft_slo:g} s and {tpot_slo:g} s, equal to some requests' values)"
         with t.case(label):
             expected = [_ref(t, "meets_slo", r, ttft_slo, tpot_slo) for r in reqs]
+            upstream = Upstream(t, "meets_slo", _upstream_calls(reqs, "ttft", "tpot"))
             got = [_as_bool(t.call("meets_slo", r, ttft_slo, tpot_slo)) for r in reqs]
-            t.expect(got, expected, "meets_slo, request by request", mistakes=_slo_mistakes(reqs, ttft_slo, tpot_slo))
+            with upstream.judging():
+                t.expect(got, expected, "meets_slo, request by request",
+                         mistakes=_slo_mistakes(reqs, ttft_slo, tpot_slo))
 
 
 # -- 3.2 goodput ------------------------------------------------------------------------------
@@ -537,6 +616,8 @@ def goodput(t):
     for label, (reqs, ttft_slo, tpot_slo) in t.cases(visible, hidden):
         with t.case(f"{label} ({len(reqs)} requests); TTFT SLO {ttft_slo:g} s, TPOT SLO {tpot_slo:g} s"):
             expected = _ref(t, "goodput", reqs, ttft_slo, tpot_slo)
+            upstream = Upstream(t, "goodput", _upstream_calls(reqs, "ttft", "tpot") +
+                                [("meets_slo", (r, ttft_slo, tpot_slo)) for r in reqs])
             got = t.call("goodput", reqs, ttft_slo, tpot_slo)
             t.expect_true(isinstance(got, dict), f"expected a dict with keys {list(expected)}, got "
                                                  f"{type(got).__name__}")
@@ -544,8 +625,9 @@ def goodput(t):
             hint = "an empty run has nothing to divide: return 0 everywhere" if not reqs else ""
             for key in expected:
                 t.expect_true(key in got, f"missing key {key!r} (expected keys {list(expected)})")
-                t.expect(got[key], expected[key], f"[{key!r}]", hint=hint,
-                         mistakes={n: w[key] for n, w in wrong.items()})
+                with upstream.judging():
+                    t.expect(got[key], expected[key], f"[{key!r}]", hint=hint,
+                             mistakes={n: w[key] for n, w in wrong.items()})
 
 
 # -- 5.1 open and closed loop -----------------------------------------------------------------

@@ -236,6 +236,69 @@ def attention_share(rng, ref):
     return q
 
 
+@template(STEM, "other accelerators")
+def other_accelerators(rng, ref):
+    name = pick(rng, sorted(ref.OTHER_CHIPS))
+    x = ref.OTHER_CHIPS[name]
+    m, wd = any_model(rng), pick(rng, ["bf16", "fp8"])
+    w = ref.forward_bytes(m, 0, 0, wd, "bf16")
+    fits = w <= x["hbm_gb"] * 1e9
+    q = Numeric(
+        f"The {name}'s datasheet gives {x['dense_tflops']:g} dense bf16 TFLOP/s ({x['sparse_tflops']:g} with 2:4 "
+        f"sparsity), {x['hbm_gb_per_s'] / 1000:g} TB/s of HBM and {x['hbm_gb']} GB. {model_text(m)} with {wd} weights "
+        "decodes at batch 1 with a short context on one of them: at least how many milliseconds per step does "
+        "reading the weights take?", "ms", w / (x["hbm_gb_per_s"] * 1e9) * 1e3,
+        [f"weights = {ref.DTYPE_BITS[wd] // 8} byte(s) x {fmt(m['params'])} parameters = {fmt(w)} bytes "
+         f"({'they fit in' if fits else 'more than'} the card's {x['hbm_gb']} GB)",
+         f"time >= {fmt(w)} / {x['hbm_gb_per_s']:g}e9 bytes/s = {fmt(w / (x['hbm_gb_per_s'] * 1e9) * 1e3)} ms"],
+        "A decode step streams every weight once: bandwidth, not TFLOP/s, sets its floor.",
+        mistakes={"divides the FLOPs by the TFLOP/s (decode is memory-bound)":
+                  2 * m["params"] / (x["dense_tflops"] * 1e12) * 1e3,
+                  "reads the TB/s as TiB/s": w / (x["hbm_gb_per_s"] * 2**40 / 1000) * 1e3})
+    r = ref.ridge_point(x)
+    q.follow_ups.append(Numeric(
+        f"What is the {name}'s ridge point?", "FLOP/byte", r,
+        [f"peak = {x['dense_tflops']:g}e12 FLOP/s (dense; the sparse figure assumes 2:4 structured sparsity)",
+         f"bandwidth = {x['hbm_gb_per_s']:g}e9 bytes/s",
+         f"ridge = {fmt(r)} FLOP/byte, against the H100 SXM's {fmt(ref.ridge_point(ref.CHIPS['H100 SXM']))}"],
+        "Compute and bandwidth grew together, so the ridge barely moved: decode is as memory-bound as on Hopper.",
+        mistakes={"uses the sparse TFLOP/s figure": x["sparse_tflops"] * 1e12 / (x["hbm_gb_per_s"] * 1e9)}))
+    return q
+
+
+@template(STEM, "tensor-parallel all-reduce")
+def tp_allreduce(rng, ref):
+    m = pick(rng, [ref.LLAMA_3_70B, ref.LLAMA_3_8B])
+    n, tokens = pick(rng, [2, 4, 8]), pick(rng, [16, 32, 64, 128, 256])
+    payload = tokens * m["hidden"] * 2
+    calls = 2 * m["layers"]
+    sent = calls * 2 * (n - 1) / n * payload
+    q = Numeric(
+        f"{m['name']} ({m['layers']} layers, hidden {m['hidden']:,}) decodes {tokens} tokens per step, bf16, tensor "
+        f"parallel over {n} GPUs. Each layer all-reduces the activations after the attention output projection and "
+        "after the MLP. With a ring all-reduce, how many megabytes does each GPU send per step?", "MB", sent / 1e6,
+        [f"payload per all-reduce = tokens x hidden x 2 bytes = {tokens} x {m['hidden']:,} x 2 = {fmt(payload)} bytes",
+         f"a ring all-reduce sends 2(n-1)/n = {2 * (n - 1) / n:g}x the payload from each GPU",
+         f"{calls} all-reduces per step (2 per layer): {fmt(sent / 1e6)} MB"],
+        "The payload is the activations, tokens x hidden, not the weights: small at decode, so the call count matters.",
+        mistakes={"counts one all-reduce per layer, not two": sent / 2e6,
+                  "sends the payload once per all-reduce (a ring sends 2(n-1)/n of it)": calls * payload / 1e6,
+                  "counts the weights instead of the activations": calls * 2 * (n - 1) / n * 2 * m["params"] / n / 1e6})
+    link = ref.NVLINK_GB_PER_S["H100 SXM"] * 1e9
+    per_call = 40e-6
+    t = (sent / link + calls * per_call) * 1e3
+    q.follow_ups.append(Numeric(
+        f"On H100 SXMs, NVLink gives {link / 1e9:g} GB/s per GPU each way (900 GB/s both ways together), and each "
+        f"all-reduce costs a fixed {per_call * 1e6:g} us besides its bytes. How many milliseconds per step?", "ms", t,
+        [f"bytes: {fmt(sent)} / {link / 1e9:g}e9 = {fmt(sent / link * 1e3)} ms",
+         f"calls: {calls} x {per_call * 1e6:g} us = {fmt(calls * per_call * 1e3)} ms",
+         f"total {fmt(t)} ms"],
+        "At decode sizes the fixed cost per call dominates: fewer, fused or faster all-reduces matter more than bandwidth.",
+        mistakes={"leaves out the fixed cost per call": sent / link * 1e3,
+                  "uses the both-ways 900 GB/s for one direction": (sent / (2 * link) + calls * per_call) * 1e3}))
+    return q
+
+
 @template(STEM, "explain prefill vs decode")
 def explain(rng, ref):
     return Open(

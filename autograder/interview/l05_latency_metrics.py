@@ -176,6 +176,49 @@ def attainment(rng, ref):
     return q
 
 
+# vLLM's TTFT histogram bounds from 40 ms to 1 s (vllm/v1/metrics/loggers.py, v0.11+), seconds
+TTFT_BOUNDS = [0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0]
+
+
+def _histogram_quantile(q: float, bounds: list[float], counts: list[int]) -> float:
+    """Prometheus' histogram_quantile on cumulative counts per bound (all values under the last bound here)."""
+    rank = q * counts[-1]
+    k = next(i for i, c in enumerate(counts) if c >= rank)
+    lo, below = (0.0, 0) if k == 0 else (bounds[k - 1], counts[k - 1])
+    return lo + (bounds[k] - lo) * (rank - below) / (counts[k] - below)
+
+
+@template(STEM, "server histogram quantile")
+def histogram_quantile(rng, ref):
+    per_bucket = [0, rng.randint(10, 60), rng.randint(100, 400), rng.randint(200, 600), rng.randint(50, 300),
+                  rng.randint(5, 40), rng.randint(1, 10), rng.randint(0, 5)]
+    counts = [sum(per_bucket[:i + 1]) for i in range(len(per_bucket))]
+    shown = ", ".join(f'le="{b:g}": {c}' for b, c in zip(TTFT_BOUNDS, counts))
+
+    def ask(q, prompt):
+        v = _histogram_quantile(q, TTFT_BOUNDS, counts)
+        k = next(i for i, c in enumerate(counts) if c >= q * counts[-1])
+        lo = 0.0 if k == 0 else TTFT_BOUNDS[k - 1]
+        return Numeric(
+            prompt, "ms", v * 1e3,
+            [f"rank = {q:g} x {counts[-1]} requests = {fmt(q * counts[-1])}",
+             f"it falls in the bucket ({lo:g} s, {TTFT_BOUNDS[k]:g} s]: {counts[k - 1] if k else 0} below it, "
+             f"{counts[k]} up to its top",
+             f"linear inside it: {lo:g} + ({TTFT_BOUNDS[k]:g} - {lo:g}) x ({fmt(q * counts[-1])} - "
+             f"{counts[k - 1] if k else 0}) / {counts[k] - (counts[k - 1] if k else 0)} = {fmt(v * 1e3)} ms"],
+            "A histogram keeps counts per bucket, so its quantile is an interpolation whose error is the bucket's width.",
+            mistakes={"returns the bucket's upper bound (no interpolation inside it)": TTFT_BOUNDS[k] * 1e3,
+                      "returns the bucket's lower bound": lo * 1e3})
+
+    q = ask(0.99, "A vLLM server's /metrics shows the cumulative TTFT histogram vllm:time_to_first_token_seconds "
+                  f"(bounds in seconds, all of its {counts[-1]} requests under 1 s): {shown}. What does Prometheus' "
+                  "histogram_quantile(0.99, ...) return?")
+    q.follow_ups.append(ask(0.5, "And histogram_quantile(0.5, ...), the median?"))
+    q.follow_ups[0].why = ("Neither number is a measured TTFT, and both leave out what the client adds: the network, "
+                           "the streaming, the client itself.")
+    return q
+
+
 @template(STEM, "explain the dashboard")
 def explain(rng, ref):
     return Open(

@@ -166,6 +166,40 @@ def free_kv(rng, ref):
     return q
 
 
+@template(STEM, "MoE weights per GPU")
+def moe_weights(rng, ref):
+    ds = ref.DEEPSEEK_V3
+    dtype, n = pick(rng, ["fp8", "bf16", "int4"]), pick(rng, [4, 8, 16, 32])
+    chip = pick(rng, CHIPS)
+    total = ref.weight_bytes(int(ds["params"]), dtype)
+    per_gpu = total / n
+    q = Numeric(
+        f"{ds['name']} has {ds['params'] / 1e9:.0f}B parameters, of which {ds['active_params'] / 1e9:.0f}B run for each "
+        f"token (its technical report). Served in {dtype} with its weights spread evenly over {n} GPUs (experts by "
+        "expert parallelism, the rest split alike), how many GB of weights does each GPU hold?", "GB", per_gpu / GB,
+        [f"every expert must be resident: {fmt(ds['params'])} parameters in {dtype} = {fmt(total / GB)} GB"
+         + (" (int4: half a byte per weight plus one fp16 scale per group of 128)" if dtype == "int4" else ""),
+         f"over {n} GPUs: {fmt(per_gpu / GB)} GB each"],
+        "An MoE's memory follows its total parameters; its FLOPs and per-token reads follow the active ones.",
+        rtol=0.01,
+        mistakes={"sizes the weights by the active parameters": ref.weight_bytes(int(ds["active_params"]), dtype) / n / GB,
+                  "does not divide the weights across the GPUs": total / GB})
+    mem = chip.memory_bytes
+    free = 0.9 * mem - per_gpu - 2 * GiB
+    q.follow_ups.append(Numeric(
+        f"Each GPU is an {chip.name} ({mem / GB:.2f} GB as its driver reports it); the engine uses 0.9 of it and keeps "
+        "2 GiB in reserve. How many GB per GPU are left for the KV cache (negative: the weights do not fit)?", "GB",
+        free / GB,
+        [f"usable: 0.9 x {fmt(mem / GB)} = {fmt(0.9 * mem / GB)} GB", f"weights: {fmt(per_gpu / GB)} GB",
+         f"reserve: {fmt(2 * GiB / GB)} GB", f"left: {fmt(free / GB)} GB"],
+        "Check the fit per GPU: the weights' share and the reserve come first.",
+        rtol=0.01,
+        mistakes={"uses the datasheet label (1e9-byte GB) instead of the driver's total":
+                  (0.9 * {"A100 SXM 80GB": 80e9, "H100 SXM": 80e9, "H200 SXM": 141e9}[chip.name] - per_gpu - 2 * GiB) / GB,
+                  "forgets the 2 GiB reserve": (free + 2 * GiB) / GB}))
+    return q
+
+
 @template(STEM, "int4 matrix with scales")
 def int4_matrix(rng, ref):
     out, inp = pick(rng, [4096, 8192, 14336, 28672]), pick(rng, [4096, 8192, 14336])

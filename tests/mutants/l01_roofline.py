@@ -219,6 +219,22 @@ def decode_crossover_batch(model, chip, context, weight_dtype, kv_dtype, include
     return _m_solve(model, chip, context, weight_dtype, kv_dtype, include_kv)
 
 
+@mutant(check="decode_crossover_batch", message="ignores include_kv=False")
+def decode_crossover_batch(model, chip, context, weight_dtype, kv_dtype, include_kv=True):  # noqa: F811
+    # the include_kv flag is accepted but never read: the cached context always counts
+    return _m_solve(model, chip, context, weight_dtype, kv_dtype, True)
+
+
+@mutant(check="decode_crossover_batch", message="adds the KV cache bytes even with include_kv=False")
+def decode_crossover_batch(model, chip, context, weight_dtype, kv_dtype, include_kv=True):  # noqa: F811
+    # the step's bytes always come from decode_step_cost; only the FLOPs follow include_kv
+    ridge, weights = S.ridge_point(chip), model["params"] * DTYPE_BITS[weight_dtype] / 8
+    one = S.decode_step_cost(model, 1, context, weight_dtype, kv_dtype)
+    flops = one["flops"] if include_kv else 2 * model["params"]
+    margin = flops - ridge * (one["bytes"] - weights)
+    return None if margin <= 0 else max(1, math.ceil(ridge * weights / margin))
+
+
 @mutant(check="decode_crossover_batch", message="returns the real-valued crossover")
 def decode_crossover_batch(model, chip, context, weight_dtype, kv_dtype, include_kv=True):  # noqa: F811
     return _m_solve(model, chip, context, weight_dtype, kv_dtype, include_kv, finish=lambda x: x)

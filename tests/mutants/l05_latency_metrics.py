@@ -8,6 +8,12 @@ from tests.mutants import mutant
 
 # -- 1.1-1.3 per-request latencies -----------------------------------------------------------
 
+# A wrong upstream answer is named by its own check only: every check of a function that calls it (the
+# reference's tpot, latency_summary, meets_slo and goodput do) says it depends on it, which fails.
+@mutant(check="goodput", message="goodput depends on ttft, which fails")
+@mutant(check="meets_slo", message="meets_slo depends on ttft, which fails")
+@mutant(check="latency_summary", message="latency_summary depends on ttft, which fails")
+@mutant(check="tpot", message="tpot depends on ttft, which fails")
 @mutant(check="ttft", message="first scheduled, not from its arrival")
 def ttft(r):
     return r.token_times[0] - r.scheduled
@@ -32,6 +38,9 @@ def tpot(r):  # noqa: F811
     return (r.finish - r.arrival) / (n - 1) if n > 1 else None
 
 
+@mutant(check="goodput", message="goodput depends on tpot, which fails")
+@mutant(check="meets_slo", message="meets_slo depends on tpot, which fails")
+@mutant(check="latency_summary", message="latency_summary depends on tpot, which fails")
 @mutant(check="tpot", message="measures up to the last token instead of the finish time")
 def tpot(r):  # noqa: F811 - the mean ITL: right only when a request finishes at its last token
     n = len(r.token_times)
@@ -44,6 +53,7 @@ def tpot(r):  # noqa: F811
     return (r.finish - r.token_times[0]) / (n - 1) if n > 1 else 0.0
 
 
+@mutant(check="latency_summary", message="latency_summary depends on itl, which fails")
 @mutant(check="itl", message="includes the TTFT gap")
 def itl(r):
     times = [r.arrival] + list(r.token_times)
@@ -100,6 +110,7 @@ def percentile(values, q):  # noqa: F811 - refuses q > 100 but not q < 0
     return sol.percentile(values, max(q, 0))
 
 
+@mutant(check="latency_summary", message="latency_summary depends on percentile, which fails")
 @mutant(check="percentile", message="does not sort the values first")
 def percentile(values, q):  # noqa: F811
     if not values or not 0 <= q <= 100:
@@ -182,6 +193,7 @@ def latency_summary(requests, percentiles=sol.PERCENTILES):  # noqa: F811
 
 # -- 3.1 / 3.2 SLOs and goodput --------------------------------------------------------------
 
+@mutant(check="goodput", message="goodput depends on meets_slo, which fails")
 @mutant(check="meets_slo", message="meets either SLO")
 def meets_slo(r, ttft_slo, tpot_slo):
     p = sol.tpot(r)
