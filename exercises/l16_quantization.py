@@ -5,8 +5,8 @@
 
 - Section 1: int4 group quantization (groups of 128 input columns, two values per byte, fp16 scales),
   symmetric and asymmetric, and its inverse.
-- Section 2: fp8 E4M3 with per-tensor and per-token scales (saturating at 448), and an fp8 KV cache
-  written and read with one scale per (token, KV head).
+- Section 2: fp8 E4M3 with per-tensor and per-token scales, computed or static (calibrated), saturating at 448,
+  and an fp8 KV cache written and read with one scale per (token, KV head).
 - Section 3: a Triton W4A16 kernel: int4 weights dequantized inside the matmul.
 - Section 4: evals beyond perplexity (helpers: KL to the full-precision model, top-1 flips, greedy
   agreement, by position).
@@ -75,12 +75,18 @@ def int4_bytes(qw: Int4Weight) -> int:
 # ---------------------------------------------------------------- 2. fp8
 
 
-def quantize_fp8(x: torch.Tensor, per_token: bool) -> tuple[torch.Tensor, torch.Tensor]:
+def quantize_fp8(x: torch.Tensor, per_token: bool,
+                 scale: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Exercise 2.1: x [T, D] -> (xq float8_e4m3fn [T, D], scales float32: [T, 1] per token or [1, 1] per tensor).
 
-    scale = amax(|x|) / 448 over the row (per_token) or the whole tensor, computed in float32; a zero amax uses
-    scale 1. xq = (x / scale) clamped to [-448, 448], then .to(torch.float8_e4m3fn): the clamp is what makes it
-    saturate explicitly (E4M3 has no infinity; torch's cast saturates, not every kernel's does). x ~ xq.float() * scale.
+    Dynamic (scale None): scale = amax(|x|) / 448 over the row (per_token) or the whole tensor (the largest
+    magnitude, |x|, not the largest signed value), computed in float32; a zero amax uses scale 1.
+    Static (scale given, as calibrated offline: [T, 1] per token, [1, 1] per tensor): use it as given (as float32);
+    values of x beyond 448 x scale then saturate.
+    xq = (x / scale) clamped to [-448, 448], then .to(torch.float8_e4m3fn). 448 is the largest finite value of
+    OCP E4M3 (float8_e4m3fn), which has no infinity. Clamp before the cast: before PyTorch 2.12 the eager cast
+    gives NaN for |x / scale| >= 480 (pytorch#178817; it saturates from 2.12), so only the clamp gives the same
+    answer on every version. x ~ xq.float() * scale.
     """
     raise NotImplementedError("Exercise 2.1 (quantize_fp8): see section 2.1 of lessons/l16_quantization.ipynb")
 
@@ -195,7 +201,7 @@ def greedy_agreement(ref_tokens: list[list[int]], tokens: list[list[int]]) -> di
 # ---------------------------------------------------------------- 5. which method
 
 
-METHODS = ("w4a16", "w8a16", "w8a8-fp8", "fp8-kv", "none")
+METHODS = ("w4a16", "w8a16", "w8a8-fp8", "fp8-kv", "w8a8-int8", "none")
 
 
 def bottleneck(workload: dict, chip: dict) -> str:
@@ -217,9 +223,12 @@ def choose_method(bottleneck: str, workload: dict) -> str:
 
     - "memory" (decode streams the weights once per step): weight-only, fewer weight bytes, activations kept in
       16 bits: "w4a16", or "w8a16" when workload["accuracy"] == "strict" (int8 weights barely move the outputs);
-    - "compute" (prefill, large batches): "w8a8-fp8", weights and activations in fp8 so the tensor cores run
-      at their fp8 rate, if workload["fp8_tensor_cores"] is true; without fp8 tensor cores, "none" (quantizing
-      weights does not speed a compute-bound matmul: the math still runs in 16 bits);
+    - "compute" (prefill, large batches): weights and activations in 8 bits, so the tensor cores run at their
+      8-bit rate: "w8a8-fp8" if workload["fp8_tensor_cores"] is true (compute capability 8.9 and up: Ada, Hopper,
+      Blackwell); else "w8a8-int8" if workload["int8_tensor_cores"] is true (INT8 W8A8 runs from compute
+      capability 7.5: Turing, Ampere...); with both, fp8 (dynamic fp8 needs no calibration data, int8
+      activation scales do); with neither, "none" (quantizing only the weights does not speed a compute-bound
+      matmul: the math still runs in 16 bits);
     - "kv_capacity": "fp8-kv" (half the bytes per cached token, twice the tokens).
     Any other bottleneck: ValueError.
     """
@@ -267,9 +276,11 @@ def window_logits(llm, windows: torch.Tensor) -> torch.Tensor:
 def modeled_method(method: str, batch: int, phase: str, context: int = 1024, prompt: int = 2048,
                    shape_name: str = "llama-3-8b", chip_name: str = "H100") -> float:
     """Modeled seconds of one step (gpu_model.step_time) with a quantization method applied to the model's
-    bytes per element: "bf16", "w4a16" (weights 0.5 byte), "w8a16" (1 byte), "w8a8-fp8" (1 byte and the
-    tensor cores at twice the bf16 rate: an ASSUMPTION from NVIDIA's H100 datasheet, which lists dense fp8 at
-    twice dense bf16), "fp8-kv" (KV 1 byte). phase "decode": batch tokens at `context`; "prefill": batch
+    bytes per element: "bf16", "w4a16" (weights 0.5 byte), "w8a16" (1 byte), "w8a8-fp8" and "w8a8-int8" (1 byte
+    and the tensor cores at twice the bf16 rate: the datasheet CEILING, from NVIDIA's H100 and A100 datasheets,
+    which list dense fp8 / int8 at twice dense bf16; vLLM's FP8 docs report up to 1.6x throughput, so read the
+    modeled 2x as an upper bound, not a prediction), "fp8-kv" (KV 1 byte). phase "decode": batch tokens at
+    `context`; "prefill": batch
     prompts of `prompt` tokens. gpu_model counts activations at the weight width too (a simplification:
     they are a small share of a decode step's bytes)."""
     from dataclasses import replace
@@ -278,9 +289,9 @@ def modeled_method(method: str, batch: int, phase: str, context: int = 1024, pro
 
     shape, chip = gm.MODELS[shape_name], gm.CHIPS[chip_name]
     changes = {"bf16": {}, "w4a16": {"weight_bytes": 0.5}, "w8a16": {"weight_bytes": 1},
-               "w8a8-fp8": {"weight_bytes": 1}, "fp8-kv": {"kv_bytes": 1}}[method]
+               "w8a8-fp8": {"weight_bytes": 1}, "w8a8-int8": {"weight_bytes": 1}, "fp8-kv": {"kv_bytes": 1}}[method]
     shape = replace(shape, **changes)
-    if method == "w8a8-fp8":
+    if method in ("w8a8-fp8", "w8a8-int8"):
         chip = replace(chip, dense_tflops=2 * chip.dense_tflops)
     comp = gm.Composition.decode_batch(batch, context) if phase == "decode" else \
         gm.Composition(prefills=((prompt, 0),) * batch)

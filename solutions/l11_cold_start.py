@@ -41,7 +41,11 @@ UNITS = {"GB/s": 1e9, "Gb/s": 1e9 / 8}  # bytes per second per unit
 
 class Hop(NamedTuple):
     """One stage the checkpoint crosses. rate: one link's bandwidth in `unit`; links: how many such links
-    carry the bytes at once (8 GPUs each on its own PCIe Gen5 x16 link: links=8; one NIC: links=1)."""
+    carry the bytes at once (8 GPUs each on its own PCIe Gen5 x16 link: links=8; one NIC: links=1).
+
+    links=8 for PCIe assumes a topology: each GPU's x16 link reaches host memory on its own path (its own
+    root port, or a switch whose uplink is not shared). Two GPUs behind one PCIe switch with a single x16
+    uplink share that uplink's ~63 GB/s: count the uplinks, not the GPUs (`nvidia-smi topo -m` shows it)."""
     name: str
     rate: float
     unit: str = "GB/s"
@@ -56,6 +60,9 @@ def hop_seconds(nbytes: float, hop: Hop) -> float:
 
     Example: 141e9 bytes over Hop("net", 100, "Gb/s") -> 141e9 / 12.5e9 = 11.28 s;
              over Hop("pcie", 63, "GB/s", links=8) -> 141e9 / 504e9 = 0.28 s.
+    The result is the time at the stated rate: with a link's line rate (PCIe's ~63 GB/s) it is a lower bound.
+    A copy from pageable memory (a memory-mapped file's pages) goes through a pinned staging buffer and takes
+    page faults, so it runs below line rate; give the hop the rate such copies reach, if you know it.
     """
     ### BEGIN SOLUTION
     if hop.unit not in UNITS:

@@ -245,3 +245,27 @@ def test_shard_read_counter(tmp_path):
     import safetensors.torch
     assert safetensors.safe_open is safetensors.torch.safe_open  # put back
     assert getattr(safetensors.safe_open, "__name__", None) == "safe_open"  # the class, not the counting partial
+
+
+def test_a_page_cache_restart_is_graded_above_the_pcie_floor_and_the_floor_is_named():
+    from autograder.interview import l11_cold_start as iv
+
+    for seed in range(20):
+        q = iv.restart(random.Random(seed), S)
+        warm = q.follow_ups[0]
+        floor = warm.mistakes["takes PCIe's line rate, a lower bound, as the load time"]
+        assert warm.answer > floor and not warm.grade(floor) and "lower bound" in warm.mistake(floor)
+        assert "pageable" in warm.prompt and "assumed" in warm.prompt
+
+
+def test_the_docstrings_state_the_bound_and_the_topology():
+    assert "lower bound" in S.hop_seconds.__doc__ and "pageable" in S.hop_seconds.__doc__
+    assert "uplink" in S.Hop.__doc__
+
+
+def test_the_shard_plan_check_reads_every_files_header(tmp_path):
+    spec = C.PLAN_SPECS["two files, F16, lm_head, biases"]
+    headers = C.ref_headers(S, spec)
+    paths = C.write_checkpoint(spec, tmp_path)
+    assert [h[0] for h in headers] == [p.name for p in paths] and len(paths) == 2
+    assert all(list(S.safetensors_header(p)) == h[1:] for p, h in zip(paths, headers))

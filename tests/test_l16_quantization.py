@@ -93,3 +93,52 @@ def test_bottleneck_variant_without_changes_is_the_solution_and_the_edge_cases_a
     assert S.bottleneck(at_ridge, checks.RIDGE_200) == "compute"
     assert checks.bottleneck_variant(at_ridge, checks.RIDGE_200, memory_at_ridge=True) == "memory"
     assert S.bottleneck(checks._workload(1, kv=40e9, free=40e9), checks.H100) == "memory"
+
+
+def test_static_scale_saturates_and_the_visible_static_cases_reach_the_nan_range():
+    """A static scale leaves values past 448 x scale: they must saturate (the clamp), and the visible static cases
+    must reach |x / scale| >= 480, where a cast without a clamp gives NaN before PyTorch 2.12."""
+    x = checks._activations(torch.Generator().manual_seed(4), 6, 32)
+    for per_token in (False, True):
+        scale = checks._static_scale(x, per_token)
+        q, s = S.quantize_fp8(x, per_token, scale)
+        assert torch.equal(s, scale.float()) and not q.float().isnan().any()
+        assert q.float().abs().max() == 448.0
+        assert ((x / scale).abs() >= 480).any(), per_token
+    q, s = S.quantize_fp8(x, True)
+    assert torch.equal(S.quantize_fp8(x, True, s)[0].view(torch.uint8), q.view(torch.uint8))  # static = dynamic's own
+
+
+def test_named_fp8_and_int4_mistakes_differ_from_the_solution_on_the_visible_data():
+    x = checks._activations(torch.Generator().manual_seed(5), 6, 32)
+    for per_token, changes in ((False, ({"fmax": 240.0},)), (True, ({"fmax": 240.0}, {"signed_max": True}))):
+        exp_s = S.quantize_fp8(x, per_token)[1]  # per tensor, the +3000 outlier is both the max and the amax
+        for kw in changes:
+            assert not torch.equal(checks.fp8_variant(x, per_token, **kw)[1], exp_s), kw
+    assert torch.finfo(torch.float8_e4m3fnuz).max == 240.0 and torch.finfo(torch.float8_e4m3fn).max == 448.0
+    w = checks._weight(torch.Generator().manual_seed(6), 8, 256, 128, outlier=True)
+    assert not torch.equal(checks.int4_variant(w, 128, True, signed_max=True)[1], S.quantize_int4(w, 128, True).scales)
+    qw = S.quantize_int4(w, 128, False)
+    assert not torch.equal(checks.dequant_tiled(qw, torch.float32), S.dequantize_int4(qw))
+    one_group = S.quantize_int4(w[:, :128], 128, False)  # one group per row: tiling changes nothing
+    assert torch.equal(checks.dequant_tiled(one_group, torch.float32), S.dequantize_int4(one_group))
+
+
+def test_compute_bound_choice_prefers_fp8_then_int8_then_none():
+    assert S.choose_method("compute", {"fp8_tensor_cores": True, "int8_tensor_cores": True}) == "w8a8-fp8"
+    assert S.choose_method("compute", {"fp8_tensor_cores": False, "int8_tensor_cores": True}) == "w8a8-int8"
+    assert S.choose_method("compute", {"fp8_tensor_cores": False}) == "none"
+    assert "none" in checks.method_mistakes("compute", {"int8_tensor_cores": True}).values()
+    assert S.modeled_method("w8a8-int8", 64, "prefill", chip_name="A100") < S.modeled_method("bf16", 64, "prefill",
+                                                                                           chip_name="A100")
+
+
+def test_the_timing_harness_packs_the_weight_as_the_solution_does():
+    from autograder.harnesses.l16_quantization import timing_inputs
+
+    x, qw, wb = timing_inputs(3, "cpu", n=32, k=256, m=4)
+    gen = torch.Generator().manual_seed(3)
+    w = torch.randn(32, 256, generator=gen) * 0.02
+    exp = S.quantize_int4(w, 128, False)
+    assert torch.equal(qw.packed, exp.packed) and torch.equal(qw.scales, exp.scales) and torch.equal(qw.zeros, exp.zeros)
+    assert x.dtype == wb.dtype == torch.bfloat16 and torch.equal(wb, w.bfloat16())

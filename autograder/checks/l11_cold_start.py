@@ -21,7 +21,7 @@ from typing import NamedTuple
 import torch
 
 from autograder import compare as cmp
-from autograder.core import LearnerRaised, check
+from autograder.core import LearnerRaised, NotStarted, check
 from autograder.harnesses.l11_cold_start import count_header_reads, count_shard_reads
 from autograder.mistakes import looks_like
 from autograder.reference import answer_code
@@ -137,14 +137,39 @@ VISIBLE_CHAINS = [
 ]
 
 
+def _upstream_fails(t, what: str, upstream: str, calls: list, expected: list) -> None:
+    """Fail the case naming `upstream` when the learner's `upstream` (an exercise `what` calls) gives a wrong value
+    on one of `calls` (argument tuples; `expected` holds the reference's values, computed up front so that a
+    student's copy has them): the mistake is there, and its own check names it. A stub upstream blames nothing
+    (the learner may have written `what` without it)."""
+    for args, exp in zip(calls, expected):
+        try:
+            got, raised = t.attempt(t.call, upstream, *args)
+        except NotStarted:
+            return
+        if isinstance(got, tuple):
+            got = list(got)
+        wrong = f"raised {raised.type_name}" if raised is not None else cmp.compare(got, exp, 1e-6)
+        if wrong is not None:
+            shown = ", ".join(repr(Path(a).name) if isinstance(a, str) else repr(a) for a in args)
+            t.fail(f"{what} depends on {upstream}, which fails: {upstream}({shown[:120]}) {wrong}. Fix {upstream} "
+                   f"first (its check names the mistake); {what} is graded once it is right")
+
+
 @check(points=3, section="2.2", timeout=10)
 def cold_start_seconds(t):
-    """The chain of hops, serial and pipelined."""
+    """The chain of hops, serial and pipelined. A wrong hop_seconds is blamed, not this function."""
     for label, args in t.cases(visible=VISIBLE_CHAINS, hidden=random_chain, n=6):
         with t.case(label):
+            nbytes, hops = args[0], args[1]
+            hop_calls = [(nbytes, h) for h in hops]
+            hop_expected = [t.ref.hop_seconds(*c) for c in hop_calls]
             got, expected = t.both("cold_start_seconds", *args)
+            mistakes = {k: chain_variant(*args, **v) for k, v in CHAIN_MISTAKES.items()}
+            if cmp.compare(got, expected, 1e-6) is not None:
+                _upstream_fails(t, "cold_start_seconds", "hop_seconds", hop_calls, hop_expected)
             t.expect(got, expected, f"cold start of {args[0]:.3g} bytes (overlap={args[2]})", rtol=1e-6,
-                     mistakes={k: chain_variant(*args, **v) for k, v in CHAIN_MISTAKES.items()})
+                     mistakes=mistakes)
 
 
 # -- checkpoints written by the grader -------------------------------------------------------------------------
@@ -227,6 +252,12 @@ def ref_header(ref, spec: dict):
     with tempfile.TemporaryDirectory() as d:
         header, start = ref.safetensors_header(write_checkpoint(spec, Path(d))[0])
     return [header, start]
+
+
+def ref_headers(ref, spec: dict):
+    """[[file name, header, data_start], ...] of every file of the checkpoint `spec` (what shard_plan reads first)."""
+    with tempfile.TemporaryDirectory() as d:
+        return [[p.name, *ref.safetensors_header(p)] for p in write_checkpoint(spec, Path(d))]
 
 
 def ref_plan(ref, spec: dict, tp: int, rank: int):
@@ -528,9 +559,14 @@ def shard_plan(t):
         with t.case(label), tempfile.TemporaryDirectory() as d:
             write_checkpoint(spec, Path(d))
             expected = t.reference(ref_plan, spec, tp, rank)
+            headers = t.reference(ref_headers, spec)
             got = t.call("shard_plan", d, tp, rank)
             got = [list(r) for r in got] if isinstance(got, (list, tuple)) else got
-            t.expect(got, expected, f"reads of rank {rank} of tp={tp}", mistakes=plan_mistakes(spec, tp, rank))
+            mistakes = plan_mistakes(spec, tp, rank)
+            if cmp.compare(got, expected) is not None:
+                _upstream_fails(t, "shard_plan", "safetensors_header", [(str(Path(d) / f),) for f, *_ in headers],
+                                [[h, start] for _, h, start in headers])
+            t.expect(got, expected, f"reads of rank {rank} of tp={tp}", mistakes=mistakes)
     _refusals(t, "shard_plan")
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 
 from autograder import compare as cmp
-from autograder.core import check
+from autograder.core import NotStarted, check
 from autograder.harnesses.l16_quantization import time_w4a16
 from autograder.reference import answer_code
 
@@ -27,19 +27,20 @@ def _some(mistakes: dict) -> dict:
 @answer_code
 def int4_variant(w: torch.Tensor, group: int, symmetric: bool, qmax_sym: int = 7, swap: bool = False,
                  per_row: bool = False, fp32_scale: bool = False, rounding: str = "round", clamp_zero: bool = True,
-                 clamp_codes: bool = True, upcast: bool = True) -> tuple:
+                 clamp_codes: bool = True, upcast: bool = True, signed_max: bool = False) -> tuple:
     """(packed, scales, zeros) of int4 quantization with one thing changed: the symmetric divisor, the nibble
     order, one scale per row instead of per group, codes from the float32 scale instead of the stored fp16 one,
     the rounding of the codes (`rounding`: "round", "trunc", or "half_away": `_round_half_away`; the checks pass a
     name, plain data, and tests may pass the function itself), no clamp of the zero point or of the codes, or the
-    arithmetic in w's own dtype instead of float32."""
+    arithmetic in w's own dtype instead of float32, or (signed_max) the symmetric scale from the largest signed
+    value instead of the largest magnitude."""
     if isinstance(rounding, str):
         rounding = {"round": torch.round, "trunc": torch.trunc, "half_away": _round_half_away}[rounding]
     N, K = w.shape
     g = (w.float() if upcast else w).view(N, K // group, group)
     stat = g.reshape(N, 1, K) if per_row else g
     if symmetric:
-        scale = stat.abs().amax(-1).expand(N, K // group) / qmax_sym
+        scale = (stat.amax(-1) if signed_max else stat.abs().amax(-1)).expand(N, K // group) / qmax_sym
         zero = torch.full_like(scale, 8)
     else:
         lo, hi = stat.amin(-1).expand(N, K // group), stat.amax(-1).expand(N, K // group)
@@ -135,6 +136,9 @@ def quantize_int4(t):
                     int4_variant(w, G, sym, qmax_sym=8)[1] if sym else None,
                 "computes one scale per row, not one per group of group_size columns":
                     int4_variant(w, G, sym, per_row=True)[1],
+                "takes the symmetric scale from the largest value (max) instead of the largest magnitude "
+                "(amax of |w|): a group whose most extreme weight is negative gets too small a scale":
+                    int4_variant(w, G, sym, signed_max=True)[1] if sym else None,
                 in_dtype: own_dtype[1]}))
             t.expect(zeros, exp.zeros, "zero points (uint8, one per row and group)", mistakes=_some({
                 "does not clamp the zero point to [0, 15] (a group of all-positive weights has -min / scale < 0, "
@@ -171,8 +175,21 @@ def dequantize_int4(t):
                 t.expect(got, exp, f"dequantized weight ({dtype})", mistakes={
                     "reads column 2i from the high nibble (it is the low nibble)": t.ref.dequantize_int4(swapped, dtype),
                     "forgets to subtract the zero point": t.ref.dequantize_int4(no_zero, dtype),
+                    "tiles the per-group scales and zero points across the row (scales.repeat(1, group_size): "
+                    "s0 s1 s0 s1 ...) instead of repeating each group's over its own group_size columns "
+                    "(repeat_interleave: s0 s0 ... s1 s1 ...)": dequant_tiled(qw, dtype),
                     f"multiplies in {dtype} (the fp16 scale rounded to it, then the product rounded again): compute "
                     "(q - zero) * scale in float32 and cast once at the end": dequant_in_dtype(qw, dtype)}, **exact)
+
+
+@answer_code
+def dequant_tiled(qw, dtype: torch.dtype) -> torch.Tensor:
+    """dequantize_int4 with the [N, G] scales and zeros tiled to [N, K] (repeat) instead of expanded per group."""
+    p = qw.packed
+    N = p.shape[0]
+    q = torch.stack([p & 0xF, p >> 4], dim=-1).view(N, -1).float()
+    z, s = qw.zeros.float().repeat(1, qw.group_size), qw.scales.float().repeat(1, qw.group_size)
+    return ((q - z) * s).to(dtype)
 
 
 @answer_code
@@ -189,14 +206,37 @@ def dequant_in_dtype(qw, dtype: torch.dtype) -> torch.Tensor:
 
 
 @answer_code
-def fp8_variant(x: torch.Tensor, per_token: bool, dtype=FP8, guard: bool = True, upcast: bool = True) -> tuple:
-    """quantize_fp8 with one thing changed: another fp8 format, no scale-1 guard for a zero amax, or the
-    arithmetic in x's own dtype instead of float32."""
-    fmax = torch.finfo(dtype).max
+def fp8_variant(x: torch.Tensor, per_token: bool, dtype=FP8, guard: bool = True, upcast: bool = True,
+                fmax: float | None = None, signed_max: bool = False) -> tuple:
+    """quantize_fp8 with one thing changed: another fp8 format, another largest value (`fmax`: 240 is
+    float8_e4m3fnuz's), no scale-1 guard for a zero amax, the arithmetic in x's own dtype instead of float32, or the
+    scale from the largest signed value instead of the largest magnitude."""
+    fmax = torch.finfo(dtype).max if fmax is None else fmax
     xf = x.float() if upcast else x
-    amax = xf.abs().amax(-1, keepdim=True) if per_token else xf.abs().amax().view(1, 1)
+    big = xf if signed_max else xf.abs()
+    amax = big.amax(-1, keepdim=True) if per_token else big.amax().view(1, 1)
     scale = torch.where(amax > 0, amax / fmax, torch.ones_like(amax)) if guard else amax / fmax
     return (xf / scale).clamp(-fmax, fmax).to(dtype), scale
+
+
+NO_CLAMP = ("does not clamp x / scale to [-448, 448] before the cast: before PyTorch 2.12 the eager cast to "
+            "float8_e4m3fn gives NaN for |x / scale| >= 480 (pytorch#178817; from 2.12 it saturates), so only a "
+            "clamp gives the same answer on every version")
+FNUZ = ("scales to 240, the largest value of float8_e4m3fnuz (the E4M3 encoding AMD's MI300 uses, with no negative "
+        "zero and its NaN moved to 0x80) or of an IEEE-style E4M3 that keeps its top exponent for inf/NaN; this "
+        "lesson's float8_e4m3fn is OCP E4M3, whose only NaN is S.1111.111, so its largest finite value is 448")
+
+
+def _no_nan_where_finite(t, got_q, exp_q, what: str) -> None:
+    """Fail, naming the missing clamp, when the learner's fp8 values hold NaN where the expected ones are finite
+    (what the cast of an unclamped x / scale gives before PyTorch 2.12); other differences are left to t.expect."""
+    if isinstance(got_q, torch.Tensor) and got_q.shape == exp_q.shape and got_q.is_floating_point():
+        nan = got_q.float().isnan() & ~exp_q.float().isnan()
+        if nan.any():
+            where = tuple(int(i) for i in nan.nonzero()[0])
+            more = f" (and {int(nan.sum()) - 1} more)" if nan.sum() > 1 else ""
+            t.fail(f"{what}: NaN at {where}{more}, where the expected value is {exp_q.float()[where].item():g}.",
+                   NO_CLAMP)
 
 
 def _activations(gen, T: int, D: int, kind: str = "random") -> torch.Tensor:
@@ -209,14 +249,26 @@ def _activations(gen, T: int, D: int, kind: str = "random") -> torch.Tensor:
     return x.bfloat16() if kind == "bf16" else x
 
 
+def _static_scale(x: torch.Tensor, per_token: bool) -> torch.Tensor:
+    """A calibrated scale that some of x exceeds: per tensor 2.0 (the 3000 outlier lands at 1500, past 448); per
+    token, each row's own amax / 448 times 1/4, 1, 4, 1/2, 2, ... (the rows at 1/4 and 1/2 reach 1792 and 896)."""
+    if not per_token:
+        return torch.tensor([[2.0]])
+    factors = torch.tensor([0.25, 1.0, 4.0, 0.5, 2.0] * (x.shape[0] // 5 + 1))[:x.shape[0], None]
+    return x.float().abs().amax(-1, keepdim=True) / 448 * factors
+
+
 @check(points=3, section="2.1", timeout=30)
 def quantize_fp8(t):
-    """E4M3 values and float32 scales, per tensor and per token."""
+    """E4M3 values and float32 scales, per tensor and per token, computed (dynamic) or given (static)."""
     visible = [("visible: 6 tokens x 32, per token", (6, 32, True, "random")),
                ("visible: 6 tokens x 32, per tensor", (6, 32, False, "random")),
                ("visible: 4 tokens x 16, per token, token 1 all zeros", (4, 16, True, "zero")),
                ("visible: 3 tokens x 16, per tensor, all zeros", (3, 16, False, "all_zero")),
-               ("visible: 6 tokens x 32 in bfloat16, per token", (6, 32, True, "bf16"))]
+               ("visible: 6 tokens x 32 in bfloat16, per token", (6, 32, True, "bf16")),
+               ("visible: 6 tokens x 32, per tensor, a static scale of 2.0 (the outlier saturates)",
+                (6, 32, False, "static")),
+               ("visible: 5 tokens x 16, per token, static scales some rows exceed", (5, 16, True, "static"))]
 
     def hidden(rng):
         return rng.randint(2, 12), rng.choice([16, 64, 128]), rng.random() < 0.5, "random"
@@ -224,19 +276,32 @@ def quantize_fp8(t):
         data = "all zeros" if kind == "all_zero" else "with rows from 0.01 to 100 and one 3000 outlier"
         with t.case(f"{label}: x [{T}, {D}] {data}"):
             x = torch.zeros(T, D) if kind == "all_zero" else _activations(t.gen, T, D, kind)
-            exp_q, exp_s = t.ref.quantize_fp8(x, per_token)
-            got = t.call("quantize_fp8", x, per_token)
+            static = _static_scale(x, per_token) if kind == "static" else None
+            args = (x, per_token) if static is None else (x, per_token, static)
+            exp_q, exp_s = t.ref.quantize_fp8(*args)
+            got = t.call("quantize_fp8", *args)
             t.expect_true(isinstance(got, tuple) and len(got) == 2, "quantize_fp8 must return (xq, scales)")
             got_q, got_s = got
+            if static is not None:
+                t.expect(got_s, exp_s, "scales (the static scale passed in, as float32)", mistakes={
+                    "ignores the static scale and computes amax / 448 anyway": fp8_variant(x, per_token)[1]})
+                _no_nan_where_finite(t, got_q, exp_q, "quantized values (float8_e4m3fn)")
+                t.expect(got_q, exp_q, "quantized values (float8_e4m3fn)", mistakes={
+                    "ignores the static scale and computes amax / 448 anyway": fp8_variant(x, per_token)[0]})
+                continue
             t.expect(got_s, exp_s, "scales", mistakes=_some({
                 "uses one scale for the whole tensor, not one per token": fp8_variant(x, False)[1].expand_as(exp_s),
                 "computes a scale per token where one for the whole tensor was asked":
                     fp8_variant(x, True)[1] if not per_token else None,
                 "scales to E5M2's range (57344): this lesson's fp8 is E4M3, max 448": fp8_variant(x, per_token, E5M2)[1],
+                FNUZ: fp8_variant(x, per_token, fmax=240.0)[1],
+                "takes the scale from the largest value (max) instead of the largest magnitude (amax of |x|): a row "
+                "whose most extreme value is negative gets too small a scale": fp8_variant(x, per_token, signed_max=True)[1],
                 "gives an all-zero row a scale of 0 (amax / 448, or a tiny epsilon): the docstring's scale for a "
                 "zero amax is 1": fp8_variant(x, per_token, guard=False)[1],
                 f"computes the scale in x's dtype ({x.dtype}); compute it in float32 (x.float()) and return float32 "
                 "scales": fp8_variant(x, per_token, upcast=False)[1]}))
+            _no_nan_where_finite(t, got_q, exp_q, "quantized values (float8_e4m3fn)")
             t.expect(got_q, exp_q, "quantized values (float8_e4m3fn)", mistakes={
                 "quantizes to float8_e5m2; use torch.float8_e4m3fn (more mantissa, max 448)":
                     fp8_variant(x, per_token, E5M2)[0]})
@@ -278,6 +343,21 @@ def _same_layout(t, got, expected: torch.Tensor, what: str) -> None:
                f"Tensor(shape={tuple(expected.shape)}, dtype={expected.dtype}), written in place")
 
 
+def _quantize_fp8_fails(t, rows: torch.Tensor, expected: tuple) -> None:
+    """fp8_kv_write quantizes each (token, head) row as quantize_fp8 per token does (the solution calls it): when the
+    learner's quantize_fp8 is wrong on these rows, blame it, whose check names the mistake. A stub blames nothing
+    (fp8_kv_write may be written without it)."""
+    try:
+        got, raised = t.attempt(t.call, "quantize_fp8", rows, True)
+    except NotStarted:
+        return
+    got = list(got) if isinstance(got, tuple) else got
+    wrong = f"raised {raised.type_name}" if raised is not None else cmp.compare(got, list(expected))
+    if wrong is not None:
+        t.fail(f"fp8_kv_write depends on quantize_fp8, which fails on these (token, head) rows, per token: {wrong}. "
+               "Fix quantize_fp8 first (its check names the mistake); the cache is graded once it is right")
+
+
 def written_kv(ref, k, slots, num_slots: int) -> tuple:
     """(cache, scales) after ref.fp8_kv_write into a zeroed cache of num_slots: a reference computation that edits
     its arguments, so it goes through t.reference (a student's copy replays its result)."""
@@ -304,9 +384,13 @@ def fp8_kv_cache(t):
             slots = torch.tensor(t.rng.sample(range(1, S), T), dtype=torch.int64)  # slot 0 never: t != slots[t]
             cache, scales = torch.zeros(S, H, D, dtype=FP8), torch.zeros(S, H)
             exp_cache, exp_scales = t.reference(written_kv, k, slots, S)
+            rows = k.reshape(T * H, D)
+            exp_rows = t.ref.quantize_fp8(rows, True)
             _, after = t.call_fn(t.fn("fp8_kv_write"), k, slots, cache, scales, inplace=True)
             got_cache, got_scales = after[2], after[3]
             _same_layout(t, got_cache, exp_cache, "the cache after fp8_kv_write")
+            if cmp.compare(got_scales, exp_scales) or cmp.compare(got_cache.float(), exp_cache.float()):
+                _quantize_fp8_fails(t, rows, exp_rows)
             t.expect(got_scales, exp_scales, "the scales after the write", mistakes={
                 "uses one scale per token across all KV heads (each head's row gets its own)":
                     kv_variant(k, slots, S, per_token_only=True)[1],
@@ -367,8 +451,7 @@ def w4a16_kernel(t):
     with t.case("speed: bf16, x [16, 4096] @ W [14336, 4096].T, within 2x of a bf16 matmul (reads 4x the bytes)",
                 requires_cuda=True) as on:
         if on:
-            got = t.run(time_w4a16, t.learner("w4a16_matmul"), t.learner("quantize_int4"), t.rng.randrange(2**31),
-                        what="w4a16_matmul, timed,")
+            got = t.run(time_w4a16, t.learner("w4a16_matmul"), t.rng.randrange(2**31), what="w4a16_matmul, timed,")
             mine, ref = got["mine"], got["bf16"]
             if not (type(mine) is float and type(ref) is float and mine > 0 and ref > 0):
                 t.fail(f"the timing of your kernel came back as {mine!r} s per call: it must be a positive time")
@@ -458,15 +541,26 @@ def method_mistakes(b: str, w: dict) -> dict:
             "w4a16" if b == "compute" else None,
         "quantizes the weights when the KV cache is what does not fit": "w4a16" if b == "kv_capacity" else None,
         "picks w8a16 for any accuracy value (only \"strict\" asks for int8 weights)":
-            "w8a16" if b == "memory" and w.get("accuracy") not in (None, "strict") else None}
+            "w8a16" if b == "memory" and w.get("accuracy") not in (None, "strict") else None,
+        "gives up (\"none\") on a compute-bound step whose chip has int8 tensor cores: INT8 W8A8 runs from compute "
+        "capability 7.5 (vLLM's INT8 W8A8 docs)":
+            "none" if b == "compute" and not w.get("fp8_tensor_cores") and w.get("int8_tensor_cores") else None,
+        "picks INT8 W8A8 where fp8 tensor cores are there too (prefer fp8: dynamic fp8 needs no calibration data, "
+        "int8 activation scales do)":
+            "w8a8-int8" if b == "compute" and w.get("fp8_tensor_cores") and w.get("int8_tensor_cores") else None,
+        "picks INT8 W8A8 on a chip without int8 tensor cores":
+            "w8a8-int8" if b == "compute" and not w.get("int8_tensor_cores") and not w.get("fp8_tensor_cores")
+            else None}
 
 
 @check(points=2, section="5.2", timeout=20)
 def choose_method(t):
-    """Weight-only for memory-bound, fp8 W8A8 for compute-bound, fp8 KV for capacity."""
+    """Weight-only for memory-bound, W8A8 (fp8, else int8) for compute-bound, fp8 KV for capacity."""
     cases = [("memory", {}), ("memory", {"accuracy": "strict"}), ("compute", {"fp8_tensor_cores": True}),
              ("compute", {"fp8_tensor_cores": False}), ("kv_capacity", {}), ("kv_capacity", {"fp8_tensor_cores": True}),
-             ("memory", {"accuracy": "normal"}), ("memory", {"fp8_tensor_cores": True})]
+             ("memory", {"accuracy": "normal"}), ("memory", {"fp8_tensor_cores": True}),
+             ("compute", {"fp8_tensor_cores": False, "int8_tensor_cores": True}),
+             ("compute", {"fp8_tensor_cores": True, "int8_tensor_cores": True})]
     for b, w in cases:
         with t.case(f"visible: bottleneck {b!r}, workload {w}"):
             got, exp = t.both("choose_method", b, w)

@@ -1,4 +1,5 @@
-"""Lesson 11 questions: seconds per hop, serial vs pipelined loads, bytes per rank, restarts, the design."""
+"""Lesson 11 questions: seconds per hop, serial vs pipelined loads, bytes per rank, restarts (the PCIe bound and
+a copy from pageable pages), many replicas sharing one store, the design."""
 from __future__ import annotations
 
 from .question import Numeric, Open, fmt, template
@@ -33,8 +34,9 @@ def pcie(rng, ref):
     gpus = rng.choice([2, 4, 8])
     s = ref.hop_seconds(gb * 1e9, ref.Hop("pcie", PCIE_GEN5_X16, "GB/s", gpus))
     q = Numeric(
-        f"{fmt(gb)} GB of weights sit in host RAM and are split evenly over {gpus} GPUs, each on its own PCIe Gen5 x16 "
-        f"link (~{fmt(PCIE_GEN5_X16)} GB/s per direction). How long do the host-to-GPU copies take, all GPUs at once?",
+        f"{fmt(gb)} GB of weights sit in pinned host RAM and are split evenly over {gpus} GPUs, each on its own PCIe "
+        f"Gen5 x16 link to the CPU (its own root port, no shared switch uplink; ~{fmt(PCIE_GEN5_X16)} GB/s per "
+        "direction). At line rate, how long do the host-to-GPU copies take, all GPUs at once?",
         "s", s,
         [f"each GPU receives {fmt(gb / gpus)} GB over its own link", f"{fmt(gb / gpus)} / {fmt(PCIE_GEN5_X16)} = {fmt(s)} s"],
         "PCIe bandwidth is per GPU: eight links carry eight times what one does.", rtol=0.02,
@@ -45,6 +47,14 @@ def pcie(rng, ref):
         "host-to-GPU copies take now (ignore the scatter)?", "s", one,
         [f"all {fmt(gb)} GB over one link: {fmt(gb)} / {fmt(PCIE_GEN5_X16)} = {fmt(one)} s"],
         f"Funnelling through one GPU throws away {gpus - 1} of the {gpus} links.", rtol=0.02))
+    pairs = ref.hop_seconds(gb * 1e9, ref.Hop("pcie", PCIE_GEN5_X16, "GB/s", gpus // 2))
+    q.follow_ups.append(Numeric(
+        f"Back to every GPU receiving its own share, but now the {gpus} GPUs sit in pairs behind PCIe switches, each "
+        "switch with one x16 uplink to the CPU. How long do the copies take?", "s", pairs,
+        [f"{gpus // 2} uplinks carry the bytes, not {gpus} links: {fmt(gb)} / ({gpus // 2} x {fmt(PCIE_GEN5_X16)}) = "
+         f"{fmt(pairs)} s"],
+        "Count the narrowest shared links on the path: two GPUs behind one uplink share its bandwidth.", rtol=0.02,
+        mistakes={"counts one link per GPU behind a shared uplink": s}))
     return q
 
 
@@ -122,11 +132,52 @@ def restart(rng, ref):
         mistakes={"adds the hops (serial)": ref.cold_start_seconds(gb * 1e9, hops, False, 256e6),
                   "ignores the parallel drives": ref.cold_start_seconds(
                       gb * 1e9, [hops[0]._replace(links=1), hops[1]], True, 256e6)})
-    warm = ref.hop_seconds(gb * 1e9, hops[1])
+    rate = rng.choice([8.0, 12.0, 20.0, 25.0])
+    warm = ref.hop_seconds(gb * 1e9, ref.Hop("pageable copy", rate, "GB/s", 8))
+    bound = ref.hop_seconds(gb * 1e9, hops[1])
     q.follow_ups.append(Numeric(
-        "Only the serving process restarts; the file is still in the page cache. Seconds for the weights now?", "s",
-        warm, [f"PCIe only: {fmt(gb)} / (8 x {fmt(PCIE_GEN5_X16)}) = {fmt(warm)} s"],
-        "A memory-mapped load reads page-cache pages in place: the restart pays only PCIe.", rtol=0.02))
+        "Only the serving process restarts; the file is still in the page cache, so no drive is read. The loader "
+        "copies each tensor to its GPU straight from the memory-mapped (pageable) pages; suppose a test on this node "
+        f"shows such copies reaching {fmt(rate)} GB/s per GPU (an assumed figure; PCIe's line rate is "
+        f"{fmt(PCIE_GEN5_X16)}). All 8 GPUs copy at once. Seconds for the weights?", "s", warm,
+        [f"PCIe alone would give the lower bound {fmt(gb)} / (8 x {fmt(PCIE_GEN5_X16)}) = {fmt(bound)} s",
+         "pageable pages go through a pinned staging buffer, with page faults: the copy runs at the measured rate",
+         f"{fmt(gb)} / (8 x {fmt(rate)}) = {fmt(warm)} s"],
+        "A page-cache hit skips the drives, not the copy: PCIe's line rate bounds it from below, and the rate a "
+        "copy from pageable memory reaches sets it.", rtol=0.02,
+        mistakes={"takes PCIe's line rate, a lower bound, as the load time": bound,
+                  "counts one GPU's copy rate for the whole node": ref.hop_seconds(
+                      gb * 1e9, ref.Hop("pageable copy", rate, "GB/s", 1))}))
+    return q
+
+
+@template(STEM, "many replicas pull at once")
+def replicas(rng, ref):
+    gb = rng.choice([16.0, 70.0, 141.0])
+    gbit = rng.choice([100.0, 200.0])
+    n = rng.choice([32, 64, 128])
+    store = rng.choice([50.0, 100.0, 200.0])
+    nic = ref.hop_seconds(gb * 1e9, ref.Hop("NIC", gbit, "Gb/s"))
+    shared = ref.hop_seconds(n * gb * 1e9, ref.Hop("store", store, "GB/s"))
+    s = max(nic, shared)
+    q = Numeric(
+        f"A scale-up starts {n} replicas at once, each on its own node with one {fmt(gbit)} Gb/s NIC, and each "
+        f"downloads the whole {fmt(gb)} GB checkpoint from one shared object store that serves {fmt(store)} GB/s in "
+        "all (an assumed figure). How many seconds until every replica has its weights?", "s", s,
+        [f"one NIC alone: {fmt(gb)} / {fmt(gbit / 8)} = {fmt(nic)} s",
+         f"the store moves {n} x {fmt(gb)} GB at {fmt(store)} GB/s: {fmt(shared)} s",
+         f"the slower of the two sets the time: {fmt(s)} s"],
+        "A shared store's bandwidth is divided among everyone reading at once: past a few replicas it, not the NIC, "
+        "sets the scale-up time.", rtol=0.02,
+        mistakes={"gives each replica the store's whole bandwidth (only the NIC limits it)": nic,
+                  "counts the checkpoint once for all replicas": ref.hop_seconds(gb * 1e9, ref.Hop("store", store, "GB/s"))})
+    most = store / (gbit / 8)
+    q.follow_ups.append(Numeric(
+        "How many replicas can download at once before the store, not their NICs, limits each one?", "replicas", most,
+        [f"each NIC takes {fmt(gbit)} / 8 = {fmt(gbit / 8)} GB/s", f"{fmt(store)} / {fmt(gbit / 8)} = {fmt(most)}"],
+        "Past store bandwidth / NIC bandwidth replicas, each new one slows all the others: stagger them, cache on "
+        "local NVMe, or have nodes fetch from each other.", rtol=0.02,
+        mistakes={"divides by the NIC's Gb/s without turning bits into bytes": store / gbit}))
     return q
 
 
@@ -141,8 +192,13 @@ def design(rng, ref):
          "pipeline the hops (chunks, every hop busy): the slowest bounds the load, plus a small fill; serial adds them",
          "parallel ranged reads so the NIC is full; each rank reads only its TP slices (safetensors header -> byte "
          "ranges), so the node moves the checkpoint once",
-         "local NVMe cache and page-cache reuse across restarts; memory-mapped safetensors avoids extra copies",
-         "pinned host buffers and a copy stream overlap host-to-GPU copies with reads",
-         "fixed costs: CUDA init, warm-up/profiling, CUDA graph capture (seconds to a minute): overlap, capture "
+         "local NVMe cache and page-cache reuse across restarts; a page-cache hit is still bounded below by PCIe "
+         "(0.28 s here) and in practice set by the copy from pageable pages (staging buffer, page faults)",
+         "pinned host buffers and a copy stream overlap host-to-GPU copies with reads; streaming loaders (Run:ai "
+         "Model Streamer, vLLM --load-format runai_streamer), GPUDirect Storage, pre-sharded checkpoints "
+         "(sharded_state) so each rank reads one contiguous file",
+         "many replicas at once divide the shared store's bandwidth: stagger, cache per node, or fetch from peers",
+         "fixed costs beside the weights: image pull, CUDA init, NCCL init, torch.compile, warm-up/profiling, CUDA "
+         "graph capture (vLLM: usually under 10 s, up to a minute): overlap, cache compiled artifacts, capture "
          "fewer sizes, or keep a warm standby; measure each phase with a startup report"],
         "Every hop has a bandwidth; the design is making the slowest one the only one you wait for.")

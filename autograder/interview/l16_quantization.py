@@ -1,5 +1,6 @@
-"""Lesson 16 questions: bytes of an int4 model, fp8 scales, where a quantized GEMM turns compute-bound, the
-modeled decode speedup of weight-only int4, and the tokens an fp8 KV cache adds."""
+"""Lesson 16 questions: bytes of an int4 model, fp8 scales, where a quantized GEMM turns compute-bound, a W4A16
+GEMM's speedup by batch (Marlin's regime), the modeled decode speedup of weight-only int4, and the tokens an fp8 KV
+cache adds."""
 from __future__ import annotations
 
 from dataclasses import replace
@@ -51,7 +52,9 @@ def _fp8_q(amax: float, x: float, lead: str) -> Numeric:
                    f"maps to the largest finite E4M3 value, what value (before rounding to E4M3) represents {fmt(x)}?",
                    "", q, [f"scale = amax / 448 = {fmt(amax)} / 448 = {fmt(scale)}", f"{fmt(x)} / {fmt(scale)} = {fmt(q)}"],
                    "E4M3's largest finite value is 448 (no infinity); scale = amax / 448.",
-                   mistakes={"uses E5M2's max (57344)": x / (amax / 57344), "uses int8's 127": x / (amax / 127)})
+                   mistakes={"uses E5M2's max (57344)": x / (amax / 57344), "uses int8's 127": x / (amax / 127),
+                             "uses 240, the max of float8_e4m3fnuz (AMD's E4M3 encoding), not OCP E4M3's 448":
+                                 x / (amax / 240)})
 
 
 @template(STEM, "where a quantized GEMM turns compute-bound")
@@ -79,6 +82,42 @@ def _ridge_q(chip, wb: float, name: str) -> Numeric:
                    rtol=0.03, mistakes={"ignores the bytes per weight (n = ridge / 2, as bf16)": ridge / 2,
                                         "forgets the factor 2 FLOPs per multiply-add": ridge * wb,
                                         "takes the ridge itself as the token count": ridge})
+
+
+@template(STEM, "W4A16 GEMM speedup by batch")
+def w4a16_gemm(rng, ref):
+    import torch
+
+    chip = pick(rng, CHIPS)
+    qw = ref.quantize_int4(torch.zeros(1, 128), 128, False)
+    bits = ref.int4_bytes(qw) * 8 / 128  # 4-bit codes plus an fp16 scale and a uint8 zero per 128 weights
+    q = _gemm_q(chip, bits, pick(rng, [1, 4, 16, 32]))
+    q.follow_ups.append(_gemm_q(chip, bits, pick(rng, [128, 256, 1024])))
+    return q
+
+
+def _gemm_q(chip, bits: float, n: int) -> Numeric:
+    ridge = chip.peak_flops / chip.bandwidth
+
+    def per_weight(b):  # seconds per weight at the datasheet peaks: its bytes, or its 2n FLOPs, whichever is longer
+        return max(b / chip.bandwidth, 2 * n / chip.peak_flops)
+
+    bf16, w4 = per_weight(2.0), per_weight(bits / 8)
+    regime = lambda b: "memory" if 2 * n / b < ridge else "compute"  # noqa: E731
+    return Numeric(f"A weight GEMM on an {chip.name} ({fmt(chip.dense_tflops)} dense bf16 TFLOP/s, "
+                   f"{fmt(chip.hbm_gb_per_s)} GB/s) runs {n} token{'s' if n > 1 else ''}. With int4 weight-only (W4A16, group 128: "
+                   f"{fmt(bits)} bits per weight with the fp16 scale and uint8 zero) dequantized in the kernel, as "
+                   "Marlin does, how many times faster is it than bf16 at the datasheet peaks (count the weight "
+                   "bytes and the 2 FLOPs per weight per token)?", "x", bf16 / w4,
+                   [f"ridge = {fmt(ridge)} FLOP/byte; intensity 2 x {n} / bytes per weight",
+                    f"bf16: {fmt(2 * n / 2)} FLOP/byte, {regime(2.0)}-bound; W4A16: "
+                    f"{fmt(2 * n / (bits / 8))} FLOP/byte, {regime(bits / 8)}-bound",
+                    f"time per 1e9 weights: bf16 {fmt(bf16 * 1e12)} ms, W4A16 {fmt(w4 * 1e12)} ms -> {fmt(bf16 / w4)}x"],
+                   "While both are memory-bound the speedup is the byte ratio, 16 / 4.19 ~ 3.8x (Marlin, Frantar et "
+                   "al., PPoPP 2025, arXiv 2408.11743, measures close to that up to batch 16-32); once the math "
+                   "dominates, fewer bytes buy nothing.", rtol=0.03,
+                   mistakes={"takes the 4x of 4-bit codes, forgetting the scales and zero points": 4.0,
+                             "keeps the memory-bound byte ratio past the ridge": 16 / bits})
 
 
 @template(STEM, "modeled int4 decode speedup")
@@ -132,7 +171,10 @@ def which_method(rng, ref):
         "Your service is slow at batch-1 decode, slow at prefill-heavy batches, and out of KV memory at peak. Which "
         "quantization do you ship for each, and how do you show quality held when perplexity barely moved?",
         ["batch-1 decode is memory-bound: weight-only int4/int8 (AWQ, GPTQ) cuts the bytes streamed per step",
-         "prefill and large batches are compute-bound: fp8 W8A8 doubles tensor-core throughput; weight-only does not help",
+         "prefill and large batches are compute-bound: 8-bit W8A8 uses the 8-bit tensor-core rate (2x bf16 on the "
+         "datasheet; vLLM's FP8 docs report up to 1.6x throughput): fp8 on Ada/Hopper, INT8 W8A8 from compute "
+         "capability 7.5 (A100, needs calibrated activation scales); weight-only does not help",
+         "W4A16 kernels (Marlin) reach ~3.8x on a GEMM only while it is memory-bound (small batch): 16 / 4.19 bits",
          "KV capacity: an fp8 KV cache halves bytes per token, twice the tokens; no speedup without fused dequantization",
          "per-group (128) or per-token scales keep outliers from flattening the rest of the grid",
          "perplexity hides flips: report KL to the baseline, top-1 flip rate, greedy agreement (Dutta et al., 2024)",

@@ -366,3 +366,17 @@ def load_shard(model_dir, tp, rank):  # noqa: F811
         out["lm_head.weight"] = out["lm_head.weight"].flatten()
     _M_LOADED.add(model_dir)
     return out
+
+
+# -- a wrong upstream exercise is blamed by the check of the exercise that calls it -------------------------------
+
+
+@mutant(check="cold_start_seconds", message="cold_start_seconds depends on hop_seconds, which fails")
+def hop_seconds(nbytes, hop):  # noqa: F811 - the solution's cold_start_seconds calls this one
+    return nbytes / (hop.rate * 1e9 * hop.links)  # Gb/s read as GB/s: a hop_seconds mistake, not a chain one
+
+
+@mutant(check="shard_plan", message="shard_plan depends on safetensors_header, which fails")
+def safetensors_header(path):  # noqa: F811 - the solution's shard_plan calls this one
+    header, start = sol.safetensors_header(path)  # noqa: F821
+    return header, start - 8  # the JSON length N, not where the data starts (8 + N): every read lands 8 bytes early

@@ -229,3 +229,79 @@ def choose_method(bottleneck, workload):  # noqa: F811
 def fp8_kv_write(k, slot_mapping, cache, scales):  # noqa: F811
     sol.fp8_kv_write(k, slot_mapping, cache, scales)  # noqa: F821
     cache.set_(torch.zeros(1000, *cache.shape[1:], dtype=torch.uint8).view(cache.dtype))
+
+
+# -- named mistakes of the fp8 and int4 recipes, the static scale, int8 W8A8 -------------------------------------
+
+
+@mutant(check="quantize_fp8", message="240, the largest value of float8_e4m3fnuz")
+def quantize_fp8(x, per_token, scale=None):  # noqa: F811
+    return _m_fp8(x, per_token, scale, fmax=240.0)  # torch.finfo(torch.float8_e4m3fnuz).max, the AMD encoding
+
+
+@mutant(check="quantize_fp8", message="from the largest value (max) instead of the largest magnitude")
+def quantize_fp8(x, per_token, scale=None):  # noqa: F811
+    return _m_fp8(x, per_token, scale, absolute=False)
+
+
+@mutant(check="quantize_fp8", message="does not clamp x / scale to [-448, 448] before the cast")
+def quantize_fp8(x, per_token, scale=None):  # noqa: F811
+    q, s = _m_fp8(x, per_token, scale)
+    v = x.float() / s  # what the unclamped cast gives before PyTorch 2.12: NaN from 480 up (this CPU's torch saturates)
+    return torch.where(v.abs() >= 480, torch.full_like(v, float("nan")), q.float()).to(torch.float8_e4m3fn), s
+
+
+@mutant(check="quantize_fp8", message="ignores the static scale")
+def quantize_fp8(x, per_token, scale=None):  # noqa: F811
+    return sol.quantize_fp8(x, per_token)  # noqa: F821 - the calibrated scale dropped
+
+
+def _m_fp8(x, per_token, scale, fmax=448.0, absolute=True):
+    """quantize_fp8 with another largest value, or the scale from the signed max."""
+    xf = x.float()
+    if scale is None:
+        big = xf.abs() if absolute else xf
+        amax = big.amax(-1, keepdim=True) if per_token else big.amax().view(1, 1)
+        scale = torch.where(amax > 0, amax / fmax, torch.ones_like(amax))
+    return (xf / scale.float()).clamp(-fmax, fmax).to(torch.float8_e4m3fn), scale.float()
+
+
+@mutant(check="quantize_int4", message="takes the symmetric scale from the largest value (max)")
+def quantize_int4(w, group_size=128, symmetric=True):  # noqa: F811
+    if not symmetric:
+        return sol.quantize_int4(w, group_size, symmetric)  # noqa: F821
+    N, K = w.shape
+    g = w.float().view(N, K // group_size, group_size)
+    scale = g.amax(-1) / 7  # the signed max: a group whose extreme weight is negative gets too small a scale
+    scale = torch.where(scale > 0, scale, torch.ones_like(scale)).half()
+    q = (torch.round(g / scale.float()[..., None]) + 8).clamp(0, 15).to(torch.uint8).view(N, K)
+    return sol.Int4Weight(q[:, 0::2] | (q[:, 1::2] << 4), scale, torch.full_like(scale, 8).to(torch.uint8),  # noqa: F821
+                          group_size)
+
+
+@mutant(check="dequantize_int4", message="tiles the per-group scales and zero points across the row")
+def dequantize_int4(qw, dtype=torch.float32):  # noqa: F811
+    p = qw.packed
+    N = p.shape[0]
+    q = torch.stack([p & 0xF, p >> 4], dim=-1).view(N, -1).float()
+    z, s = qw.zeros.float().repeat(1, qw.group_size), qw.scales.float().repeat(1, qw.group_size)  # s0 s1 s0 s1 ...
+    return ((q - z) * s).to(dtype)
+
+
+@mutant(check="fp8_kv_cache", message="fp8_kv_write depends on quantize_fp8, which fails")
+def quantize_fp8(x, per_token, scale=None):  # noqa: F811 - the solution's fp8_kv_write calls this one
+    return _m_fp8(x, per_token, scale, fmax=240.0)
+
+
+@mutant(check="choose_method", message="gives up (\"none\") on a compute-bound step whose chip has int8 tensor cores")
+def choose_method(bottleneck, workload):  # noqa: F811
+    if bottleneck == "compute":
+        return "w8a8-fp8" if workload.get("fp8_tensor_cores") else "none"  # the fp8-or-nothing rule
+    return sol.choose_method(bottleneck, workload)  # noqa: F821
+
+
+@mutant(check="choose_method", message="picks INT8 W8A8 where fp8 tensor cores are there too")
+def choose_method(bottleneck, workload):  # noqa: F811
+    if bottleneck == "compute" and workload.get("int8_tensor_cores"):
+        return "w8a8-int8"
+    return sol.choose_method(bottleneck, workload)  # noqa: F821
