@@ -521,9 +521,11 @@ class Trial:
             self.expect(got[k], expected[k], f"{what}[{k!r}]", rtol=rtol, atol=atol,
                         mistakes={name: wrong[k] for name, wrong in fits.items()})
 
-    def expect_true(self, cond: bool, message: str):
+    def expect_true(self, cond: bool, message: str, mistake: str | list[str] | None = None, end: str = "."):
+        """Fail the case with `message` unless cond is True; a mistake's name makes it as t.fail does ("Looks like
+        your code <mistake>." after the message)."""
         if cond is not True and not (isinstance(cond, bool) and cond):
-            self.fail(message)
+            self.fail(message, mistake, end)
 
     def expect_raises(self, exc_type: type, fn: str | LearnerFunction, *args, why: str, what: str = ""):
         """Pass only if the learner's function (a name or a proxy) raises `exc_type` on `args`."""

@@ -99,6 +99,16 @@ def test_an_engine_runs_verdict_comes_in_one_order(run, message):
         assert part.message.startswith(message), part.message
 
 
+def test_a_check_may_word_the_error_of_a_run_of_its_own():
+    """on_error: lesson 17's pair of engines states its error and what a probe of the learner's parts names."""
+    t = _trial()
+    for run in (_run(error={"type": "ValueError", "message": "bad KV", "tb": "TB"}), _run(leak="2 blocks")):
+        with t.case("pair"):
+            with judged(t, run, on_error=lambda r: f"the pair stopped at step {r['steps']}: {r['error']['message']}"):
+                pass
+    assert [p.message for p in t.parts] == ["the pair stopped at step 7: bad KV", "2 blocks"]
+
+
 def test_the_differential_drivers_judge_rules_out_what_a_right_answer_refuted():
     d = object.__new__(Differential)
     d.t, d.refuted = _trial(), set()

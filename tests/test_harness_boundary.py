@@ -279,3 +279,14 @@ def test_the_grader_sends_no_unmarked_function():
     with pytest.raises(TypeError, match="not a harness: mark it @harness"):
         core._harness_name(engine.build_llm)
     assert core._harness_name(harness(lambda: None)).endswith(":test_the_grader_sends_no_unmarked_function.<locals>.<lambda>")
+
+
+def test_no_grader_callable_crosses_as_an_argument():
+    """What a check sends a learner process is data: a function, a partial, a class or a lambda of the grader's is
+    refused by the wire, so op_harness (a @harness function by its name) is the only way grader code runs there."""
+    import functools
+
+    from autograder import wire
+    for fn in (len, functools.partial(print, 1), type("C", (), {}), lambda: 0, test_no_grader_callable_crosses_as_an_argument):
+        with pytest.raises(wire.WireError, match="cannot be sent as data"):
+            wire.encode([fn])

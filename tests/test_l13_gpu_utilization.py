@@ -1,11 +1,13 @@
 """Lesson 13 beyond the shared tests: the solutions against brute force and against each other, the checks'
 wrong-answer variants against the reference, and reference_engine/tools/profiling.py's timelines against gpu_model."""
 import math
+import operator
 import random
 
 import pytest
 
 from autograder.checks import l13_gpu_utilization as checks
+from autograder.mistakes import name_of
 from reference_engine import LLM
 from reference_engine.sampling import SamplingParams
 from reference_engine.shipped import TARGET
@@ -77,9 +79,21 @@ def test_every_diagnose_variant_differs_on_a_visible_case():
                    for _, (d, load, busy) in checks.DIAGNOSE_CASES), kind
 
 
-def test_unique_mistakes_names_only_unshared_values():
-    got = checks.unique_mistakes({"a": "idle", "b": "idle", "c": "memory", "d": "compute"}, "compute")
-    assert got == {"c": "memory"}  # a and b give the same output: neither is named; d is right here
+def test_a_diagnosis_several_mistakes_give_names_them_together():
+    """The one mistake rule (autograder/mistakes.py): a wrong diagnosis that several usual mistakes give (a
+    diagnosis has four answers) names all of them, and one that no mistake gives names none."""
+    cases = dict(checks.DIAGNOSE_CASES)
+    for label, got, kinds in [("visible: HBM saturated while kernels run, host gaps, requests waiting", "idle",
+                               {"util", "no_queue"}),
+                              ("visible: the same reading with one request always in flight", "idle",
+                               {"util", "no_queue", "idle_le"}),
+                              ("visible: the same reading with almost no traffic", "overhead",
+                               {"idle_zero", "no_util"}),
+                              ("visible: the same reading with almost no traffic", "compute", set())]:
+        dash, load, busy = cases[label]
+        wrong = {n: checks.diagnose_variant(dash, load, busy, kind=k) for n, k in checks.DIAGNOSE_MISTAKES.items()}
+        names = name_of(got, wrong, operator.eq, S.diagnose(dash, load, busy))
+        assert {checks.DIAGNOSE_MISTAKES[n] for n in names} == kinds, label
 
 
 def test_sm_floor_waves_gives_the_min_share():

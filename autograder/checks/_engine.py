@@ -6,6 +6,7 @@ a policy), and `step_bound()` caps a learner's run before the reference has run.
 from __future__ import annotations
 
 import contextlib
+from typing import Callable
 
 from autograder.mistakes import looks_like
 
@@ -52,17 +53,18 @@ def known_error(run: dict, known: list[tuple[str, str]] = POLICY_ERRORS) -> str 
 
 @contextlib.contextmanager
 def judged(t, run: dict, known: list[tuple[str, str]] = (), who: str = "your policy", unfinished: str | None = None,
-           leak: bool = True):
-    """The verdict on an engine run made with catch=True (run_engine, run_speculative), in the order every engine
-    check gives it: an error ends the case (`stopped`, naming a `known` mistake); then every request must have
-    finished (`unfinished`: the message if not); then what the body compares (the tokens, the schedule, ...); then
-    no KV block may have leaked (leak=False: a case of its own judges that).
+           leak: bool = True, on_error: Callable[[dict], str] | None = None):
+    """The verdict on an engine run made with catch=True (run_engine, run_speculative, or a harness returning the
+    same record: "error", "finished", "steps", "leak"), in the order every engine check gives it: an error ends the
+    case (`stopped`, naming a `known` mistake; `on_error(run)`: a message of the check's own instead); then every
+    request must have finished (`unfinished`: the message if not); then what the body compares (the tokens, the
+    schedule, ...); then no KV block may have leaked (leak=False: a case of its own judges that).
 
         with judged(t, run, POLICY_ERRORS):
             t.expect(run["tokens"], expected["tokens"], "generated token ids per request")
     """
     if run["error"] is not None:
-        t.fail(stopped(run, known, who))
+        t.fail(on_error(run) if on_error else stopped(run, known, who))
     t.expect_true(run["finished"], unfinished or f"the requests did not finish in {run['steps']} steps")
     yield
     if leak:

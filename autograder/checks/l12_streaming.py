@@ -14,7 +14,8 @@ from __future__ import annotations
 from collections import OrderedDict
 from functools import partial
 
-from autograder.core import SKIPPED, CaseFailed, LearnerRaised, NotStarted, Part, check
+from autograder.core import CaseFailed, check
+from autograder.harnesses import server
 from autograder.harnesses.server import (
     COST_TOKENS,
     DRAFT,
@@ -41,7 +42,15 @@ from autograder.harnesses.server import (
     drive_watcher,
     run_server,
 )
+from autograder.mistakes import looks_like
 from autograder.reference import answer_code
+
+
+def driven(ref, driver: str, name: str, *args):
+    """A reference computation (`t.reference`): the reference's `name` (a class or a function) run under the server
+    harness's scripted `driver`, as the learner's `name` runs under it over there (`t.run`)."""
+    return getattr(server, driver)(getattr(ref, name), *args)
+
 
 # -- 12.1 the buffer --------------------------------------------------------------------------------------
 
@@ -154,10 +163,6 @@ def random_ops(rng):
     return hw, lag, ops
 
 
-def _buffer_ref(ref, hw, lag, ops):
-    return drive_buffer(ref.CoalescingBuffer, hw, lag, ops)
-
-
 class _AliasingBuffer(_Buffer):
     """The usual wrong way with lists: keep the caller's list and extend it in place later."""
 
@@ -188,22 +193,18 @@ def aliasing_lists() -> dict:
     return drive_buffer_lists(_AliasingBuffer)
 
 
-def _buffer_lists_ref(ref):
-    return drive_buffer_lists(ref.CoalescingBuffer)
-
-
 @check(points=3, section="12.1", timeout=30)
 def coalescing_buffer(t):
     """CoalescingBuffer: push/pop/pending over scripted readers, against the reference op by op."""
     for label, (hw, lag, ops) in t.cases(visible=BUFFER_CASES, hidden=random_ops, n=3):
         with t.case(f"{label}: high_water={hw}, max_lag_s={lag}, ops {ops}"):
-            expected = t.reference(_buffer_ref, hw, lag, ops)
+            expected = t.reference(driven, "drive_buffer", "CoalescingBuffer", hw, lag, ops)
             got = t.run(drive_buffer, t.learner("CoalescingBuffer"), hw, lag, ops,
                         what="your CoalescingBuffer, driven op by op,")
             t.expect(got, expected, "(return value, pending) after each op", mistakes=buffer_mistakes(hw, lag, ops))
     with t.case("visible: the caller's lists are left alone (push [1, 2], push [3], pop, push [4], push [5], "
                 "pop; then every list as the caller sees it)"):
-        expected = t.reference(_buffer_lists_ref)
+        expected = t.reference(driven, "drive_buffer_lists", "CoalescingBuffer")
         got = t.run(drive_buffer_lists, t.learner("CoalescingBuffer"), what="your CoalescingBuffer")
         t.expect(got, expected, "the lists passed to push and returned by pop, after all the ops",
                  mistakes={ALIASING: aliasing_lists()})
@@ -252,10 +253,6 @@ WATCHER_MISTAKES = {
 WATCH_S = 0.1  # a watcher waiting this long on a silent connection (every message read) is waiting for good
 
 
-def _watcher_ref(ref, messages):
-    return drive_watcher(ref.DisconnectWatcher, messages, WATCH_S)
-
-
 @check(points=2, section="12.2", timeout=30)
 def disconnect_watcher(t):
     """DisconnectWatcher.watch over scripted ASGI receive channels."""
@@ -263,8 +260,8 @@ def disconnect_watcher(t):
         got = None
         with t.case(f"{label}: receive() returns {messages}, then waits"):
             # Side by side: a case where the client stays waits out WATCH_S of silence on both sides.
-            got, expected = t.run_against(partial(t.reference, _watcher_ref, messages), drive_watcher,
-                                          t.learner("DisconnectWatcher"), messages, WATCH_S,
+            reference = partial(t.reference, driven, "drive_watcher", "DisconnectWatcher", messages, WATCH_S)
+            got, expected = t.run_against(reference, drive_watcher, t.learner("DisconnectWatcher"), messages, WATCH_S,
                                           what="your DisconnectWatcher.watch")
             if _hung(got):
                 t.fail(HUNG)
@@ -408,17 +405,13 @@ def random_cache_ops(rng):
     return rng.choice([1, 2, 3]), ops
 
 
-def _cache_ref(ref, n, ops):
-    return drive_cache(ref.IdempotencyCache, n, ops)
-
-
 @check(points=3, section="12.3", timeout=30)
 def idempotency_cache(t):
     """IdempotencyCache: gets and sizes over scripted put/get sequences, live entries never evicted."""
     for label, (n, ops) in t.cases(visible=CACHE_CASES, hidden=random_cache_ops, n=3):
         with t.case(f"{label}: max_entries={n}, ops {ops} (put and set: key, in_flight, subscribers, "
                     "finish_reason if not None)"):
-            expected = t.reference(_cache_ref, n, ops)
+            expected = t.reference(driven, "drive_cache", "IdempotencyCache", n, ops)
             got = t.run(drive_cache, t.learner("IdempotencyCache"), n, ops, what="your IdempotencyCache")
             t.expect(got, expected, "per op: len(cache) after a put or set, the key get returned (None: a miss)",
                      mistakes=cache_mistakes(n, ops))
@@ -520,10 +513,6 @@ def random_resume_case(rng):
     return out
 
 
-def _resume_ref(ref, cases):
-    return drive_resume(ref.plan_resume, cases)
-
-
 def _plans(result):
     """Compare plans only; an error's message is the learner's own (an error is (its type's name, message))."""
     return [(p[0],) if isinstance(p[0], str) else tuple(p) for p in result]
@@ -537,7 +526,7 @@ def resume_plan(t):
                          f"finish_reason {c['finish_reason']}, in_flight {c['in_flight']}, received {c['received']!r}"
                          for c in cases)
         with t.case(f"{label}: {desc}"):
-            expected = _plans(t.reference(_resume_ref, cases))
+            expected = _plans(t.reference(driven, "drive_resume", "plan_resume", cases))
             got = _plans(t.run(drive_resume, t.learner("plan_resume"), cases, what="your plan_resume"))
             t.expect(got, expected, "per record: (replay, continue_prompt, max_tokens), or the exception raised",
                      mistakes=resume_mistakes(cases))
@@ -562,17 +551,14 @@ def framer_variant(expected: dict, variant: str) -> dict:
     return wrong
 
 
+KA_DATA = ("sends keep-alive as an empty data event; a keep-alive is a comment (a line starting with ':'), which "
+           "clients ignore")
 FRAMER_MISTAKES = {
     "ends an event with a single newline; an SSE event ends at a blank line (\\n\\n), or the client "
     "merges consecutive events into one": "one_newline",
     "sends no [DONE] marker: OpenAI clients wait for `data: [DONE]` to end the stream": "no_done",
-    "sends keep-alive as an empty data event; a keep-alive is a comment (a line starting with ':'), which "
-    "clients ignore": "ka_data",
+    KA_DATA: "ka_data",
 }
-
-
-def _framer_ref(ref, interval, payloads):
-    return drive_framer(ref.SSEFramer, interval, payloads)
 
 
 @check(points=2, section="12.5", timeout=30)
@@ -580,20 +566,17 @@ def sse_framer(t):
     """SSEFramer: data events, keep-alive comments, [DONE], and a refused two-line payload."""
     for label, interval in t.cases(visible=[("visible: interval 0.5 s", 0.5), ("visible: interval 15 s", 15.0)]):
         with t.case(f"{label}, payloads {PAYLOADS}"):
-            expected = t.reference(_framer_ref, interval, PAYLOADS)
+            expected = t.reference(driven, "drive_framer", "SSEFramer", interval, PAYLOADS)
             got = t.run(drive_framer, t.learner("SSEFramer"), interval, PAYLOADS, what="your SSEFramer")
             t.expect_true(isinstance(got, dict), "drive_framer should return a dict")
             ka = got["keep_alive"]
             t.expect_true(isinstance(ka, bytes) and ka.startswith(b":") and ka.endswith(b"\n\n"),
                           f"keep_alive() returned {ka!r}: it must be a comment line, b': ...' ending in b'\\n\\n'"
-                          + (" (Looks like your code " + next(iter(
-                              k for k, v in FRAMER_MISTAKES.items() if v == "ka_data")) + ")"
-                             if ka == b"data: \n\n" else ""))
+                          + (f" ({looks_like(KA_DATA, end=')')}" if ka == b"data: \n\n" else ""))
             t.expect_true(got["refuses_newline"], "event() accepted a payload with a newline in it: raise ValueError "
                                                   "(the newline would end the data field early)")
-            t.expect_true(got["refuses_cr"], "event() accepted a payload with a carriage return (\\r) in it. Looks "
-                                             "like your code checks for \\n only: SSE ends a line at \\r too, so "
-                                             "refuse both with ValueError")
+            t.expect_true(got["refuses_cr"], "event() accepted a payload with a carriage return (\\r) in it.",
+                          "checks for \\n only: SSE ends a line at \\r too, so refuse both with ValueError", end="")
             got = {**got, "keep_alive": expected["keep_alive"]}  # any comment will do
             t.expect(got, expected, "what the framer produced",
                      mistakes={name: framer_variant(expected, v) for name, v in FRAMER_MISTAKES.items()
@@ -783,10 +766,6 @@ def streamer_mistakes(pieces, stop, include, min_tokens, ops) -> dict:
             for name, v in STREAMER_MISTAKES.items()}
 
 
-def _streamer_ref(ref, pieces, stop, include, min_tokens, ops):
-    return drive_streamer(ref.StopStringDetokenizer, pieces, stop, include, min_tokens, ops)
-
-
 DECODE_BUDGET = 20  # token ids decoded per token, at most (the reference: about 3; all of them each time: ~1,000)
 WHOLE_DECODE = ("decodes the whole output at every token: {ids:,} token ids decoded for {n:,} tokens added one at "
                 "a time (about n^2 / 2 = {quad:,}; at most {budget:,} expected). Decode a window: the tokens since the "
@@ -800,7 +779,7 @@ def stop_string_detokenizer(t):
     tokens; and how many token ids it decodes over a long answer."""
     for label, case in t.cases(visible=STREAMER_CASES, hidden=random_streamer_case, n=3):
         with t.case(f"{label}: {describe_streamer_case(*case)}"):
-            expected = t.reference(_streamer_ref, *case)
+            expected = t.reference(driven, "drive_streamer", "StopStringDetokenizer", *case)
             got = t.run(drive_streamer, t.learner("StopStringDetokenizer"), *case, what="your StopStringDetokenizer")
             t.expect(got, expected, "per add or finish: (the text returned, stop_reason after it)",
                      mistakes=streamer_mistakes(*case))
@@ -860,19 +839,17 @@ def _hung(got) -> bool:
 
 
 def _stub_guard(t):
-    """Any untouched stub makes the check "not started" before a server is built."""
-    probes = [("CoalescingBuffer", (4, 1.0), "push", ([1], 0.0)), ("SSEFramer", (1.0,), "done", ()),
-              ("IdempotencyCache", (2,), "get", ("k",))]
-    try:
-        for cls, args, method, margs in probes:
+    """Any untouched stub makes the check "not started" before a server is built (t.require_started); the first
+    part that raises anything else ends the probe, and the server's cases judge it."""
+    def probe():
+        for cls, args, method, margs in [("CoalescingBuffer", (4, 1.0), "push", ([1], 0.0)),
+                                         ("SSEFramer", (1.0,), "done", ()), ("IdempotencyCache", (2,), "get", ("k",))]:
             getattr(t.fn(cls)(*args), method)(*margs)
         if _hung(t.run(drive_watcher, t.learner("DisconnectWatcher"), ["http.disconnect"], WATCH_S)):
             raise CaseFailed(HUNG + " (the server cannot run with it)")
         t.run(drive_resume, t.learner("plan_resume"), [_gen([1], [2], 3, "abort", False, 1)])
         t.run(drive_streamer, t.learner("StopStringDetokenizer"), [b"a"], ["b"], False, 0, [("add", [0]), ("finish",)])
-    except LearnerRaised as e:
-        if e.info.get("not_implemented"):
-            raise NotStarted(e.info.get("message") or "a stub still raises NotImplementedError") from None
+    t.require_started(probe)
 
 
 def _pace(phase) -> float:
@@ -908,13 +885,8 @@ def _duplicate_cause(s) -> str:
                    "tokens the answer already held instead of continuing it")
 
 
-def _not_graded(t, label: str, why: str) -> None:
-    """A case whose scenario could not be set up on this machine: recorded as not graded, never as passed."""
-    t.parts.append(Part(label, 1.0, False, f"not graded: {why}", graded=False, kind=SKIPPED))
-
-
-SINGLE_NEWLINE = ("Looks like your code ends an event with a single newline: an SSE parser reads on to the next "
-                  "blank line, so it merged events into one unparsable payload")
+SINGLE_NEWLINE = looks_like("ends an event with a single newline: an SSE parser reads on to the next blank line, so it "
+                            "merged events into one unparsable payload", end="")
 
 
 def _framing(s) -> str:
@@ -953,8 +925,8 @@ def streaming_server(t):
         t.expect_true(v["received"] >= 5, f"the client should read 5 tokens before leaving; it read {v['received']} "
                                           f"(error: {v['error']}).{_framing(v)}")
         t.expect_true(v["freed"] and v["aborted_as_disconnect"],
-                      "the request was not aborted as a client disconnect: it kept its slot after the client left. "
-                      "Looks like your code never calls on_disconnect for the http.disconnect message")
+                      "the request was not aborted as a client disconnect: it kept its slot after the client left.",
+                      "never calls on_disconnect for the http.disconnect message", end="")
         t.expect_true(v["steps_until_free"] <= STEPS_TO_FREE and v["abort_delay"] is not None and v["abort_delay"] <= 1,
                       f"the engine ran {v['steps_until_free']} steps (abort applied {v['abort_delay']} steps after it "
                       f"was queued) before freeing the blocks; at most {STEPS_TO_FREE}")
@@ -991,11 +963,11 @@ def streaming_server(t):
     label = "a retried request (one retry in flight, one after): generated once"
     s, whole = run["retry"], ref["retry"]
     if _too_slow(s["at_other"]):
-        _not_graded(t, label, "the machine was too slow: the whole answer was generated before the next request "
-                              "arrived, so the scenario (a live entry in a full cache) never happened")
+        t.not_graded(label, "the machine was too slow: the whole answer was generated before the next request "
+                            "arrived, so the scenario (a live entry in a full cache) never happened")
     elif _behind_on_a_busy_machine(s, run):
-        _not_graded(t, label, "the machine was too slow: a retry attempt fell more than high_water tokens behind "
-                              "(the server's event loop did not get to run), and your buffer gave it up as it should")
+        t.not_graded(label, "the machine was too slow: a retry attempt fell more than high_water tokens behind "
+                            "(the server's event loop did not get to run), and your buffer gave it up as it should")
     else:
         with t.case(label):
             for i, p in enumerate(s["streams"]):
@@ -1023,6 +995,10 @@ def _joined(answer: dict) -> str:
     return "".join(text for text, _ in answer["chunks"])
 
 
+CHUNK_ONLY = ("finds a stop string only inside one add's text (search the new text and the longest stop string's "
+              "length - 1 characters before it)")
+
+
 def _text_mistake(got: str, want: str, chunks: list) -> str:
     """Why the streamed text of the stop-string answer differs from the answer's, as the streamer's mistake."""
     head = (f"your StopStringDetokenizer, in the server: the stream showed {got!r}; the answer's text is {want!r} "
@@ -1030,18 +1006,15 @@ def _text_mistake(got: str, want: str, chunks: list) -> str:
     at_finish = chunks[-1][0] if chunks and not chunks[-1][1] else ""  # the last chunk: finish(), no token
     if TEXT_STOP in got and at_finish:
         return head + (f"It never found the stop string, whose tokens came in {sum(1 for _, ids in chunks if ids)} "
-                       f"chunks, and released {at_finish!r} at finish(): looks like your code finds a stop string only "
-                       "inside one add's text (search the new text and the longest stop string's length - 1 "
-                       "characters before it)")
+                       f"chunks, and released {at_finish!r} at finish(). " + looks_like(CHUNK_ONLY, end=""))
     if got == want + TEXT_STOP:
-        return head + "Looks like your code cuts the text after the stop string instead of before it"
+        return head + looks_like("cuts the text after the stop string instead of before it", end="")
     if len(got) > len(want) and got.startswith(want) and (want + TEXT_STOP).startswith(got):
         return head + (f"It showed {got[len(want):]!r}, the start of the stop string, before the tokens that complete "
-                       "it: looks like your code holds back nothing (hold back the longest tail of the text that a "
-                       "stop string begins with)")
+                       "it. " + looks_like("holds back nothing (hold back the longest tail of the text that a stop "
+                                           "string begins with)", end=""))
     if TEXT_STOP in got:
-        return head + ("It never found the stop string: looks like your code finds a stop string only inside one "
-                       "add's text (search the new text and the longest stop string's length - 1 characters before it)")
+        return head + "It never found the stop string. " + looks_like(CHUNK_ONLY, end="")
     return head + "The chunks joined must be the answer's text"
 
 
@@ -1071,6 +1044,6 @@ def _text_cases(t, text: dict, ref: dict) -> None:
         t.expect_true(got == short["text"],
                       f"your StopStringDetokenizer, in the server: the stream showed {got!r}; the answer ended by "
                       f"max_tokens as {short['text']!r}, without its stop string {TEXT_STOP!r}"
-                      + (f". Looks like your code never releases the held-back text ({missing!r}) at finish()"
+                      + (". " + looks_like(f"never releases the held-back text ({missing!r}) at finish()", end="")
                          if missing else ""))
 

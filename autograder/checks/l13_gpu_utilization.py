@@ -9,25 +9,8 @@ from __future__ import annotations
 
 import math
 
-from autograder import compare as cmp
-from autograder.core import LearnerRaised, check
-from autograder.mistakes import groups
+from autograder.core import check
 from autograder.reference import answer_code
-
-
-def _same(a, b, rtol=None, atol=None) -> bool:
-    try:
-        return cmp.compare(a, b, rtol, atol) is None
-    except Exception:  # noqa: BLE001 - values of other types simply do not match
-        return False
-
-
-def unique_mistakes(mistakes: dict, expected, rtol=None, atol=None) -> dict:
-    """The mistakes a case can name: the mistake rule's groups of one (autograder/mistakes.py). An output two
-    mistakes share could come from either, and here (a diagnosis has four answers) the case then names neither:
-    its message states the docstring's rule instead of naming them together."""
-    same = lambda a, b: _same(a, b, rtol, atol)
-    return {names[0]: v for names, v in groups(mistakes, same, expected) if len(names) == 1}
 
 
 def both_accepting(t, name: str, args: tuple, refusals: dict) -> tuple:
@@ -35,13 +18,13 @@ def both_accepting(t, name: str, args: tuple, refusals: dict) -> tuple:
     exception types in `refusals` (type -> what that raise means on this input), the case fails with that
     explanation and the traceback instead of a bare traceback."""
     expected = getattr(t.ref, name)(*args)
-    try:
-        return t.call(name, *args), expected
-    except LearnerRaised as e:
-        why = next((msg for exc, msg in refusals.items() if e.is_a(exc)), None)
-        if why is None or e.not_implemented:
-            raise
-        t.fail(f"{name}() raised {e.type_name} on an input it must accept.", why, end=f"\n{e.tb_text}")
+    got, raised = t.attempt(t.call, name, *args)  # a stub still ends the check "not started"
+    if raised:
+        why = next((msg for exc, msg in refusals.items() if raised.is_a(exc)), None)
+        if why is None:
+            raise raised
+        t.fail(f"{name}() raised {raised.type_name} on an input it must accept.", why, end=f"\n{raised.tb_text}")
+    return got, expected
 
 # ---------------------------------------------------------------- 1.1 NVML utilization
 
@@ -129,9 +112,8 @@ def nvml_utilization(t):
                 ValueError: "refuses a zero-length kernel (end == start): only end < start is a broken timeline; "
                             "a kernel shorter than the timer's resolution is zero time, not an error"}
                 if zero_length else {})
-            mistakes = {name: nvml_variant(kernels, period, t0, samples, **kw) for name, kw in NVML_MISTAKES.items()}
-            t.expect(got, expected, "utilization per sample", rtol=1e-6, atol=1e-9,
-                     mistakes=unique_mistakes(mistakes, expected, rtol=1e-6, atol=1e-9))
+            t.expect(got, expected, "utilization per sample", rtol=1e-6, atol=1e-9, mistakes={
+                name: nvml_variant(kernels, period, t0, samples, **kw) for name, kw in NVML_MISTAKES.items()})
     for label, args, why in [
         ("a kernel that ends before it starts", ([(0.2, 0.1)], 1.0, 0.0, 1),
          "an interval with end < start is a broken timeline, not zero time"),
@@ -224,8 +206,8 @@ def sm_active(t):
         with t.case(f"{label}: {len(kernels)} kernels on {num_sms} SMs, period {period:.4g} s"):
             got, expected = both_accepting(t, "sm_active", (kernels, num_sms, period),
                                            _overflow_refusal(kernels, period))
-            mistakes = {name: sm_variant(kernels, num_sms, period, **kw) for name, kw in SM_MISTAKES.items()}
-            t.expect(got, expected, "SM active", rtol=1e-6, mistakes=unique_mistakes(mistakes, expected, rtol=1e-6))
+            t.expect(got, expected, "SM active", rtol=1e-6,
+                     mistakes={name: sm_variant(kernels, num_sms, period, **kw) for name, kw in SM_MISTAKES.items()})
     with t.case("refuses kernels longer than the period"):
         t.expect_raises(ValueError, "sm_active", [(0.6, 10), (0.6, 10)], 132, 1.0,
                         why="kernels on one stream cannot take 1.2 s of a 1 s period")
@@ -319,8 +301,7 @@ def mfu_mbu(t):
             got, expected = both_accepting(t, "mfu_mbu", (steps, pf, pb, elapsed), _window_refusals(steps, elapsed))
             mistakes = {name: mfu_variant(steps, pf, pb, elapsed, **kw) for name, kw in MFU_MISTAKES.items()} \
                 if steps else {}
-            t.expect_dict(got, expected, "MFU and MBU", rtol=1e-6, keys=("mfu", "mbu"),
-                          mistakes=unique_mistakes(mistakes, expected, rtol=1e-6))
+            t.expect_dict(got, expected, "MFU and MBU", mistakes, keys=("mfu", "mbu"), rtol=1e-6)
     with t.case("refuses a window shorter than its steps"):
         t.expect_raises(ValueError, "mfu_mbu", _steps([(1e12, 1e9, 1.0)]), *H100_PEAKS, 0.5,
                         why="elapsed = 0.5 s cannot hold a step of 1 s")
@@ -448,6 +429,6 @@ def diagnose(t):
         args = (dash, in_flight) if busy == 0.5 else (dash, in_flight, busy)  # the default, as callers use it
         with t.case(f"{label}: {dash}, in_flight {in_flight}" + ("" if busy == 0.5 else f", busy {busy}")):
             got, expected = t.both("diagnose", *args)
-            mistakes = {name: diagnose_variant(dash, in_flight, busy, kind=k) for name, k in DIAGNOSE_MISTAKES.items()}
-            t.expect(got, expected, "the diagnosis", mistakes=unique_mistakes(mistakes, expected),
+            wrong = {name: diagnose_variant(dash, in_flight, busy, kind=k) for name, k in DIAGNOSE_MISTAKES.items()}
+            t.expect(got, expected, "the diagnosis", mistakes=wrong,
                      hint=f"The docstring's rules give: {rule_path(dash, in_flight, busy)}.")

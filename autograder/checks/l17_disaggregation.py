@@ -17,6 +17,7 @@ from functools import partial
 import torch
 
 from autograder import compare as cmp
+from autograder.checks._engine import judged
 from autograder.core import LearnerRaised, check
 from autograder.harnesses.l17_disaggregation import ENGINE_KW, engine_kw, pack_layout, pair_harness
 from autograder.mistakes import looks_like, name_of
@@ -336,20 +337,14 @@ def pack_unpack_in_engine(t):
             got, expected = t.run_against(partial(_single_engine, work), pair_harness, t.learner("pack_kv"),
                                           t.learner("unpack_kv"), work,
                                           what="the prefill -> decode pair, shipping KV with your pack_kv/unpack_kv,")
-            if got["error"] is not None:
-                t.fail(f"the pair stopped at step {got['steps']}: {got['error']}." + _diagnose(t, diagnosis))
-            t.expect_true(not got["unfinished"], f"the requests did not finish in {got['steps']} steps")
             aborted = {i for ids in work["aborts"].values() for i in ids}
-            for i, (g, e) in enumerate(zip(got["tokens"], expected)):
-                if i in aborted:
-                    continue
-                if g != e:
-                    t.fail(f"request {i} ({len(work['prompts'][i])}-token prompt): the decode instance generated "
-                           f"{g}, one engine generates {e}: the KV it received is not the KV the prefill computed."
-                           + _diagnose(t, diagnosis))
-            t.expect_true(got["after"] == got["before"] and not got["leaks"],
-                          f"KV blocks leaked: free (prefill, decode) {got['before']} before, {got['after']} after. "
-                          + "; ".join(got["leaks"]))
+            with judged(t, got, on_error=lambda run: f"the pair stopped at step {run['steps']}: "
+                        f"{run['error']['type']}: {run['error']['message']}." + _diagnose(t, diagnosis)):
+                for i, (g, e) in enumerate(zip(got["tokens"], expected)):
+                    if i not in aborted and g != e:
+                        t.fail(f"request {i} ({len(work['prompts'][i])}-token prompt): the decode instance generated "
+                               f"{g}, one engine generates {e}: the KV it received is not the KV the prefill computed."
+                               + _diagnose(t, diagnosis))
 
 
 # ---------------------------------------------------------------- 3. break-even
@@ -442,14 +437,13 @@ def _break_even_at_equality(t):
     with t.case("a latency exactly equal to the stall: no link is enough (inf)"):
         stall, expected_stall = t.both("prefill_stall", *case)
         t.expect(stall, expected_stall, "prefill_stall (used as the latency here)", rtol=1e-6)
-        try:
-            got = t.call("break_even_gbps", *case, stall, 1)
-        except LearnerRaised as e:
-            if e.is_a(ZeroDivisionError):
-                t.fail(f"break_even_gbps with latency_s = the stall ({stall!r} s) raised ZeroDivisionError: "
-                       "stall - latency_s is 0 there, and a latency AT LEAST the stall gives inf (the docstring): test "
-                       "stall <= latency_s before dividing, equality included")
-            raise
+        got, raised = t.attempt(t.call, "break_even_gbps", *case, stall, 1)
+        if raised and raised.is_a(ZeroDivisionError):
+            t.fail(f"break_even_gbps with latency_s = the stall ({stall!r} s) raised ZeroDivisionError: stall - "
+                   "latency_s is 0 there, and a latency AT LEAST the stall gives inf (the docstring): test stall <= "
+                   "latency_s before dividing, equality included")
+        if raised:
+            raise raised
         t.expect(got, float("inf"), f"break-even Gb/s at latency_s = the stall ({stall!r} s)")
 
 

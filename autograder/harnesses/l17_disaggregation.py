@@ -29,11 +29,13 @@ def pair_harness(pack, unpack, work: dict, scramble: bool = True) -> dict:
     """(A harness: runs in the learner's process under `t.run`.) The shipped draft model as a prefill engine and
     a decode engine, the KV shipped with `pack`/`unpack` over the loopback link, two messages per step, the
     free block lists shuffled first (so block tables are not in order), `work["aborts"]` = {step: [request
-    index]} aborted at that step on both sides. Returns plain data: tokens per request (None if aborted or
-    unfinished), free blocks before/after on both sides, and the pools' consistency."""
+    index]} aborted at that step on both sides. Returns plain data shaped as harnesses/engine.py's run record
+    (what autograder/checks/_engine.judged reads): "tokens" per request (None if aborted or unfinished),
+    "steps", "finished", "error" (None, or {"type", "message", "tb"}), "leak" (None, or the free blocks of both
+    sides before and after and what the pools' consistency check says)."""
     import torch as _torch
 
-    from autograder.harnesses.engine import DRAFT
+    from autograder.harnesses.engine import DRAFT, _error
     from reference_engine import SamplingParams
     from reference_engine.disagg import DisaggPair
     from reference_engine.engine import LLMEngine
@@ -58,12 +60,15 @@ def pair_harness(pack, unpack, work: dict, scramble: bool = True) -> dict:
     except NotImplementedError:
         raise
     except Exception as e:  # noqa: BLE001 - reported as data, judged in the grader
-        error = f"{type(e).__name__}: {e}"
+        error = _error(e)
     leaks = []
     for side, e in zip(("prefill", "decode"), engines):
         try:
             e.block_manager.check_consistency([s for seqs in e.requests.values() for s in seqs])
         except Exception as exc:  # noqa: BLE001
             leaks.append(f"{side}: {exc}")
-    return {"tokens": [done.get(i) for i in ids], "before": before, "after": list(pair.free_blocks()),
-            "leaks": leaks, "error": error, "steps": step, "unfinished": pair.has_unfinished()}
+    after = list(pair.free_blocks())
+    leak = None if after == before and not leaks else \
+        f"KV blocks leaked: free (prefill, decode) {before} before, {after} after. " + "; ".join(leaks)
+    return {"tokens": [done.get(i) for i in ids], "steps": step, "finished": not pair.has_unfinished(),
+            "error": error, "leak": leak}

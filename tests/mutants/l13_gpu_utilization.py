@@ -196,21 +196,21 @@ def diagnose(dashboard, in_flight, busy=0.5):  # noqa: F811
     return "compute" if tensor >= dram else "memory"
 
 
-@mutant(check="diagnose", message="requests waited while no kernel ran")  # shares its output with "util"
+@mutant(check="diagnose", message="calls every low-utilization window idle")  # named with "util" (same output)
 def diagnose(dashboard, in_flight, busy=0.5):  # noqa: F811
     if dashboard["gpu_util"] < busy:
         return "idle"
     return sol.diagnose(dashboard, in_flight, busy)
 
 
-@mutant(check="diagnose", message="in_flight 1.0 >= 1")  # idle at in_flight <= 1: shares its output with others
+@mutant(check="diagnose", message="calls a window with in_flight = 1 idle")  # named with the two others giving idle
 def diagnose(dashboard, in_flight, busy=0.5):  # noqa: F811
     if dashboard["gpu_util"] < busy:
         return "idle" if in_flight <= 1 else "overhead"
     return sol.diagnose(dashboard, in_flight, busy)
 
 
-@mutant(check="diagnose", message="in_flight 0.3 < 1")  # idle only at in_flight == 0: shares "skips rule 1"'s output
+@mutant(check="diagnose", message="calls a window idle only when in_flight is 0")  # named with "skips the utilization rule"
 def diagnose(dashboard, in_flight, busy=0.5):  # noqa: F811
     if dashboard["gpu_util"] < busy:
         return "idle" if in_flight == 0 else "overhead"
