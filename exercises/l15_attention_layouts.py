@@ -51,6 +51,15 @@ DEEPSEEK_V3 = {"name": "DeepSeek-V3", "num_hidden_layers": 61, "hidden_size": 71
                "topk_method": "noaux_tc", "num_nextn_predict_layers": 1,
                "vocab_size": 129280, "tie_word_embeddings": False}
 MODELS = [LLAMA_3_8B, MISTRAL_7B, LLAMA_3_70B, LLAMA_3_70B_MHA, DEEPSEEK_V2, DEEPSEEK_V3]
+# Layouts where most layers attend only to a sliding window of recent tokens (section 3.4). Gemma 3 27B
+# (google/gemma-3-27b-it config.json; Gemma 3 technical report, 2025: 5 local layers per global one, a
+# 1,024-token window): layer i is global when (i + 1) % sliding_window_pattern == 0. gpt-oss-120b
+# (openai/gpt-oss-120b config.json; its model card, 2025: dense and 128-token banded layers alternate).
+GEMMA_3_27B = {"name": "Gemma-3-27B", "num_hidden_layers": 62, "hidden_size": 5376, "num_attention_heads": 32,
+               "num_key_value_heads": 16, "head_dim": 128, "sliding_window": 1024, "sliding_window_pattern": 6}
+GPT_OSS_120B = {"name": "gpt-oss-120b", "num_hidden_layers": 36, "hidden_size": 2880, "num_attention_heads": 64,
+                "num_key_value_heads": 8, "head_dim": 64, "sliding_window": 128,
+                "layer_types": ["sliding_attention", "full_attention"] * 18}
 
 
 def _attention_params(c: dict) -> int:
@@ -144,6 +153,36 @@ def kv_capacity_tokens(config: dict, num_params: float, weight_bytes: float, kv_
     488281
     """
     raise NotImplementedError("Exercise 1.2 (kv_capacity_tokens): see section 1.2 of lessons/l15_attention_layouts.ipynb")
+
+
+def windowed_layers(config: dict) -> list[bool]:
+    """Which layers attend only to a sliding window (given, not an exercise), from config.json: `layer_types`
+    ("sliding_attention" / "full_attention") when present, else Gemma 3's `sliding_window_pattern` p (layer i is
+    global when (i + 1) % p == 0); no `sliding_window` (missing or null) means every layer is global.
+
+    >>> windowed_layers(GEMMA_3_27B).count(False), windowed_layers(GPT_OSS_120B).count(False)
+    (10, 18)
+    """
+    n = config["num_hidden_layers"]
+    if not config.get("sliding_window"):
+        return [False] * n
+    if config.get("layer_types"):
+        return [kind == "sliding_attention" for kind in config["layer_types"]]
+    p = config.get("sliding_window_pattern")
+    return [bool(p) and (i + 1) % p != 0 for i in range(n)]
+
+
+def window_kv_bytes(config: dict, context: int, dtype_bytes: int) -> int:
+    """KV bytes one sequence of `context` tokens holds (given, not an exercise): a global layer keeps K and V of every
+    token, a sliding-window layer only of the last `sliding_window` tokens (engines free the rest: vLLM's
+    SlidingWindowSpec). Per layer and token, 2 x num_key_value_heads x head_dim x dtype_bytes.
+
+    >>> window_kv_bytes(GEMMA_3_27B, 32768, 2) / window_kv_bytes({**GEMMA_3_27B, "sliding_window": None}, 32768, 2)
+    0.1875
+    """
+    per_layer_token = gqa_kv_bytes_per_token(config, dtype_bytes) // config["num_hidden_layers"]
+    window = config.get("sliding_window") or context
+    return sum(per_layer_token * (min(context, window) if w else context) for w in windowed_layers(config))
 
 
 # ---------------------------------------------------------------- 2. GQA decode

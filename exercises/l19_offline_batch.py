@@ -11,6 +11,7 @@ Times are in seconds, memory in bytes.
 from __future__ import annotations
 
 import math
+from collections import OrderedDict
 
 import torch
 
@@ -159,3 +160,32 @@ def max_batch_in_memory(config: dict, dtype_bytes: int, free_bytes: float, promp
     223
     """
     raise NotImplementedError("Exercise 4.1 (max_batch_in_memory): see section 4.1 of lessons/l19_offline_batch.ipynb")
+
+
+# -- 5. a shared prefix across the batch (given, not an exercise) ---------------------------------
+
+def prefill_tokens(order: list[int], prefix_of: list[int], prefix_len: int, suffix_len: list[int], slots: int) -> int:
+    """Prompt tokens prefilled when prompts run in `order`, prompt i being shared prefix prefix_of[i] (prefix_len
+    tokens) followed by suffix_len[i] tokens of its own, with a prefix cache that keeps the KV of `slots` whole
+    prefixes, least recently used evicted first (slots=0: no cache). A prompt whose prefix is cached prefills only
+    its suffix.
+
+    >>> prefill_tokens([0, 1, 2, 3], [0, 1, 0, 1], 100, [5, 5, 5, 5], slots=1)   # alternating: every prefix evicted
+    420
+    >>> prefill_tokens([0, 2, 1, 3], [0, 1, 0, 1], 100, [5, 5, 5, 5], slots=1)   # grouped: each prefix once
+    220
+    """
+    cache: OrderedDict = OrderedDict()
+    total = 0
+    for i in order:
+        p = prefix_of[i]
+        if p in cache:
+            cache.move_to_end(p)
+        else:
+            total += prefix_len
+            if slots > 0:
+                cache[p] = True
+                if len(cache) > slots:
+                    cache.popitem(last=False)
+        total += suffix_len[i]
+    return total

@@ -119,3 +119,16 @@ def test_shape_watch_tells_absorbed_from_naive():
     absorbed = C.watch_shapes(L.mla_attention_absorbed, 41, widths, *args)
     assert naive["seen"] and not absorbed["seen"]
     torch.testing.assert_close(absorbed["out"], naive["out"], rtol=1e-4, atol=1e-5)
+
+
+def test_window_layouts_and_fp8_latent_figures():
+    # Gemma 3 27B: 62 layers, global every 6th (layers 5, 11, ..., 59); gpt-oss-120b: 18 of 36 layers global.
+    assert [i for i, w in enumerate(L.windowed_layers(L.GEMMA_3_27B)) if not w] == list(range(5, 62, 6))
+    assert L.windowed_layers(L.GPT_OSS_120B) == [True, False] * 18
+    assert L.windowed_layers({**L.GEMMA_3_27B, "sliding_window": None}) == [False] * 62
+    per = 2 * 16 * 128 * 2                                   # Gemma 3 27B, bytes per layer and token, bf16
+    assert L.window_kv_bytes(L.GEMMA_3_27B, 131072, 2) == per * (10 * 131072 + 52 * 1024)
+    assert L.window_kv_bytes(L.GEMMA_3_27B, 500, 2) == per * 62 * 500     # inside the window: no saving
+    assert L.window_kv_bytes(L.GPT_OSS_120B, 32768, 2) == 2 * 8 * 64 * 2 * (18 * 32768 + 18 * 128)
+    # FlashMLA's "FP8 with scale" cache (its README): 512 fp8 + 4 float32 scales + 64 bf16 = 656 bytes per layer.
+    assert 512 * 1 + (512 // 128) * 4 + 64 * 2 == 656 and 61 * 656 == 40016

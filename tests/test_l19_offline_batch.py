@@ -254,3 +254,20 @@ def test_the_bf16_case_tells_attention_in_bf16_apart_on_every_seed():
     assert compare(sol.packed_attention(q, k, v, cu), exact) is None
     in_bf16 = checks.masked_attention(q, k, v, checks.varlen_mask(cu), 32 ** -0.5, acc=torch.bfloat16)
     assert compare(in_bf16, exact) is not None
+
+
+def test_prefill_tokens_with_a_prefix_cache():
+    prefix_of, suffix = [0, 1, 2, 0, 1, 2], [10] * 6
+    assert sol.prefill_tokens(list(range(6)), prefix_of, 100, suffix, 0) == 6 * 110          # no cache
+    assert sol.prefill_tokens(list(range(6)), prefix_of, 100, suffix, 2) == 6 * 110          # round-robin thrashes LRU
+    assert sol.prefill_tokens(list(range(6)), prefix_of, 100, suffix, 3) == 3 * 100 + 60     # all prefixes fit
+    grouped = sorted(range(6), key=lambda i: prefix_of[i])
+    assert sol.prefill_tokens(grouped, prefix_of, 100, suffix, 1) == 3 * 100 + 60            # sorted: each prefix once
+
+
+def test_the_first_form_batches_case_tells_every_packer_apart():
+    costs, budget = [1, 5, 8, 1, 4], 10
+    ref = checks.canonical(sol.form_batches(costs, budget))
+    variants = {**checks.batching_mistakes(costs, budget, False), **checks.assignment_mistakes(costs, budget, False)}
+    groupings = [checks.canonical(v) for name, v in variants.items() if not name.startswith("breaks cost ties")]
+    assert ref not in groupings and len({str(g) for g in groupings}) == len(groupings)

@@ -17,6 +17,7 @@ import torch.nn.functional as F
 
 from autograder.checks import _attention
 from autograder.checks._configs import NULL_FIELDS_7B, call, describe, non_default, random_config
+from autograder.compare import compare
 from autograder.core import LearnerRaised, check
 from autograder.mistakes import name_of
 from autograder.reference import answer_code
@@ -211,6 +212,9 @@ def packed_attention(t):
             expected = per_sequence_sdpa(q, k, v, cu, scale)
             args = (q, k, v, cu) + ((scale,) if scale is not None else ())
             got = t.call("packed_attention", *args)
+            mask = t.ref.varlen_causal_mask(cu)  # computed whatever the answer: a student's copy replays it
+            if compare(got, expected) is not None:
+                mask_fails(t, cu, mask)
             t.expect(got, expected, "packed attention vs each sequence alone",
                      mistakes=attention_mistakes(q, k, v, cu, scale))
     with t.case("bf16 q, k, v: lengths [10, 6], heads 4, kv heads 1, head_dim 32, keys with a large common part"):
@@ -222,6 +226,21 @@ def packed_attention(t):
                            "keeps 2-3 significant digits: a score near 100 is off by up to 0.25), and cast the "
                            "output back": masked_attention(q, k, v, varlen_mask(cu), 32 ** -0.5, acc=torch.bfloat16),
                            "returns float32: cast the output back to q's dtype": exact.float()})
+
+
+def mask_fails(t, cu, mask) -> None:
+    """Asked once packed_attention is wrong: if the learner's varlen_causal_mask (Exercise 1.2) is wrong on the same
+    cu_seqlens, blame it (its own check names the mistake); a stub mask blames nothing (the attention may not use it)."""
+    try:
+        got = t.call("varlen_causal_mask", cu)
+    except LearnerRaised as e:
+        if e.not_implemented:
+            return
+        t.fail(f"packed_attention depends on varlen_causal_mask, which raised {e.type_name} on cu_seqlens "
+               f"{cu.tolist()}; fix varlen_causal_mask first")
+    if compare(got, mask) is not None:
+        t.fail(f"packed_attention depends on varlen_causal_mask, which fails on cu_seqlens {cu.tolist()}: fix "
+               "varlen_causal_mask first (its own check names the mistake); packed_attention is graded once it is right")
 
 
 @answer_code
@@ -263,23 +282,28 @@ def _pack(costs, budget, padded, order="decreasing", fit="first", strict=False, 
 
 @answer_code
 def batching_mistakes(costs, budget, padded) -> dict:
-    wrong = {"does not sort by cost first (first-fit, not first-fit decreasing)": _pack(costs, budget, padded, "none"),
-             "sorts ascending; first-fit decreasing places the largest requests first":
-             _pack(costs, budget, padded, "increasing"),
-             "only tries the most recently opened batch (next-fit), not every open batch":
-             _pack(costs, budget, padded, fit="next"),
-             "treats the budget as exclusive (a batch of exactly `budget` tokens is allowed)":
+    """The usual wrong packers, each named for what it does. Used both when the learner needs more batches than
+    first-fit decreasing and when it needs as many but groups the requests differently (first-fit in arrival
+    order, say, can tie first-fit decreasing's count)."""
+    wrong = {"visits the requests in arrival order (plain first-fit); first-fit decreasing visits the largest "
+             "cost first": _pack(costs, budget, padded, "none"),
+             "visits the requests smallest cost first (first-fit increasing); first-fit decreasing visits the "
+             "largest first": _pack(costs, budget, padded, "increasing"),
+             "only tries the most recently opened batch (next-fit decreasing); first-fit tries every batch opened "
+             "so far, oldest first": _pack(costs, budget, padded, fit="next"),
+             "treats the budget as exclusive (< budget); a batch of exactly `budget` tokens fits (<= budget)":
              _pack(costs, budget, padded, strict=True)}
     if not padded:
-        wrong["uses the padded size len(batch) * max cost in packed mode"] = _pack(costs, budget, False, cost_padded=True)
+        wrong["uses the padded size len(batch) * max cost in packed mode; a packed batch costs the sum of its "
+              "costs"] = _pack(costs, budget, False, cost_padded=True)
     return wrong
 
 
 @answer_code
 def assignment_mistakes(costs, budget, padded) -> dict:
     """Variants that need no more batches than first-fit decreasing but put requests elsewhere."""
-    return {"puts each request into the batch it fills best (best-fit); first-fit takes the first batch opened "
-            "that has room": _pack(costs, budget, padded, fit="best"),
+    return {"puts each request into the batch it leaves fullest (best-fit decreasing); first-fit takes the first "
+            "batch opened that has room": _pack(costs, budget, padded, fit="best"),
             "breaks cost ties by the higher index first; equal costs go lower index first":
             _pack(costs, budget, padded, "decreasing, ties by higher index")}
 
@@ -299,7 +323,11 @@ def random_costs(rng, budget: int, n: int, oversize: bool) -> list[int]:
 @check(points=3, section="2.1")
 def form_batches(t):
     """Every request once, each batch within the budget, no more batches than first-fit decreasing."""
-    visible = [("packed", ([4, 4, 4, 6, 6, 6], 10, False)), ("padded", ([4, 4, 4, 6, 6, 6], 12, True)),
+    # The first case tells every usual packer apart (arrival order, smallest first, next-fit, best-fit, an exclusive
+    # budget, the padded size in packed mode: each groups the requests its own way), so a wrong packer's first
+    # message names it alone; on the docstring's cases some of them group alike.
+    visible = [("every usual variant groups differently", ([1, 5, 8, 1, 4], 10, False)),
+               ("packed", ([4, 4, 4, 6, 6, 6], 10, False)), ("padded", ([4, 4, 4, 6, 6, 6], 12, True)),
                ("exact fits", ([5, 5, 5, 5, 2, 8], 10, False)),
                ("first-fit and best-fit part ways", ([2, 8, 4, 5, 1, 7], 10, False)),
                ("a request larger than the budget", ([3, 15, 5, 2, 7], 10, False))]
@@ -321,6 +349,7 @@ def form_batches(t):
             ref = t.ref.form_batches(costs, budget, padded)
             # computed whatever the answer (a student's copy replays what the release computed for the solution)
             too_many, other = batching_mistakes(costs, budget, padded), assignment_mistakes(costs, budget, padded)
+            other = {**too_many, **other}  # a wrong packer can tie first-fit decreasing's count and still group otherwise
             same = lambda a, b: canonical(a) == canonical(b)
             if len(got) > len(ref):
                 names = name_of(got, too_many, same, ref)
@@ -464,12 +493,14 @@ def memory_mistakes(per_tok, free, p, o, act, bs) -> dict:
 
     wrong = {"forgets the output tokens: the KV cache grows to prompt_len + output_len tokens per sequence":
              fit(tokens=math.ceil(p / bs) * bs),
-             "rounds up; a batch must fit whole, so round down": fit(rounding=math.ceil),
-             "rounds to the nearest whole number; a batch must fit whole, so round down": fit(rounding=round)}
+             "rounds the number of sequences up (ceil); only whole sequences that fit count, so round it down "
+             "(floor)": fit(rounding=math.ceil),
+             "rounds the number of sequences to the nearest integer; only whole sequences that fit count, so round "
+             "it down (floor)": fit(rounding=round)}
     if bs > 1:
-        wrong["does not round each sequence up to whole blocks of block_size tokens"] = fit(tokens=p + o)
-        wrong["rounds each sequence DOWN to whole blocks; a partly filled block still takes a whole block"] = \
-            fit(tokens=(p + o) // bs * bs)
+        wrong["does not round each sequence's tokens up to whole blocks of block_size tokens"] = fit(tokens=p + o)
+        wrong["rounds each sequence's tokens DOWN to whole blocks; a partly filled block still takes a whole block, "
+              "so round them up"] = fit(tokens=(p + o) // bs * bs)
         wrong["rounds the prompt and the output up to whole blocks separately; they share the sequence's blocks, "
               "so round their sum"] = fit(tokens=(math.ceil(p / bs) + math.ceil(o / bs)) * bs)
         wrong["counts blocks as tokens: a block holds block_size tokens of KV, so multiply by block_size"] = \
@@ -488,9 +519,11 @@ def memory_mistakes(per_tok, free, p, o, act, bs) -> dict:
 def max_batch_in_memory(t):
     """floor(free / (KV of prompt + output, in whole blocks, + prefill activations)), never negative; the KV per
     token is the given helper's (lesson 02's formula)."""
+    # "short sequences" comes before the 70B case, where rounding the blocks down and the count up give the same
+    # number: a learner who rounds the blocks the wrong way is named for that alone.
     visible = [("Llama-3-8B, bf16, 60 GB free", (LLAMA_3_8B, 2, 60e9, 1536, 512, 0.0, 1)),
-               ("Llama-3-70B, bf16, blocks of 16, activations", (LLAMA_3_70B, 2, 40e9, 1000, 210, 100e3, 16)),
                ("short sequences in blocks of 16", (LLAMA_3_8B, 2, 10e9, 20, 5, 0.0, 16)),
+               ("Llama-3-70B, bf16, blocks of 16, activations", (LLAMA_3_70B, 2, 40e9, 1000, 210, 100e3, 16)),
                ("MHA without num_key_value_heads, fp8 KV", (MHA_7B, 1, 24e9, 3000, 500, 0.0, 16)),
                ("MHA with num_key_value_heads and head_dim null, fp16 KV", (NULL_FIELDS_7B, 2, 30e9, 700, 300, 5e4, 32)),
                ("nothing fits", (LLAMA_3_70B, 2, 1e8, 2048, 512, 0.0, 16)),

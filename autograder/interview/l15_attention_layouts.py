@@ -197,6 +197,37 @@ def mla_layout(rng, ref):
     return q
 
 
+@template(STEM, "cache of a sliding-window hybrid")
+def sliding_hybrid(rng, ref):
+    cfg = pick(rng, [ref.GEMMA_3_27B, ref.GPT_OSS_120B])
+    S = pick(rng, [8192, 16384, 32768, 65536, 131072])
+    local = ref.windowed_layers(cfg)
+    n_local, n_global, W = sum(local), len(local) - sum(local), cfg["sliding_window"]
+    per = ref.gqa_kv_bytes_per_token(cfg, 2) // cfg["num_hidden_layers"]
+    every = {**cfg, "sliding_window": None}
+    pattern = ("5 sliding-window layers before each global one" if "sliding_window_pattern" in cfg
+               else "sliding-window and global layers alternating")
+
+    def ask(ctx, prompt):
+        b = ref.window_kv_bytes(cfg, ctx, 2)
+        return Numeric(
+            prompt, "GB", b / GB,
+            [f"per layer and token: 2 x {cfg['num_key_value_heads']} KV heads x {cfg['head_dim']} x 2 bytes = {fmt(per)} B",
+             f"{n_global} global layers x {ctx:,} tokens + {n_local} window layers x min({ctx:,}, {W:,}) tokens",
+             f"= {fmt(b)} bytes = {fmt(b / GB)} GB"],
+            "A window layer's cache stops at the window; the global layers still grow with the context and dominate.",
+            mistakes={"counts every layer at the full context": ref.window_kv_bytes(every, ctx, 2) / GB,
+                      "caps every layer at the window": len(local) * per * min(ctx, W) / GB})
+
+    q = ask(S, f"{cfg['name']}: {cfg['num_hidden_layers']} layers, {pattern} (window {W:,} tokens), "
+               f"{cfg['num_key_value_heads']} KV heads of head_dim {cfg['head_dim']}. KV cache of one sequence of "
+               f"{S:,} tokens in bf16, in GB?")
+    S2 = 4 * S if S <= 32768 else S // 4
+    q.follow_ups.append(ask(S2, f"And at {S2:,} tokens, in GB?"))
+    q.follow_ups[0].why = "Past the window, the cache grows only through the global layers: n_global / layers of an all-global one."
+    return q
+
+
 @template(STEM, "explain MLA")
 def explain(rng, ref):
     return Open(
@@ -208,5 +239,7 @@ def explain(rng, ref):
          "node capacity compares totals: MoE weights eat memory, so the per-token factor overstates the context gain",
          "under plain TP the headless latent is copied on every GPU; data-parallel attention stores it once",
          "decode absorbs W_UK/W_UV into the query and output to attend on the latent: more FLOPs per cached byte",
-         "RoPE is decoupled because a position-dependent rotation cannot be absorbed into the projections"],
+         "RoPE is decoupled because a position-dependent rotation cannot be absorbed into the projections",
+         "newer levers: an fp8 latent with per-128 scales (656 B per layer), DSA reading only the top-2,048 tokens, "
+         "sliding-window layers whose cache stops at the window"],
         "Cache = what each layer keeps per token x layers; MLA keeps one shared latent and pays for it in decode FLOPs.")

@@ -142,6 +142,43 @@ def max_batch(rng, ref):
     return q
 
 
+@template(STEM, "a shared prefix across the batch")
+def shared_prefix(rng, ref):
+    groups, per = pick(rng, [2, 4, 5, 8, 10]), pick(rng, [50, 100, 200, 250])
+    prefix, suffix = pick(rng, [500, 1000, 2000, 4000]), pick(rng, [100, 200, 300, 500])
+    n = groups * per
+    prefix_of = [i % groups for i in range(n)]              # the job's order: the prefixes take turns
+    suffixes = [suffix] * n
+    grouped = sorted(range(n), key=lambda i: prefix_of[i])
+
+    def tokens(order, slots):
+        return ref.prefill_tokens(order, prefix_of, prefix, suffixes, slots)
+
+    none = tokens(list(range(n)), 0)
+    q = Numeric(
+        f"An offline job of {n:,} prompts: each starts with one of {groups} instructions of {prefix:,} tokens "
+        f"({per} prompts each) and ends with {suffix} tokens of its own. With prefix caching and the prompts sorted "
+        "so that each instruction's prompts run together, how many prompt tokens does the engine prefill, in thousands?",
+        "thousand tokens", tokens(grouped, 1) / 1e3,
+        [f"without a prefix cache: {n:,} x ({prefix:,} + {suffix}) = {fmt(none)} tokens",
+         f"sorted: each instruction once, {groups} x {prefix:,}, plus every suffix, {n:,} x {suffix}",
+         f"= {fmt(tokens(grouped, 1))} tokens, {fmt(100 * tokens(grouped, 1) / none)}% of no cache"],
+        "A cached prefix is prefilled once per stay in the cache; sorting makes that once per instruction.",
+        rtol=0.01, mistakes={"counts the prefix as free for every prompt, even the first of each instruction":
+                             n * suffix / 1e3,
+                             "forgets the per-prompt suffixes": groups * prefix / 1e3})
+    slots = pick(rng, [1, max(1, groups // 2)])
+    q.follow_ups.append(Numeric(
+        f"Now the prompts run in the job's order, the instructions taking turns (1, 2, ..., {groups}, 1, 2, ...), and "
+        f"the cache holds the KV of {slots} instruction(s), least recently used evicted first. Thousands of prompt "
+        "tokens prefilled?", "thousand tokens", tokens(list(range(n)), slots) / 1e3,
+        [f"with {groups} instructions taking turns and room for {slots}, each one is evicted before it comes back",
+         f"so every prompt prefills its instruction: {fmt(tokens(list(range(n)), slots))} tokens, as with no cache"],
+        "Order matters as much as the cache: interleaved prefixes thrash an LRU cache smaller than their number.",
+        rtol=0.01, mistakes={"assumes the cache keeps every instruction": tokens(grouped, 1) / 1e3}))
+    return q
+
+
 @template(STEM, "explain the offline speedup")
 def explain(rng, ref):
     return Open(
@@ -152,5 +189,8 @@ def explain(rng, ref):
          "pack ragged prompts with cu_seqlens and per-sequence positions; attention needs a block-diagonal causal mask",
          "form batches under a token budget (first-fit decreasing), or better, a continuous-batching engine",
          "a batching window costs each request up to its length in latency; offline, use none",
-         "memory caps the batch: KV of prompt + output per sequence (plus prefill activations unless chunked)"],
+         "memory caps the batch: KV of prompt + output per sequence (plus prefill activations unless chunked)",
+         "more GPUs: data-parallel replicas scale throughput once each has a full batch, with no per-layer all-reduce",
+         "offline engines take bigger steps (vLLM's LLM class: a larger max_num_batched_tokens than vllm serve), "
+         "sort prompts by shared prefix for the prefix cache, and hosted batch APIs trade a 24 h window for half price"],
         "Batching amortizes the weight read over many sequences until memory, or compute, runs out.")

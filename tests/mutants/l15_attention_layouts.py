@@ -57,6 +57,11 @@ def kv_bytes_per_token(config, dtype_bytes):  # noqa: F811
     return sol.gqa_kv_bytes_per_token(config, dtype_bytes)
 
 
+@mutant(check="kv_capacity_tokens", message="depends on kv_bytes_per_token, which fails")
+def kv_bytes_per_token(config, dtype_bytes):  # noqa: F811 - the capacity is right; the cache per token it uses is not
+    return sol.gqa_kv_bytes_per_token(config, dtype_bytes)
+
+
 @mutant(check="kv_capacity_tokens", message="ignores kv_copies")
 def kv_capacity_tokens(config, num_params, weight_bytes, kv_bytes, num_gpus, gpu_bytes, kv_copies=1):
     free = num_gpus * gpu_bytes - num_params * weight_bytes
@@ -329,6 +334,11 @@ def _m_naive_unmasked(weights, cfg, x, positions, c_kv, k_pe):
     s = s.masked_fill(torch.arange(S)[None, :] > far[:, None], float("-inf"))
     o = torch.einsum("hts,shv->thv", s.softmax(-1), kv[..., nope:])
     return o.reshape(T, H * vd) @ weights["o_proj.weight"].T
+
+
+@mutant(check="mla_attention_naive", message="depends on mla_query, which fails")
+def mla_query(weights, cfg, x, positions):  # noqa: F811 - the attention is right; the query it builds on rotates wrong
+    return sol.mla_query(weights, {**cfg, "rope_theta": 10000.0}, x, positions)
 
 
 @mutant(check="mla_attention_naive", message="does not apply the causal mask")

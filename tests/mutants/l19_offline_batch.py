@@ -87,6 +87,11 @@ def _m_attn(q, k, v, mask, scale):
     return torch.einsum("hts,shd->thd", s.softmax(-1), v)
 
 
+@mutant(check="packed_attention", message="depends on varlen_causal_mask, which fails")
+def varlen_causal_mask(cu_seqlens):  # noqa: F811 - the attention is right; the mask it uses drops the diagonal
+    return sol.varlen_causal_mask(cu_seqlens) & ~torch.eye(int(cu_seqlens[-1]), dtype=torch.bool)
+
+
 @mutant(check="packed_attention", message="computes the scores and the softmax in bf16")
 def packed_attention(q, k, v, cu_seqlens, scale=None):  # noqa: F811 - right in float32, no upcast for bf16
     mask = sol.varlen_causal_mask(cu_seqlens)
@@ -142,12 +147,12 @@ def form_batches(costs, budget, padded=False):  # noqa: F811 - checks the budget
     return _m_first_fit(costs, budget, _m_decreasing(costs), padded)
 
 
-@mutant(check="form_batches", message="does not sort by cost first")
+@mutant(check="form_batches", message="in arrival order (plain first-fit)")
 def form_batches(costs, budget, padded=False):
     return _m_first_fit(costs, budget, range(len(costs)), padded)
 
 
-@mutant(check="form_batches", message="(best-fit)")
+@mutant(check="form_batches", message="(best-fit decreasing)")
 def form_batches(costs, budget, padded=False):  # noqa: F811
     batches = []
     for i in _m_decreasing(costs):
@@ -160,12 +165,17 @@ def form_batches(costs, budget, padded=False):  # noqa: F811
     return batches
 
 
+@mutant(check="form_batches", message="smallest cost first (first-fit increasing)")
+def form_batches(costs, budget, padded=False):  # noqa: F811 - sorted, but the wrong way round
+    return _m_first_fit(costs, budget, sorted(range(len(costs)), key=lambda i: (costs[i], i)), padded)
+
+
 @mutant(check="form_batches", message="breaks cost ties by the higher index first")
 def form_batches(costs, budget, padded=False):  # noqa: F811
     return _m_first_fit(costs, budget, sorted(range(len(costs)), key=lambda i: (-costs[i], -i)), padded)
 
 
-@mutant(check="form_batches", message="(next-fit)")
+@mutant(check="form_batches", message="(next-fit decreasing)")
 def form_batches(costs, budget, padded=False):  # noqa: F811
     return _m_first_fit(costs, budget, _m_decreasing(costs), padded, last_only=True)
 
@@ -173,6 +183,11 @@ def form_batches(costs, budget, padded=False):  # noqa: F811
 @mutant(check="form_batches", message="treats the budget as exclusive")
 def form_batches(costs, budget, padded=False):  # noqa: F811
     return _m_first_fit(costs, budget, _m_decreasing(costs), padded, strict=True)
+
+
+@mutant(check="form_batches", message="uses the padded size len(batch) * max cost in packed mode")
+def form_batches(costs, budget, padded=False):  # noqa: F811 - always pads
+    return _m_first_fit(costs, budget, _m_decreasing(costs), padded=True)
 
 
 @mutant(check="form_batches", message="counts packed tokens in padded mode")
@@ -275,13 +290,13 @@ def max_batch_in_memory(config, dtype_bytes, free_bytes, prompt_len, output_len,
                                    act_bytes_per_token, block_size)
 
 
-@mutant(check="max_batch_in_memory", message="does not round each sequence up to whole blocks")
+@mutant(check="max_batch_in_memory", message="does not round each sequence's tokens up to whole blocks")
 def max_batch_in_memory(config, dtype_bytes, free_bytes, prompt_len, output_len, act_bytes_per_token=0.0,  # noqa: F811
                         block_size=1):
     return sol.max_batch_in_memory(config, dtype_bytes, free_bytes, prompt_len, output_len, act_bytes_per_token, 1)
 
 
-@mutant(check="max_batch_in_memory", message="rounds each sequence DOWN to whole blocks")
+@mutant(check="max_batch_in_memory", message="rounds each sequence's tokens DOWN to whole blocks")
 def max_batch_in_memory(config, dtype_bytes, free_bytes, prompt_len, output_len, act_bytes_per_token=0.0,  # noqa: F811
                         block_size=1):
     tokens = (prompt_len + output_len) // block_size * block_size
@@ -315,11 +330,18 @@ def max_batch_in_memory(config, dtype_bytes, free_bytes, prompt_len, output_len,
     return _m_fit(config, dtype_bytes, free_bytes, tokens, prompt_len + output_len, act_bytes_per_token)
 
 
-@mutant(check="max_batch_in_memory", message="rounds up")
+@mutant(check="max_batch_in_memory", message="rounds the number of sequences up (ceil)")
 def max_batch_in_memory(config, dtype_bytes, free_bytes, prompt_len, output_len, act_bytes_per_token=0.0,  # noqa: F811
                         block_size=1):
     tokens = math.ceil((prompt_len + output_len) / block_size) * block_size
     return _m_fit(config, dtype_bytes, free_bytes, tokens, prompt_len, act_bytes_per_token, rounding=math.ceil)
+
+
+@mutant(check="max_batch_in_memory", message="rounds the number of sequences to the nearest integer")
+def max_batch_in_memory(config, dtype_bytes, free_bytes, prompt_len, output_len, act_bytes_per_token=0.0,  # noqa: F811
+                        block_size=1):
+    tokens = math.ceil((prompt_len + output_len) / block_size) * block_size
+    return _m_fit(config, dtype_bytes, free_bytes, tokens, prompt_len, act_bytes_per_token, rounding=round)
 
 
 @mutant(check="max_batch_in_memory", message="negative batch size")
