@@ -3,7 +3,7 @@
 # `course sync`; keep the names and signatures.)
 """Lesson 07: chunked prefill. One token budget per engine step, spent on running decodes first and
 then on slices ("chunks") of prompts, first come first served; vLLM's partial-prefill controls
-(long_prefill_token_threshold, max_long_partial_prefills), which keep one long prompt from taking every
+(long_prefill_token_threshold, and V0's max_long_partial_prefills), which keep one long prompt from taking every
 prefill token so that short prompts behind it get their first token quickly; and the budget that keeps
 every step under an inter-token-latency SLO while getting a long prompt its first token as soon as
 possible.
@@ -43,7 +43,8 @@ class ChunkedPrefillPolicy:
 
     Plain FCFS chunking (exercise 1.1, lesson 03's ContinuousPolicy) gives the oldest prompt every token the
     decodes leave, so a short prompt queued behind a long one waits for the whole long prefill. Two knobs,
-    named as in vLLM's SchedulerConfig, let short prompts through:
+    named as in vLLM's SchedulerConfig, let short prompts through (the threshold is V1's, off by default;
+    the cap on long prompts was implemented by V0's scheduler only):
 
     long_prefill_token_threshold (T >= 1): a candidate is *long* when it still has more than T tokens to
       compute (seq.num_uncomputed_tokens > T; vLLM's scheduler tests what is left, get_num_new_tokens(), so a
@@ -136,8 +137,8 @@ def prefill_chunks(prompt_len: int, cached_blocks: int, block_size: int, chunk_b
     """Exercise 3.1: the chunks a prompt's prefill computes when a prefix cache already holds some of it.
 
     prompt_len: tokens in the prompt (>= 1). cached_blocks: how many of the prompt's leading *full*
-    blocks the prefix cache holds (it hashes and shares whole blocks only, so a hit is a number of
-    blocks). block_size: tokens per KV block. chunk_budget: prompt tokens this prompt may compute per
+    blocks the prefix cache holds (as vLLM's, which hashes and shares whole blocks only, so a hit is a
+    number of blocks). block_size: tokens per KV block. chunk_budget: prompt tokens this prompt may compute per
     step (>= 1).
 
     The prefill starts after the hit, but the prompt's last token is always computed: its logits

@@ -126,3 +126,23 @@ def test_every_wrong_policy_shows_in_a_visible_engine_case(static):
             if checks._outcome(run) != checks._outcome(expected):
                 seen.add(name)
     assert seen == set(variants)
+
+
+def test_the_cuda_graph_section_claims():
+    """Section 4.5's text, on vLLM v0.33.0's default capture sizes (the interview's copy of the rule): a batch of 37
+    runs the 40 graph, the worst padded share of a small graph is close to half, at most 15 rows are padded past 256,
+    and on the modeled H100 padding costs well under 1% of a decode step."""
+    from autograder.interview.l03_continuous_batching import padded_rows, vllm_capture_sizes
+    from reference_engine.sim import gpu_model
+    sizes = vllm_capture_sizes()
+    assert sizes[:5] == [1, 2, 4, 8, 16] and sizes[-1] == 512 and 248 in sizes and 264 not in sizes
+    assert padded_rows(37, sizes) == 3 and padded_rows(600, sizes) == 0
+    shares = [padded_rows(b, sizes) / (b + padded_rows(b, sizes)) for b in range(1, 513)]
+    assert 0.4 < max(shares) < 0.5
+    assert max(padded_rows(b, sizes) for b in range(257, 513)) == 15
+    for b in (3, 37, 257, 500):
+        pad = padded_rows(b, sizes)
+        real, padded = (gpu_model.step_time(gpu_model.LLAMA_3_8B, gpu_model.H100,
+                                            gpu_model.Composition(decodes=(1024,) * b + (1,) * p)).time_s
+                        for p in (0, pad))
+        assert (padded - real) / real < 0.01

@@ -220,3 +220,22 @@ def test_the_boundary_case_is_met_exactly():
         pairs = d * ctx + chunk * start + chunk * (chunk + 1) // 2
         assert (cost["per_attn_s"] * pairs + cost["per_token_s"] * (d + chunk) + cost["overhead_s"]
                 == S.step_time(cost, d, ctx, chunk, start))
+
+
+def _modeled_prefill(prompt_len, budget, decodes=64, ctx=1024):
+    from reference_engine.sim.gpu_model import H100, LLAMA_3_8B, Composition, step_time
+    share = budget - decodes
+    return [step_time(LLAMA_3_8B, H100, Composition(prefills=((min(share, prompt_len - s), s),),
+                                                    decodes=(ctx,) * decodes)).time_s
+            for s in range(0, prompt_len, share)]
+
+
+def test_the_default_budget_section_matches_the_modeled_clock():
+    """Section 2.3's text: at vLLM's `vllm serve` H100 default (8,192) the worst step of a 20k prompt is about 25
+    decode steps, the middle (8,128-token) chunk is the slowest, and TTFT barely changes between 2,048 and 16,384."""
+    from reference_engine.sim.gpu_model import H100, LLAMA_3_8B, Composition, step_time
+    decode = step_time(LLAMA_3_8B, H100, Composition.decode_batch(64, 1024)).time_s
+    t = _modeled_prefill(20000, 8192)
+    assert 23 <= max(t) / decode <= 27 and t.index(max(t)) == 1
+    ttfts = [sum(_modeled_prefill(20000, b)) for b in (2048, 8192, 16384)]
+    assert max(ttfts) / min(ttfts) < 1.1

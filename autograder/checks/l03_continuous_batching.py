@@ -23,7 +23,8 @@ from functools import partial
 from typing import NamedTuple
 
 from autograder.checks._engine import POLICY_ERRORS, judged, known_error, step_bound, stopped, stub_guard
-from autograder.core import CaseFailed, check
+from autograder.compare import compare
+from autograder.core import CaseFailed, NotStarted, check
 from autograder.harnesses.engine import run_engine
 from autograder.mistakes import looks_like
 from autograder.reference import answer_code, recording
@@ -257,13 +258,49 @@ def continuous_mistakes(reqs, B) -> dict:
     return mistakes
 
 
+@answer_code
+def step_trace(reqs, B) -> list:
+    """[(running, waiting, step, (running, waiting, retired))]: every call of the reference step that the
+    reference simulate_continuous makes on these requests, and what it returns."""
+    running, waiting, step, calls = [], list(range(len(reqs))), 0, []
+    while (running or waiting) and step < 10_000:
+        result = step_variant(running, waiting, reqs, B, step)
+        calls.append((running, waiting, step, result))
+        running, waiting, _ = result
+        step += 1
+    return calls
+
+
+def _upstream(t, what: str, upstream: str, calls: list) -> None:
+    """Asked once `what` is wrong: fail naming `upstream` (an exercise `what` calls) when the learner's `upstream`
+    gives a wrong value on one of `calls` [(args, expected)] (its own check names the mistake). A stub upstream
+    blames nothing: `what` may have been written without it."""
+    for args, exp in calls:
+        try:
+            got, raised = t.attempt(t.call, upstream, *args)
+        except NotStarted:
+            return
+        if isinstance(got, list):
+            got = tuple(got)
+        wrong = f"raised {raised.type_name}" if raised is not None else compare(got, exp, rtol=1e-9)
+        if wrong is not None:
+            shown = ", ".join(repr(a) for a in args)
+            t.fail(f"{what} depends on {upstream}, which fails here: {upstream}({shown[:200]}) {wrong}. Fix "
+                   f"{upstream} first (its own check names the mistake); {what} is graded once it is right")
+
+
 @check(points=2, section="2.2")
 def simulate_continuous(t):
-    """The driver: finish steps, total steps, occupancy and slots used of continuous batching."""
+    """The driver: finish steps, total steps, occupancy and slots used of continuous batching. A wrong result
+    that comes from a wrong continuous_step (which the driver calls) is blamed on continuous_step."""
     for label, (reqs, B) in t.cases(visible=CONTINUOUS_CASES, hidden=random_case, n=3):
         with t.case(f"{label}: {describe(reqs, B)}"):
             got, expected = t.both("simulate_continuous", reqs, B)
-            expect_result(t, got, expected, continuous_mistakes(reqs, B))
+            mistakes, calls = continuous_mistakes(reqs, B), step_trace(reqs, B)
+            if compare(got, expected, rtol=1e-9) is not None:
+                _upstream(t, "simulate_continuous", "continuous_step",
+                          [((running, waiting, reqs, B, step), result) for running, waiting, step, result in calls])
+            expect_result(t, got, expected, mistakes)
 
 
 # -- 3.1 / 3.2 the closed form ----------------------------------------------------------------------
@@ -349,6 +386,9 @@ def batching_gain(t):
     for label, (pmf, B) in t.cases(visible=GAIN_CASES, hidden=random_pmf_case, n=3):
         with t.case(_pmf_label(label, pmf, B)):
             got, expected = t.both("batching_gain", pmf, B)
+            emax = t.ref.expected_max(pmf, B)
+            if compare(got, expected, rtol=1e-9) is not None:  # it calls expected_max: is that the wrong one?
+                _upstream(t, "batching_gain", "expected_max", [((pmf, B), emax)])
             t.expect_true(isinstance(got, dict), f"return a dict, got {type(got).__name__}")
             missing = [k for k in expected if k not in got]
             t.expect_true(not missing, f"the dict is missing key(s) {missing}")

@@ -21,7 +21,8 @@ from types import SimpleNamespace
 
 from autograder.checks._configs import non_default
 from autograder.checks._engine import POLICY_ERRORS, judged, known_error, step_bound, stopped, stub_guard
-from autograder.core import CaseFailed, check
+from autograder.compare import compare
+from autograder.core import CaseFailed, NotStarted, check
 from autograder.harnesses.engine import run_engine
 from autograder.mistakes import looks_like
 from autograder.reference import answer_code
@@ -71,6 +72,8 @@ def plan_mistakes(decodes, queue, budget) -> dict:
             dec + _chunks(_fcfs(queue), budget - len(decodes), "prompt_len"),
         "forgets that the decode tokens count against the budget (the step overshoots it by one token "
         "per decode)": dec + _chunks(_fcfs(queue), budget),
+        "gives the last chunk one token more than the budget left (off by one: the plan computes budget + 1 "
+        "tokens)": dec + _chunks(_fcfs(queue), budget - len(decodes) + 1),
         "admits a prompt whole even when it is larger than the budget left (it must be chunked)":
             dec + whole,
         "serves prompts in queue order instead of arrival order (FCFS: sort by \"arrival\")":
@@ -534,12 +537,42 @@ def budget_case(rng):
     return cost, slo, P, d, ctx
 
 
+@answer_code
+def budget_steps(cost, P, d, ctx, budget) -> list:
+    """[(step_time's arguments, its value)] for the first two and the last two chunks of a P-token prompt
+    prefilled with this budget: the calls a choose_budget built on step_time makes at that budget."""
+    share = budget - d
+    starts = list(range(0, P, share))
+    starts = sorted(set(starts[:2] + starts[-2:]))
+    return [((cost, d, ctx, min(share, P - s), s), cost_model(cost, d, ctx, min(share, P - s), s)) for s in starts]
+
+
+def _blame_step_time(t, calls: list) -> None:
+    """Asked once choose_budget is wrong: when the learner's step_time (which choose_budget is meant to use)
+    gives another time for one of the chunk steps, fail naming step_time, whose own check names the mistake.
+    A stub step_time blames nothing (choose_budget may have been written without it)."""
+    for args, exp in calls:
+        try:
+            got, raised = t.attempt(t.call, "step_time", *args)
+        except NotStarted:
+            return
+        wrong = f"raised {raised.type_name}" if raised is not None else compare(got, exp, rtol=1e-6)
+        if wrong is not None:
+            t.fail(f"choose_budget depends on step_time, which fails here: step_time{args[1:]} with this cost "
+                   f"{wrong}. Fix step_time first (its own check names the mistake); choose_budget is graded "
+                   "once it is right")
+
+
 @check(points=3, section="2.2", cost=0.2)
 def choose_budget(t):
-    """The largest budget whose every step meets the ITL SLO; its steps, TTFT and worst step."""
+    """The largest budget whose every step meets the ITL SLO; its steps, TTFT and worst step. A wrong result
+    that comes from a wrong step_time is blamed on step_time."""
     for label, (cost, slo, P, d, ctx) in t.cases(visible=BUDGET_CASES, hidden=budget_case, n=2):
         with t.case(f"{label} (cost {cost}, slo {slo:.6g} s, prompt {P}, decodes {d}, context {ctx})"):
             got, expected = t.both("choose_budget", cost, slo, P, d, ctx)
+            calls = budget_steps(cost, P, d, ctx, expected["budget"])
+            if compare(got, expected, rtol=1e-6) is not None:
+                _blame_step_time(t, calls)
             t.expect_true(isinstance(got, dict), f"choose_budget() must return a dict, got {type(got).__name__}")
             t.expect(got, expected, "choose_budget result", rtol=1e-6, mistakes=budget_mistakes(cost, slo, P, d, ctx))
     with t.case("an SLO below a decode-only step raises ValueError"):

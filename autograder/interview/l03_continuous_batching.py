@@ -1,4 +1,5 @@
-"""Lesson 03 questions: E[max of B], padding waste, the continuous-batching gain, and small schedules."""
+"""Lesson 03 questions: E[max of B], padding waste, the continuous-batching gain, small schedules, and the rows a
+CUDA graph pads a continuous batch with."""
 from __future__ import annotations
 
 import math
@@ -167,6 +168,51 @@ def occupancy(rng, ref):
         "Now continuous batching: the occupancy?", "%", 100 * ct["occupancy"],
         [f"{work} useful slot-steps over {b} x {ct['total_steps']}: {fmt(100 * ct['occupancy'])}%"],
         "Only the drain at the end, when the queue is empty, leaves continuous slots idle."))
+    return q
+
+
+def vllm_capture_sizes(max_num_seqs: int = 1024, ceiling: int = 512) -> list[int]:
+    """vLLM v0.33.0's default CUDA-graph batch sizes for one-token decode (vllm/config/vllm.py, _set_cudagraph_sizes):
+    1, 2, 4, multiples of 8 below 256, multiples of 16 from 256 up to min(2 x max_num_seqs, ceiling); the ceiling is
+    512 on an H100 (1,024 on data-center Blackwell)."""
+    top = min(2 * max_num_seqs, ceiling)
+    return [s for s in [1, 2, 4] + list(range(8, 256, 8)) + list(range(256, top + 1, 16)) if s <= top]
+
+
+def padded_rows(batch: int, sizes: list[int]) -> int:
+    """Rows of padding in the graph a decode batch replays: the smallest captured size >= batch; none above them all
+    (that batch runs without a graph)."""
+    return next((s - batch for s in sizes if s >= batch), 0)
+
+
+@template(STEM, "CUDA-graph padding")
+def graph_padding(rng, ref):
+    sizes = vllm_capture_sizes()
+    pow2 = lambda n: 1 << (n - 1).bit_length()  # noqa: E731 - the mistake's rule, in one line
+    # batches where the next power of two and the next multiple of 16 are both another graph than the right one
+    small = pick(rng, [n for n in range(17, 250) if 0 < n % 16 < 8 and pow2(n) != -(-n // 8) * 8])
+    large = pick(rng, [n for n in range(257, 500) if 0 < n % 16 < 8 and pow2(n) != -(-n // 16) * 16])
+
+    def ask(n, prompt, extra):
+        pad = padded_rows(n, sizes)
+        graph = n + pad
+        return Numeric(
+            prompt, "rows", pad,
+            ["vLLM v0.33.0 captures decode graphs for batch sizes 1, 2, 4, every multiple of 8 below 256, every "
+             "multiple of 16 from 256 to 512 (an H100, max_num_seqs 1024)",
+             f"a batch of {n} replays the smallest captured size at least {n}: {graph}",
+             f"padded rows: {graph} - {n} = {pad} ({fmt(100 * pad / graph)}% of the graph's rows)"],
+            "Continuous batching changes the batch size every step, so most steps replay a slightly larger graph; the "
+            "padded rows cost almost nothing while decode is memory-bound.", rtol=0,
+            mistakes={"pads to the next power of two": pow2(n) - n, **extra})
+
+    q = ask(small, f"A server runs vLLM v0.33.0 on one H100 with its default CUDA graphs for decode (sizes 1, 2, 4, then every "
+                   f"multiple of 8 below 256, then every multiple of 16 up to 512). A decode step has {small} running "
+                   "requests. How many padded rows does the graph it replays compute?",
+            {"pads to a multiple of 16 below 256 too (the sizes there are multiples of 8)": -(-small // 16) * 16 - small})
+    q.follow_ups.append(ask(large, f"Now {large} requests are running: padded rows?",
+                            {"keeps padding to multiples of 8 past 256 (the sizes there are multiples of 16)":
+                             -(-large // 8) * 8 - large}))
     return q
 
 

@@ -1,4 +1,5 @@
-"""Lesson 04 questions: what reserving the maximum wastes, what paging leaves, slot mapping, copy-on-write."""
+"""Lesson 04 questions: what reserving the maximum wastes, what paging leaves, slot mapping, copy-on-write, and
+reserving to completion (TensorRT-LLM's GUARANTEED_NO_EVICT) against optimistic admission."""
 from __future__ import annotations
 
 from reference_engine.sim.trace import Request
@@ -116,6 +117,37 @@ def admitted(rng, ref):
     return q
 
 
+@template(STEM, "no-evict reservation against optimistic admission")
+def no_evict(rng, ref):
+    """TensorRT-LLM's GUARANTEED_NO_EVICT reserves a request's remaining blocks to completion (prompt + max_tokens:
+    tensorrt_llm/_torch/pyexecutor/scheduler/scheduler.py, GuaranteedNoEvictPolicy); vLLM allocates blocks for the
+    tokens it schedules (vllm/v1/core/kv_cache_manager.py, allocate_slots), so a prompt needs its own blocks."""
+    bs = 16
+    pool = rng.randrange(5_000, 40_001, 100)
+    p, m = rng.randrange(200, 3001, 10), pick(rng, [512, 1024, 2048, 4096])
+    blocks = lambda n: -(-n // bs)  # noqa: E731
+    reserve = pool // blocks(p + m)
+    eager = pool // blocks(p)
+    q = Numeric(
+        f"A KV pool of {pool:,} blocks of {bs} tokens. Requests wait, each with a {p:,}-token prompt and max_tokens "
+        f"{m:,}. TensorRT-LLM's default capacity policy, GUARANTEED_NO_EVICT, never pauses a started request. How many "
+        "requests does it start at once (batch-slot limits aside)?", "requests", reserve,
+        [f"never pausing means reserving every block a request may need to finish: prompt + max_tokens = {p + m:,} "
+         f"tokens = ceil({p + m:,} / {bs}) = {blocks(p + m)} blocks", f"{pool:,} // {blocks(p + m)} = {reserve}"],
+        "A guarantee against eviction is paid for up front, in blocks reserved for tokens that may never come.",
+        rtol=0, mistakes={"reserves only the prompt's blocks (that is optimistic admission)": eager,
+                          "reserves max_tokens without the prompt": pool // blocks(m),
+                          "divides tokens by tokens, forgetting that blocks round up": pool * bs // (p + m)})
+    q.follow_ups.append(Numeric(
+        "vLLM admits a request when the blocks for the tokens it schedules now are free (its whole prompt, with "
+        "chunking aside) and preempts later if the pool runs out. How many start on the same pool?", "requests", eager,
+        [f"the prompt's blocks: ceil({p:,} / {bs}) = {blocks(p)}", f"{pool:,} // {blocks(p)} = {eager}: "
+         f"{fmt(eager / reserve)}x as many, until their outputs outgrow the pool and some are preempted"],
+        "Optimistic admission runs the bigger batch and pays with preemptions (recomputes) when outputs run long.",
+        rtol=0, mistakes={"keeps the reservation to completion": reserve}))
+    return q
+
+
 @template(STEM, "copy-on-write")
 def copy_on_write(rng, ref):
     n_blocks, k, n = pick(rng, [64, 128, 256]), rng.randrange(3, 20), pick(rng, [2, 3, 4, 6, 8])
@@ -153,6 +185,8 @@ def explain(rng, ref):
          "a block is granted only when a token spills into it, so the waste is the last block's tail",
          "slot = table[p // block_size] x block_size + p % block_size; attention kernels read K/V through the table",
          "ref-counted blocks: fork shares them, a write to a shared block copies it first (copy-on-write)",
-         "out of blocks: preempt (free the newest request's blocks, recompute or swap it later)",
+         "out of blocks: preempt (free the newest request's blocks and recompute it later: vLLM V1 has no swap path; "
+         "V0 could also swap it to CPU memory), or never preempt by reserving prompt + max_tokens up front "
+         "(TensorRT-LLM's default GUARANTEED_NO_EVICT), which admits fewer requests",
          "the payoff is a larger running batch, hence throughput at the same latency"],
         "Allocate KV like virtual memory: on demand, in pages, shared by reference.")

@@ -1,5 +1,6 @@
 """Lesson 07 questions: the stall of an unchunked prompt, step times, a step's plan, a short request behind a long
-prompt (FCFS chunking against vLLM's partial-prefill controls), and the budget for an ITL SLO."""
+prompt (FCFS chunking against vLLM's partial-prefill controls), the budget for an ITL SLO, and the stall vLLM's
+default budget allows."""
 from __future__ import annotations
 
 import math
@@ -208,7 +209,7 @@ def behind_long(rng, ref):
                           "lets the short request go first": 1},
         follow_ups=[
             Numeric(f"Now the scheduler runs with vLLM's long_prefill_token_threshold={threshold} and "
-                    "max_long_partial_prefills=1: in which step does the short request get its first token?", "steps",
+                    "(as V0's scheduler had it) max_long_partial_prefills=1: in which step does the short request get its first token?", "steps",
                     capped[1],
                     [f"the long prompt has more than {threshold} tokens to compute: it is long, and its chunk is capped "
                      f"at {threshold}", f"{share} - {threshold} = {share - threshold} tokens are left in the step: the "
@@ -262,6 +263,50 @@ def budget(rng, ref):
         rtol=0.01, mistakes={"counts one step per chunk at the first chunk's time": r["num_steps"] * ref.step_time(
             c, d, ctx, min(r["budget"] - d, p), 0) * 1e3}))
     return q
+
+
+def chunk_steps_of(ref, c, d, ctx, p, chunk) -> list[float]:
+    """Step times (s) of a p-token prompt prefilled in chunks of `chunk` tokens, d decodes riding along."""
+    return [ref.step_time(c, d, ctx, min(chunk, p - s), s) for s in range(0, p, chunk)]
+
+
+@template(STEM, "vLLM's default budget")
+def vllm_default(rng, ref):
+    """vLLM v0.33.0 defaults (vllm/engine/arg_utils.py get_batch_defaults; vllm/config/scheduler.py): chunked
+    prefill on, max_num_batched_tokens 8192 for `vllm serve` on an H100, long_prefill_token_threshold 0 (no cap)."""
+    c = random_cost(rng)
+    d, ctx, p = pick(rng, [16, 32, 64]), rng.randrange(500, 3001, 100), rng.randrange(12000, 30001, 1000)
+    budget, threshold = 8192, pick(rng, [512, 1024, 2048])
+    share = budget - d
+    times = chunk_steps_of(ref, c, d, ctx, p, share)
+    worst = max(times)
+    k = times.index(worst)
+    capped = chunk_steps_of(ref, c, d, ctx, p, threshold)
+    return Numeric(
+        f"A server runs vLLM v0.33.0 on one H100 with its defaults: chunked prefill on, max_num_batched_tokens=8192 "
+        f"(the `vllm serve` default on a GPU of 70 GiB or more that is not an A100), long_prefill_token_threshold=0. "
+        f"Cost model: {cost_text(c)}. {d} streams decode at {ctx:,} cached tokens each when a {p:,}-token prompt "
+        "arrives. How long is the worst step while it is prefilled (the longest gap every stream sees)?", "ms",
+        worst * 1e3,
+        ["threshold 0 means no chunk cap: the prompt takes all the budget the decodes leave",
+         f"chunks of 8,192 - {d} = {share:,} tokens: {len(times)} steps",
+         f"each step's time by the cost model at its chunk's position; the slowest is chunk {k + 1} "
+         f"(positions {k * share:,}..{min(p, (k + 1) * share) - 1:,}): {fmt(worst * 1e3)} ms"],
+        "By default only the budget bounds a step: a big budget is a big stall for every stream.",
+        rtol=0.01, mistakes={
+            "assumes a long_prefill_token_threshold of 4% of an 8k context (327 tokens); that default only applied "
+            "with max_num_partial_prefills > 1, which V1 never ran": max(chunk_steps_of(ref, c, d, ctx, p, 327)) * 1e3,
+            "forgets the decode tokens in the budget (the chunk is 8,192 - decodes)":
+                max(chunk_steps_of(ref, c, d, ctx, p, budget)) * 1e3,
+            "quotes the first chunk's step; later chunks attend the earlier ones and are slower": times[0] * 1e3},
+        follow_ups=[Numeric(
+            f"Now the server sets --long-prefill-token-threshold {threshold} and other requests are waiting, so the cap "
+            "applies. The worst step during this prompt's prefill?", "ms", max(capped) * 1e3,
+            [f"every chunk is capped at {threshold} tokens (less than the {share:,} the budget leaves): "
+             f"{len(capped)} steps", f"the slowest is the last full chunk, which attends the most keys: "
+             f"{fmt(max(capped) * 1e3)} ms"],
+            "The threshold bounds one prompt's share of a step whatever the budget; the long prompt pays with more "
+            "steps.", rtol=0.01, mistakes={"keeps the budget's share as the chunk (the cap ignored)": worst * 1e3})])
 
 
 @template(STEM, "explain the budget")

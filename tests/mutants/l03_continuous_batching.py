@@ -153,6 +153,12 @@ def simulate_continuous(requests, B):  # noqa: F811
     return _m_drive(requests, B, sol.continuous_step, finish_shift=-1)
 
 
+@mutant(check="simulate_continuous", message="depends on continuous_step, which fails")
+def continuous_step(running, waiting, requests, B, step):
+    """A right driver (the solution's simulate_continuous) over a wrong step: the driver's check blames the step."""
+    return _m_step("retire_after", list(running), list(waiting), requests, B, step)
+
+
 # -- 3. closed form ---------------------------------------------------------------------------------
 
 @mutant(check="expected_max", message="off by one")
@@ -199,6 +205,12 @@ def batching_gain(pmf, B):
 def batching_gain(pmf, B):  # noqa: F811
     mean, emax = sum(k * p for k, p in pmf.items()), sol.expected_max(pmf, B)
     return {"padding_waste": (emax - mean) / mean, "gain": emax / mean}
+
+
+@mutant(check="batching_gain", message="depends on expected_max, which fails")
+def expected_max(pmf, B):
+    """A right batching_gain over a wrong expected_max (E[L]): the gain's check blames expected_max."""
+    return sum(k * p for k, p in pmf.items())
 
 
 # -- 4. policies ------------------------------------------------------------------------------------

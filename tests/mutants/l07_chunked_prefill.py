@@ -56,6 +56,11 @@ def plan_step(decode_ids, prefill_queue, budget):  # noqa: F811
     return plan
 
 
+@mutant(check="plan_step", message="one token more than the budget left")
+def plan_step(decode_ids, prefill_queue, budget):  # noqa: F811
+    return sol.plan_step(decode_ids, prefill_queue, budget + 1)  # off by one: `left <= budget - decodes + 1`
+
+
 @mutant(check="plan_step", message="queue order instead of arrival order")
 def plan_step(decode_ids, prefill_queue, budget):  # noqa: F811
     queue = [{**r, "arrival": float(i)} for i, r in enumerate(prefill_queue)]
@@ -453,6 +458,12 @@ def choose_budget(cost, itl_slo_s, prompt_len, num_decodes, decode_context):  # 
         return sol.choose_budget(cost, itl_slo_s, prompt_len, num_decodes, decode_context)
     except ValueError:
         return None  # "no budget" as a value instead of the documented ValueError
+
+
+@mutant(check="choose_budget", message="depends on step_time, which fails")
+def step_time(cost, num_decodes, decode_context, chunk, chunk_start):  # noqa: F811
+    """A right choose_budget over a wrong step_time (chunks timed from position 0): blamed on step_time."""
+    return sol.step_time(cost, num_decodes, decode_context, chunk, 0)
 
 
 # -- 3.1 prefill_chunks ------------------------------------------------------------------------------
