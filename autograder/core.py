@@ -388,6 +388,29 @@ class Trial:
                 raise NotStarted(e.stub_message) from None
             return None, e
 
+    def blame_upstream(self, what: str, upstream: str, calls: Iterable, *, rtol: float | None = 1e-6,
+                       show: Callable[[Any], str] = repr, shown: str | None = None) -> None:
+        """Asked once `what`'s answer is wrong: a check grades its own function, so when the learner's `upstream`
+        (another exercise `what` calls) gives a wrong value on one of `calls` [(args, expected)], the case fails
+        naming `upstream`, whose own check names the mistake. `expected` is the reference's value, computed up front
+        whatever the answer (so that a student's copy has it recorded). A stub upstream blames nothing: `what` may
+        have been written without it. The arguments are shown with `show`, or as the text `shown`.
+
+            if wrong: t.blame_upstream("cold_start_seconds", "hop_seconds", [((hop, nbytes), ref_hop)])
+        """
+        for args, exp in calls:
+            try:
+                got, raised = self.attempt(self.call, upstream, *args)
+            except NotStarted:
+                return
+            if isinstance(got, (list, tuple)) and isinstance(exp, (list, tuple)):
+                got = type(exp)(got)
+            wrong = f"raised {raised.type_name}" if raised is not None else cmp.compare(got, exp, rtol)
+            if wrong is not None:
+                text = shown if shown is not None else ", ".join(show(a) for a in args)
+                self.fail(f"{what} depends on {upstream}, which fails here: {upstream}({text[:200]}) {wrong}. Fix "
+                          f"{upstream} first (its own check names the mistake); {what} is graded once it is right")
+
     def call(self, name: str, *args, **kwargs) -> Any:
         """Call learner function `name` over there, and notice if it mutates its arguments."""
         return self.call_fn(self.fn(name), *args, what=name, **kwargs)

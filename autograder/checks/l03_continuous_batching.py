@@ -24,7 +24,7 @@ from typing import NamedTuple
 
 from autograder.checks._engine import POLICY_ERRORS, judged, known_error, step_bound, stopped, stub_guard
 from autograder.compare import compare
-from autograder.core import CaseFailed, NotStarted, check
+from autograder.core import CaseFailed, check
 from autograder.harnesses.engine import run_engine
 from autograder.mistakes import looks_like
 from autograder.reference import answer_code, recording
@@ -271,24 +271,6 @@ def step_trace(reqs, B) -> list:
     return calls
 
 
-def _upstream(t, what: str, upstream: str, calls: list) -> None:
-    """Asked once `what` is wrong: fail naming `upstream` (an exercise `what` calls) when the learner's `upstream`
-    gives a wrong value on one of `calls` [(args, expected)] (its own check names the mistake). A stub upstream
-    blames nothing: `what` may have been written without it."""
-    for args, exp in calls:
-        try:
-            got, raised = t.attempt(t.call, upstream, *args)
-        except NotStarted:
-            return
-        if isinstance(got, list):
-            got = tuple(got)
-        wrong = f"raised {raised.type_name}" if raised is not None else compare(got, exp, rtol=1e-9)
-        if wrong is not None:
-            shown = ", ".join(repr(a) for a in args)
-            t.fail(f"{what} depends on {upstream}, which fails here: {upstream}({shown[:200]}) {wrong}. Fix "
-                   f"{upstream} first (its own check names the mistake); {what} is graded once it is right")
-
-
 @check(points=2, section="2.2")
 def simulate_continuous(t):
     """The driver: finish steps, total steps, occupancy and slots used of continuous batching. A wrong result
@@ -298,8 +280,9 @@ def simulate_continuous(t):
             got, expected = t.both("simulate_continuous", reqs, B)
             mistakes, calls = continuous_mistakes(reqs, B), step_trace(reqs, B)
             if compare(got, expected, rtol=1e-9) is not None:
-                _upstream(t, "simulate_continuous", "continuous_step",
-                          [((running, waiting, reqs, B, step), result) for running, waiting, step, result in calls])
+                t.blame_upstream("simulate_continuous", "continuous_step",
+                                 [((running, waiting, reqs, B, step), result) for running, waiting, step, result in calls],
+                                 rtol=1e-9)
             expect_result(t, got, expected, mistakes)
 
 
@@ -388,7 +371,7 @@ def batching_gain(t):
             got, expected = t.both("batching_gain", pmf, B)
             emax = t.ref.expected_max(pmf, B)
             if compare(got, expected, rtol=1e-9) is not None:  # it calls expected_max: is that the wrong one?
-                _upstream(t, "batching_gain", "expected_max", [((pmf, B), emax)])
+                t.blame_upstream("batching_gain", "expected_max", [((pmf, B), emax)], rtol=1e-9)
             t.expect_true(isinstance(got, dict), f"return a dict, got {type(got).__name__}")
             missing = [k for k in expected if k not in got]
             t.expect_true(not missing, f"the dict is missing key(s) {missing}")

@@ -21,7 +21,7 @@ from typing import NamedTuple
 import torch
 
 from autograder import compare as cmp
-from autograder.core import LearnerRaised, NotStarted, check
+from autograder.core import LearnerRaised, check
 from autograder.harnesses.l11_cold_start import count_header_reads, count_shard_reads
 from autograder.mistakes import looks_like
 from autograder.reference import answer_code
@@ -137,23 +137,9 @@ VISIBLE_CHAINS = [
 ]
 
 
-def _upstream_fails(t, what: str, upstream: str, calls: list, expected: list) -> None:
-    """Fail the case naming `upstream` when the learner's `upstream` (an exercise `what` calls) gives a wrong value
-    on one of `calls` (argument tuples; `expected` holds the reference's values, computed up front so that a
-    student's copy has them): the mistake is there, and its own check names it. A stub upstream blames nothing
-    (the learner may have written `what` without it)."""
-    for args, exp in zip(calls, expected):
-        try:
-            got, raised = t.attempt(t.call, upstream, *args)
-        except NotStarted:
-            return
-        if isinstance(got, tuple):
-            got = list(got)
-        wrong = f"raised {raised.type_name}" if raised is not None else cmp.compare(got, exp, 1e-6)
-        if wrong is not None:
-            shown = ", ".join(repr(Path(a).name) if isinstance(a, str) else repr(a) for a in args)
-            t.fail(f"{what} depends on {upstream}, which fails: {upstream}({shown[:120]}) {wrong}. Fix {upstream} "
-                   f"first (its check names the mistake); {what} is graded once it is right")
+def _short(arg) -> str:
+    """An argument as a message shows it: a path by its file name."""
+    return repr(Path(arg).name) if isinstance(arg, str) else repr(arg)
 
 
 @check(points=3, section="2.2", timeout=10)
@@ -167,7 +153,7 @@ def cold_start_seconds(t):
             got, expected = t.both("cold_start_seconds", *args)
             mistakes = {k: chain_variant(*args, **v) for k, v in CHAIN_MISTAKES.items()}
             if cmp.compare(got, expected, 1e-6) is not None:
-                _upstream_fails(t, "cold_start_seconds", "hop_seconds", hop_calls, hop_expected)
+                t.blame_upstream("cold_start_seconds", "hop_seconds", zip(hop_calls, hop_expected), show=_short)
             t.expect(got, expected, f"cold start of {args[0]:.3g} bytes (overlap={args[2]})", rtol=1e-6,
                      mistakes=mistakes)
 
@@ -564,8 +550,8 @@ def shard_plan(t):
             got = [list(r) for r in got] if isinstance(got, (list, tuple)) else got
             mistakes = plan_mistakes(spec, tp, rank)
             if cmp.compare(got, expected) is not None:
-                _upstream_fails(t, "shard_plan", "safetensors_header", [(str(Path(d) / f),) for f, *_ in headers],
-                                [[h, start] for _, h, start in headers])
+                t.blame_upstream("shard_plan", "safetensors_header",
+                                 [((str(Path(d) / f),), [h, start]) for f, h, start in headers], show=_short)
             t.expect(got, expected, f"reads of rank {rank} of tp={tp}", mistakes=mistakes)
     _refusals(t, "shard_plan")
 

@@ -22,21 +22,6 @@ from autograder.reference import answer_code
 # ---------------------------------------------------------------- what a check depends on
 
 
-def _blame_upstream(t, what: str, upstream: str, args: tuple, expected, shown: str) -> None:
-    """Asked only once `what` is wrong: when the learner's `upstream` (an exercise `what` builds on) gives another
-    value on the same inputs, fail naming it, since its own check names the mistake. A stub upstream blames nothing
-    (`what` may have been written without it). `expected` is the reference's value, computed whatever the answer."""
-    try:
-        got = t.call(upstream, *args)
-    except LearnerRaised as e:
-        if e.not_implemented:
-            return
-        t.fail(f"{what} depends on {upstream}, which raised {e.type_name} on {shown}; fix {upstream} first")
-    if compare(got, expected) is not None:
-        t.fail(f"{what} depends on {upstream}, which fails on {shown}: fix {upstream} first (its own check names "
-               f"the mistake); {what} is graded once it is right")
-
-
 # ---------------------------------------------------------------- 1. bytes per token
 
 
@@ -195,8 +180,8 @@ def kv_capacity_tokens(t):
             got = t.call("kv_capacity_tokens", *args)
             per = R.kv_bytes_per_token(cfg, kvb)
             if compare(got, expected) is not None:  # the learner's kv_bytes_per_token, if wrong here, is to blame
-                _blame_upstream(t, "kv_capacity_tokens", "kv_bytes_per_token", (cfg, kvb), per,
-                                f"{cfg['name']} with {kvb}-byte elements (it gives another cache per token than {per:,})")
+                t.blame_upstream("kv_capacity_tokens", "kv_bytes_per_token", [((cfg, kvb), per)], rtol=None,
+                                 shown=f"{cfg['name']}, {kvb}")
             t.expect(got, expected, "tokens", mistakes=_capacity_mistakes(per, params, wb, gpus, gpu_bytes,
                                                                           copies or 1, default=copies is None))
 
@@ -614,7 +599,8 @@ def _run_mla_attention(t, name: str, absorbed: bool):
             got = t.call(name, w, cfg, x, pos, c_kv, k_pe)
             q_nope, q_pe = R.mla_query(w, cfg, x, pos)
             if compare(got, expected) is not None:  # a wrong mla_query (Exercise 3.1) is blamed, not this function
-                _blame_upstream(t, name, "mla_query", (w, cfg, x, pos), (q_nope, q_pe), "these weights and tokens")
+                t.blame_upstream(name, "mla_query", [((w, cfg, x, pos), (q_nope, q_pe))], rtol=None,
+                                 shown="these weights and tokens")
             t.expect(got, expected, "attention output",
                      mistakes=_mla_mistakes(w, cfg, q_nope, q_pe, pos, c_kv, k_pe, R.mla_scale(cfg), absorbed))
 
