@@ -27,7 +27,7 @@ from reference_engine.kernels.triton_compat import tl, triton  # Triton; without
 
 LLAMA_3_8B_KV_BYTES = 2 * 32 * 8 * 128 * 2  # K and V x 32 layers x 8 KV heads x head_dim 128 x bf16
 LLAMA_3_8B_WEIGHT_BYTES = 8.03e9 * 2        # 8.03B parameters in bf16
-H100_HBM_BYTES, H100_BANDWIDTH = 80e9, 3.35e12  # H100 SXM datasheet: 80 GB at 3.35 TB/s
+H100_BANDWIDTH = 3.35e12  # H100 SXM datasheet: 3.35 TB/s (memory: the driver-reported gpu_model.H100.memory_bytes, lesson 06's convention)
 
 
 @dataclass
@@ -41,6 +41,37 @@ class ReplayResult:
     capacity: int               # token slots in the whole KV pool
     finished: int               # requests completed within the replay
     preemptions: int
+
+
+def _slots_at_admission(mode: str, prompt: int, total: int, generated: int, max_context: int,
+                        block_size: int) -> int:
+    """Token slots replay_kv gives a request when it is admitted (or readmitted after a preemption, with
+    `generated` tokens already made): the maximum context, its exact total, or the blocks its tokens so far
+    plus the next one fill."""
+    if mode == "max":
+        return max_context
+    if mode == "oracle":
+        return total
+    return -(-(prompt + generated + 1) // block_size) * block_size
+
+
+def _take_block(r: list[int], running: list[list[int]], queue: deque, used: int, capacity_tokens: int,
+                block_size: int, out: ReplayResult) -> int:
+    """replay_kv's paged mode when request r's new token spills into a block it does not hold: preempt the
+    newest requests (their blocks freed, each back at the queue's front) until one block fits, then give r
+    that block. If r is the newest and still nothing fits, r waits: its token is taken back. Returns the
+    token slots allocated afterwards."""
+    while used + block_size > capacity_tokens and running[-1] is not r:
+        victim = running.pop()
+        used -= victim[3]
+        victim[3] = 0
+        queue.appendleft(victim)
+        out.preemptions += 1
+    if used + block_size > capacity_tokens:  # alone and still no room: wait
+        r[2] -= 1
+        return used
+    r[3] += block_size
+    return used + block_size
 
 
 def replay_kv(requests, capacity_tokens: int, mode: str, max_context: int = 8192, block_size: int = 16,
@@ -67,13 +98,6 @@ def replay_kv(requests, capacity_tokens: int, mode: str, max_context: int = 8192
     out = ReplayResult(mode, [], [], [], [], capacity_tokens, 0, 0)
     used, now = 0, 0.0
 
-    def need(prompt, total, generated):
-        if mode == "max":
-            return max_context
-        if mode == "oracle":
-            return total
-        return -(-(prompt + generated + 1) // block_size) * block_size
-
     for _ in range(max_steps):
         if not (pending or queue or running):
             break
@@ -83,7 +107,7 @@ def replay_kv(requests, capacity_tokens: int, mode: str, max_context: int = 8192
             queue.append([p, min(r.output_tokens, max_context - p), 0, 0])
         while queue:  # FCFS admission: nobody skips the head of the queue
             p, o, g, _ = queue[0]
-            n = need(p, p + o, g)
+            n = _slots_at_admission(mode, p, p + o, g, max_context, block_size)
             if used + n > capacity_tokens:
                 break
             queue.popleft()
@@ -94,17 +118,7 @@ def replay_kv(requests, capacity_tokens: int, mode: str, max_context: int = 8192
                 continue
             r[2] += 1
             if mode == "paged" and r[0] + r[2] > r[3]:  # the token spills into a new block
-                while used + block_size > capacity_tokens and running[-1] is not r:
-                    victim = running.pop()
-                    used -= victim[3]
-                    victim[3] = 0
-                    queue.appendleft(victim)
-                    out.preemptions += 1
-                if used + block_size > capacity_tokens:  # alone and still no room: wait
-                    r[2] -= 1
-                    continue
-                r[3] += block_size
-                used += block_size
+                used = _take_block(r, running, queue, used, capacity_tokens, block_size, out)
         tokens = sum(r[0] + r[2] for r in running)
         out.time_s.append(now)
         out.running.append(len(running))

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import functools
 import heapq
+import itertools
 import math
 from collections import deque
 from typing import NamedTuple, Sequence
@@ -156,7 +157,9 @@ COMPLETE, READY, DROP, ARRIVE, TICK = range(5)  # events at the same time run in
 
 class Replica:
     """One replica's bookkeeping in simulate_fleet (given). busy_s: seconds it has had >= 1 job so far
-    (counted up to busy_since while busy); busy_mark: busy_s at the previous tick."""
+    (counted up to busy_since while busy); busy_mark: busy_s at the previous tick. start_job, finish_job and
+    retire keep that busy time and the stop time right; which replica gets a job or is removed, and when, is
+    simulate_fleet's to decide."""
 
     def __init__(self, launch: float, ready_at: float):
         self.launch, self.ready_at, self.stop = launch, ready_at, None
@@ -172,6 +175,28 @@ class Replica:
     def busy_until(self, t: float) -> float:
         """Seconds busy from launch up to t."""
         return self.busy_s + (t - self.busy_since if self.busy_since is not None else 0.0)
+
+    def start_job(self, t: float) -> None:
+        """A job starts here at t (busy from t if it was idle)."""
+        if self.running == 0:
+            self.busy_since = t
+        self.running += 1
+
+    def finish_job(self, t: float) -> None:
+        """A job ends here at t: busy time counted up to t if none is left, and a draining replica left with
+        no job stops now."""
+        self.running -= 1
+        if self.running == 0:
+            self.busy_s, self.busy_since = self.busy_until(t), None
+            if self.draining:
+                self.stop = t
+
+    def retire(self, t: float) -> None:
+        """Removed from the fleet at t: a booting replica stops now (its boot is cancelled); a ready one
+        drains: no new jobs, and it stops when empty (now if it already is)."""
+        self.draining = self.ready
+        if self.running == 0:
+            self.stop = t
 
 
 def simulate_fleet(jobs: Sequence[Job], fleet: Fleet, scaler) -> dict:
@@ -203,7 +228,8 @@ def simulate_fleet(jobs: Sequence[Job], fleet: Fleet, scaler) -> dict:
     After every event, dispatch: while the queue is not empty and a ready, non-draining replica has a free
     slot, the queue's head starts on the one with the fewest jobs (ties: the lowest index).
     The run ends at the event that settles the last job (finished or dropped); replicas still up stop then.
-    fleet.initial replicas are launched and ready at t = 0; a replica busy = it has >= 1 job.
+    fleet.initial replicas are launched and ready at t = 0; a replica busy = it has >= 1 job. Keep one Replica
+    (given, above) per replica: its start_job, finish_job and retire do the busy-time and stop bookkeeping.
 
     Returns {"ttft": [per job, input order; inf if dropped], "replicas": [(launch, stop) per replica, in
     launch order], "timeline": [(t, concurrency, ready, desired) per tick], "end": end time}.

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import functools
 import heapq
+import itertools
 import math
 from collections import deque
 from typing import NamedTuple, Sequence
@@ -178,7 +179,9 @@ COMPLETE, READY, DROP, ARRIVE, TICK = range(5)  # events at the same time run in
 
 class Replica:
     """One replica's bookkeeping in simulate_fleet (given). busy_s: seconds it has had >= 1 job so far
-    (counted up to busy_since while busy); busy_mark: busy_s at the previous tick."""
+    (counted up to busy_since while busy); busy_mark: busy_s at the previous tick. start_job, finish_job and
+    retire keep that busy time and the stop time right; which replica gets a job or is removed, and when, is
+    simulate_fleet's to decide."""
 
     def __init__(self, launch: float, ready_at: float):
         self.launch, self.ready_at, self.stop = launch, ready_at, None
@@ -194,6 +197,28 @@ class Replica:
     def busy_until(self, t: float) -> float:
         """Seconds busy from launch up to t."""
         return self.busy_s + (t - self.busy_since if self.busy_since is not None else 0.0)
+
+    def start_job(self, t: float) -> None:
+        """A job starts here at t (busy from t if it was idle)."""
+        if self.running == 0:
+            self.busy_since = t
+        self.running += 1
+
+    def finish_job(self, t: float) -> None:
+        """A job ends here at t: busy time counted up to t if none is left, and a draining replica left with
+        no job stops now."""
+        self.running -= 1
+        if self.running == 0:
+            self.busy_s, self.busy_since = self.busy_until(t), None
+            if self.draining:
+                self.stop = t
+
+    def retire(self, t: float) -> None:
+        """Removed from the fleet at t: a booting replica stops now (its boot is cancelled); a ready one
+        drains: no new jobs, and it stops when empty (now if it already is)."""
+        self.draining = self.ready
+        if self.running == 0:
+            self.stop = t
 
 
 def simulate_fleet(jobs: Sequence[Job], fleet: Fleet, scaler) -> dict:
@@ -225,103 +250,65 @@ def simulate_fleet(jobs: Sequence[Job], fleet: Fleet, scaler) -> dict:
     After every event, dispatch: while the queue is not empty and a ready, non-draining replica has a free
     slot, the queue's head starts on the one with the fewest jobs (ties: the lowest index).
     The run ends at the event that settles the last job (finished or dropped); replicas still up stop then.
-    fleet.initial replicas are launched and ready at t = 0; a replica busy = it has >= 1 job.
+    fleet.initial replicas are launched and ready at t = 0; a replica busy = it has >= 1 job. Keep one Replica
+    (given, above) per replica: its start_job, finish_job and retire do the busy-time and stop bookkeeping.
 
     Returns {"ttft": [per job, input order; inf if dropped], "replicas": [(launch, stop) per replica, in
     launch order], "timeline": [(t, concurrency, ready, desired) per tick], "end": end time}.
     """
     ### BEGIN SOLUTION
-    heap, seq = [], 0
-
-    def push(t, kind, x):
-        nonlocal seq
-        heapq.heappush(heap, (t, kind, seq, x))
-        seq += 1
-
+    heap, seq = [], itertools.count()  # seq: push order, the tie-break between events of one kind and time
+    for i, job in enumerate(jobs):
+        heapq.heappush(heap, (job.arrival, ARRIVE, next(seq), i))
+        heapq.heappush(heap, (job.arrival + fleet.timeout_s, DROP, next(seq), i))
+    heapq.heappush(heap, (fleet.tick, TICK, next(seq), 1))
     scaler_kind = type(scaler).__name__
     reps = [Replica(0.0, 0.0) for _ in range(fleet.initial)]
-    for i, job in enumerate(jobs):
-        push(job.arrival, ARRIVE, i)
-        push(job.arrival + fleet.timeout_s, DROP, i)
-    push(fleet.tick, TICK, 1)
     queue, ttft, settled, t = deque(), [math.inf] * len(jobs), 0, 0.0
     conc, util, state, timeline = [], [], KPAState(recent=((0.0, fleet.initial),)), []
-
-    def start(r, i, t):
-        rep = reps[r]
-        if rep.running == 0:
-            rep.busy_since = t
-        rep.running += 1
-        ttft[i] = t - jobs[i].arrival + jobs[i].prefill_s
-        push(t + jobs[i].service_s, COMPLETE, r)
-
-    def dispatch(t):
-        while queue:
-            best = None  # a ready, live replica with a free slot: the fewest jobs, then the lowest index
-            for r, rep in enumerate(reps):
-                if rep.ready and rep.live() and rep.running < fleet.slots and (
-                        best is None or rep.running < reps[best].running):
-                    best = r
-            if best is None:
-                return
-            start(best, queue.popleft(), t)
-
-    def scale(t, desired):
-        live = [r for r, rep in enumerate(reps) if rep.live()]
-        for _ in range(desired - len(live)):
-            reps.append(Replica(t, t + fleet.boot_s))
-            push(t + fleet.boot_s, READY, len(reps) - 1)
-        extra = len(live) - desired
-        booting = sorted((r for r in live if not reps[r].ready), key=lambda r: (-reps[r].launch, -r))
-        for r in booting[:max(extra, 0)]:
-            reps[r].stop = t
-        extra -= len(booting[:max(extra, 0)])
-        serving = sorted((r for r in live if reps[r].ready), key=lambda r: (reps[r].running, -r))
-        for r in serving[:max(extra, 0)]:
-            reps[r].draining = True
-            if reps[r].running == 0:
-                reps[r].stop = t
-
-    def tick(t):
-        nonlocal state
-        ready = [rep for rep in reps if rep.ready and rep.live()]
-        busy = [rep.busy_until(t) - rep.busy_mark for rep in reps if rep.ready and rep.stop is None]
-        for rep in reps:
-            rep.busy_mark = rep.busy_until(t)
-        conc.append((t, sum(rep.running for rep in reps) + len(queue)))
-        util.append((t, sum(busy) / len(busy) / fleet.tick if busy else 0.0))
-        current = sum(rep.live() for rep in reps)
-        if scaler_kind == "KPAConfig":
-            desired, state = kpa_decide(conc, t, len(ready), scaler, state)
-        elif scaler_kind == "UtilConfig":
-            desired = utilization_decide(util, t, current, scaler)
-        else:
-            desired = next((n for when, n in reversed(scaler) if when <= t), fleet.initial)
-        scale(t, desired)
-        timeline.append((t, conc[-1][1], len(ready), desired))
-
     while settled < len(jobs):
         t, kind, _, x = heapq.heappop(heap)
         if kind == COMPLETE:
-            rep = reps[x]
-            rep.running -= 1
+            reps[x].finish_job(t)
             settled += 1
-            if rep.running == 0:
-                rep.busy_s, rep.busy_since = rep.busy_until(t), None
-                if rep.draining:
-                    rep.stop = t
         elif kind == READY:
             reps[x].ready = reps[x].stop is None
         elif kind == DROP:
-            if queue and queue[0] == x:
+            if queue and queue[0] == x:  # still waiting, at the head: dropped
                 queue.popleft()
                 settled += 1
         elif kind == ARRIVE:
             queue.append(x)
-        else:
-            tick(t)
-            push(t + fleet.tick, TICK, x + 1)
-        dispatch(t)
+        else:  # TICK: measure, decide, scale
+            ready = sum(rep.ready and rep.live() for rep in reps)
+            busy = [rep.busy_until(t) - rep.busy_mark for rep in reps if rep.ready and rep.stop is None]
+            for rep in reps:
+                rep.busy_mark = rep.busy_until(t)
+            conc.append((t, sum(rep.running for rep in reps) + len(queue)))
+            util.append((t, sum(busy) / len(busy) / fleet.tick if busy else 0.0))
+            if scaler_kind == "KPAConfig":
+                desired, state = kpa_decide(conc, t, ready, scaler, state)
+            elif scaler_kind == "UtilConfig":
+                desired = utilization_decide(util, t, sum(rep.live() for rep in reps), scaler)
+            else:
+                desired = next((n for when, n in reversed(scaler) if when <= t), fleet.initial)
+            live = [r for r, rep in enumerate(reps) if rep.live()]
+            for _ in range(desired - len(live)):
+                reps.append(Replica(t, t + fleet.boot_s))
+                heapq.heappush(heap, (t + fleet.boot_s, READY, next(seq), len(reps) - 1))
+            booting = sorted((r for r in live if not reps[r].ready), key=lambda r: (-reps[r].launch, -r))
+            serving = sorted((r for r in live if reps[r].ready), key=lambda r: (reps[r].running, -r))
+            for r in (booting + serving)[:max(len(live) - desired, 0)]:  # booting ones first, then the emptiest
+                reps[r].retire(t)
+            timeline.append((t, conc[-1][1], ready, desired))
+            heapq.heappush(heap, (t + fleet.tick, TICK, next(seq), x + 1))
+        # dispatch: the queue's head to the ready, live replica with a free slot and the fewest jobs (lowest index)
+        while queue and (free := [r for r, rep in enumerate(reps)
+                                  if rep.ready and rep.live() and rep.running < fleet.slots]):
+            r, i = min(free, key=lambda r: (reps[r].running, r)), queue.popleft()
+            reps[r].start_job(t)
+            ttft[i] = t - jobs[i].arrival + jobs[i].prefill_s
+            heapq.heappush(heap, (t + jobs[i].service_s, COMPLETE, next(seq), r))
     return {"ttft": ttft, "replicas": [(rep.launch, t if rep.stop is None else rep.stop) for rep in reps],
             "timeline": timeline, "end": t}
     ### END SOLUTION

@@ -6,8 +6,8 @@ server that keeps it can skip recomputing it. Two ways to find it again:
 
 - Section 1: vLLM's automatic prefix caching keys every FULL KV block by a hash chain: a block's hash
   covers its parent block's hash and its own token ids, so equal hashes mean equal whole prefixes.
-- Section 2: SGLang's radix tree stores the cached token sequences as a tree of page-granular segments
-  whose values are KV block ids; one walk from the root finds the longest cached prefix, reference counts
+- Section 2: SGLang's radix tree stores the cached token sequences as a tree of segments of whole pages
+  (page_size is a parameter: SGLang's default is 1 token, vLLM's block 16) whose values are KV block ids; one walk from the root finds the longest cached prefix, reference counts
   protect the paths running requests use, and LRU eviction of unlocked leaves frees memory on demand.
 - Section 3: a cache-aware admission order (longest cached prefix first, SGLang's "lpm").
 - Section 4 (given): three synthetic workloads on the Azure trace's arrival times and lengths, and a
@@ -502,6 +502,92 @@ def prefill_seconds(tokens: int, cached: int, model: str = "llama-3-8b", chip: s
     return step_time(MODELS[model], CHIPS[chip], Composition(prefills=((tokens, cached),)), overhead_s=0.0).time_s
 
 
+def _give_back(tree, call: Call, r: _Running, free: deque, P: int) -> None:
+    """A finished call's blocks: with a tree, it inserts prompt + output[:-1] (the tokens whose KV exists: the
+    last sampled token was never fed back), which takes the new full pages; the call frees its duplicates of
+    pages the tree already held and its partly filled last block (and any unused), then unlocks. Without a
+    tree every block goes back to the pool."""
+    if tree is None:
+        free.extend(r.table)
+        return
+    tokens = call.prompt + call.output[:-1]
+    have = tree.insert(tokens, r.table) // P
+    free.extend(r.table[r.used:max(have, r.used)])    # duplicates of pages the tree already held
+    free.extend(r.table[len(tokens) // P:])           # the partly filled last block (and unused)
+    tree.unlock(r.node)
+
+
+def _retire_finished(calls: Sequence[Call], running: dict, tree, free: deque, P: int, done: list[bool],
+                     finish: list[float], now: float) -> bool:
+    """Step (1) of replay: every call that generated its whole output leaves `running` at `now` and gives its
+    blocks back (_give_back). Returns whether any did."""
+    finished = [i for i, r in running.items() if r.generated == len(calls[i].output)]
+    for i in finished:
+        r = running.pop(i)
+        finish[i] = now
+        _give_back(tree, calls[i], r, free, P)
+        done[i] = True
+    return bool(finished)
+
+
+def _ready_calls(calls: Sequence[Call], waiting: list[int], done: list[bool], tree, policy: str) -> list[int]:
+    """The waiting calls that may be sent (no parent, or a parent that finished), in admission order:
+    arrival ("fcfs"), or lpm_order over their prompts ("lpm", with a tree)."""
+    ready = [i for i in waiting if calls[i].after < 0 or done[calls[i].after]]
+    if policy == "lpm" and tree is not None and len(ready) > 1:
+        ready = [ready[k] for k in lpm_order(tree, [calls[i].prompt for i in ready])]
+    return ready
+
+
+def _match(tree, prompt: Sequence[int]) -> tuple[list[int], object]:
+    """A call's cached prefix at admission: the tree's blocks for it and their node, now locked (without a
+    tree: none)."""
+    if tree is None:
+        return [], None
+    blocks, node = tree.match_prefix(prompt)
+    tree.lock(node)
+    return blocks, node
+
+
+def _evict_for(tree, free: deque, need: int, P: int) -> int:
+    """Evict from the tree into the pool until `need` blocks are free, if the tree has that many unlocked;
+    returns how many blocks were evicted."""
+    if len(free) >= need or tree is None:
+        return 0
+    got = tree.evict((need - len(free)) * P)
+    free.extend(got)
+    return len(got)
+
+
+def _run_step(calls: Sequence[Call], running: dict, prefills: list, shape, gpu, first: list[float],
+              now: float) -> float:
+    """Step (3) of replay: the calls admitted this step prefill their uncached tokens, the others decode one
+    token; each call's first token is sampled at the end of the step that prefilled it. Returns the time
+    the step ends."""
+    from reference_engine.sim.gpu_model import Composition, step_time
+    admitted = {i for i in running if running[i].generated == 0}
+    decodes = [len(calls[i].prompt) + r.generated - 1 for i, r in running.items() if i not in admitted]
+    now += step_time(shape, gpu, Composition(prefills=tuple(prefills), decodes=tuple(decodes))).time_s
+    for i in admitted:
+        first[i] = now  # its whole prefill ran in this step, which samples its first token
+    for r in running.values():
+        r.generated += 1
+    return now
+
+
+def _replay_totals(calls: Sequence[Call], cached: list[int], first: list[float], finish: list[float],
+                   evicted: int, steps: int, now: float, model: str, chip: str) -> dict:
+    """What replay returns: the totals and the per-call lists (see replay)."""
+    prompt_tokens = sum(len(c.prompt) for c in calls)
+    return {"prompt_tokens": prompt_tokens, "cached_tokens": sum(cached),
+            "hit_rate": sum(cached) / prompt_tokens if prompt_tokens else 0.0, "evicted_blocks": evicted,
+            "steps": steps, "modeled_s": now,
+            "prefill_s": sum(prefill_seconds(len(c.prompt) - k, k, model, chip) for c, k in zip(calls, cached)),
+            "prefill_s_nocache": sum(prefill_seconds(len(c.prompt), 0, model, chip) for c in calls),
+            "cached": cached, "prompt": [len(c.prompt) for c in calls],
+            "ttft": [first[i] - max(c.arrival, finish[c.after] if c.after >= 0 else 0.0) for i, c in enumerate(calls)]}
+
+
 def replay(calls: Sequence[Call], tree=None, num_blocks: int = 30_000, block_size: int = 16, max_running: int = 64,
            max_batched_tokens: int = 16_384, policy: str = "fcfs", model: str = "llama-3-8b",
            chip: str = "H100") -> dict:
@@ -525,7 +611,7 @@ def replay(calls: Sequence[Call], tree=None, num_blocks: int = 30_000, block_siz
     seconds from when the call could be sent, its arrival or its parent's finish if later, to the end of
     the step that prefilled it: queueing included, the coarse admission of this loop, not the engine's).
     """
-    from reference_engine.sim.gpu_model import CHIPS, MODELS, Composition, step_time
+    from reference_engine.sim.gpu_model import CHIPS, MODELS
     if policy not in ("fcfs", "lpm"):
         raise ValueError(f"policy must be 'fcfs' or 'lpm', got {policy!r}")
     P, shape, gpu = block_size, MODELS[model], CHIPS[chip]
@@ -538,44 +624,27 @@ def replay(calls: Sequence[Call], tree=None, num_blocks: int = 30_000, block_siz
     first, finish = [0.0] * len(calls), [0.0] * len(calls)  # modeled seconds: first token, last token
     now, steps, evicted, changed, ready = 0.0, 0, 0, True, []
     while pending or waiting or running:
-        for i in [i for i, r in running.items() if r.generated == len(calls[i].output)]:
-            r = running.pop(i)
-            changed, finish[i] = True, now
-            if tree is not None:
-                tokens = calls[i].prompt + calls[i].output[:-1]
-                have = tree.insert(tokens, r.table) // P
-                free.extend(r.table[r.used:max(have, r.used)])    # duplicates of pages the tree already held
-                free.extend(r.table[len(tokens) // P:])           # the partly filled last block (and unused)
-                tree.unlock(r.node)
-            else:
-                free.extend(r.table)
-            done[i] = True
+        changed = _retire_finished(calls, running, tree, free, P, done, finish, now) or changed
         while pending and calls[pending[0]].arrival <= now:
             waiting.append(pending.popleft())
             changed = True
         if changed:  # reorder only when the queue or the cache changed since the last step
-            ready = [i for i in waiting if calls[i].after < 0 or done[calls[i].after]]
-            if policy == "lpm" and tree is not None and len(ready) > 1:
-                ready = [ready[k] for k in lpm_order(tree, [calls[i].prompt for i in ready])]
+            ready = _ready_calls(calls, waiting, done, tree, policy)
         changed, prefills, budget = False, [], max_batched_tokens
         for i in list(ready):
             if len(running) >= max_running:
                 break
             c = calls[i]
-            blocks, node = tree.match_prefix(c.prompt) if tree is not None else ([], None)
-            if tree is not None:
-                tree.lock(node)
-            used = min(len(blocks), (len(c.prompt) - 1) // P)
+            blocks, node = _match(tree, c.prompt)
+            used = min(len(blocks), (len(c.prompt) - 1) // P)  # the matched pages it takes over: keep a token to compute
             need = -(-(len(c.prompt) + len(c.output)) // P) - used
             new_tokens = len(c.prompt) - used * P
             if prefills and new_tokens > budget:
                 _release(tree, node)
                 break
-            if len(free) < need and tree is not None:
-                got = tree.evict((need - len(free)) * P)
-                evicted += len(got)
-                free.extend(got)
-                changed = changed or bool(got)
+            got = _evict_for(tree, free, need, P)
+            evicted += got
+            changed = changed or got > 0
             if len(free) < need:
                 _release(tree, node)
                 break
@@ -593,26 +662,13 @@ def replay(calls: Sequence[Call], tree=None, num_blocks: int = 30_000, block_siz
             if not waiting:
                 break  # the last calls retired
             raise RuntimeError("a call needs more KV blocks than the pool holds, even with the cache empty")
-        admitted = {i for i in running if running[i].generated == 0}
-        decodes = [len(calls[i].prompt) + r.generated - 1 for i, r in running.items() if i not in admitted]
-        now += step_time(shape, gpu, Composition(prefills=tuple(prefills), decodes=tuple(decodes))).time_s
+        now = _run_step(calls, running, prefills, shape, gpu, first, now)
         steps += 1
-        for i in admitted:
-            first[i] = now  # its whole prefill ran in this step, which samples its first token
-        for r in running.values():
-            r.generated += 1
     held = tree.total_size() // P if tree is not None else 0
     if len(free) + held != num_blocks:
         raise RuntimeError(f"block accounting is off: {len(free)} free + {held} in the tree != {num_blocks}: "
                            "does insert return the already-cached count, and evict the block ids it frees?")
-    prompt_tokens = sum(len(c.prompt) for c in calls)
-    return {"prompt_tokens": prompt_tokens, "cached_tokens": sum(cached),
-            "hit_rate": sum(cached) / prompt_tokens if prompt_tokens else 0.0, "evicted_blocks": evicted,
-            "steps": steps, "modeled_s": now,
-            "prefill_s": sum(prefill_seconds(len(c.prompt) - k, k, model, chip) for c, k in zip(calls, cached)),
-            "prefill_s_nocache": sum(prefill_seconds(len(c.prompt), 0, model, chip) for c in calls),
-            "cached": cached, "prompt": [len(c.prompt) for c in calls],
-            "ttft": [first[i] - max(c.arrival, finish[c.after] if c.after >= 0 else 0.0) for i, c in enumerate(calls)]}
+    return _replay_totals(calls, cached, first, finish, evicted, steps, now, model, chip)
 
 
 # ---------------------------------------------------------------- 5. the engine (given)

@@ -307,63 +307,48 @@ class _Rep:
         return self.busy_s + (t - self.busy_since if self.busy_since is not None else 0.0)
 
 
+class FleetSlips(NamedTuple):
+    """The usual mistakes fleet_variant can switch on (FLEET_MISTAKES names each); all off: the lesson's model."""
+    no_boot: bool = False
+    running_only: bool = False
+    drain_dispatch: bool = False
+    no_drop: bool = False
+    remove_busiest: bool = False
+    stop_at_last_arrival: bool = False
+    schedule_first: bool = False
+    schedule_zero: bool = False
+    fresh_state: bool = False
+    drop_before_ready: bool = False
+    tie_highest: bool = False
+    drain_keeps_empty: bool = False
+    draining_live: bool = False
+    util_over_stopped: bool = False
+
+
 @answer_code
-def fleet_variant(jobs, fleet, scaler, no_boot=False, running_only=False, drain_dispatch=False, no_drop=False,
-                  remove_busiest=False, stop_at_last_arrival=False, schedule_first=False, schedule_zero=False,
-                  fresh_state=False, drop_before_ready=False, tie_highest=False, drain_keeps_empty=False,
-                  draining_live=False, util_over_stopped=False):
-    """simulate_fleet with one usual mistake switched on (all off: the lesson's model). The scaler is a
-    schedule, a KPAConfig or a UtilConfig (decided with the variants above, mistakes off)."""
+def fleet_variant(jobs, fleet, scaler, **slips):
+    """simulate_fleet with one usual mistake switched on (a FleetSlips field, by name; none: the lesson's
+    model). The scaler is a schedule, a KPAConfig or a UtilConfig (decided with the variants above, mistakes
+    off)."""
+    m = FleetSlips(**slips)
     heap, seq = [], [0]
 
     # events at equal times run COMPLETE, READY, DROP, ARRIVE, TICK (0..4); drop_before_ready moves READY after ARRIVE
-    rank = {0: 0, 2: 1, 3: 2, 1: 3, 4: 4} if drop_before_ready else {k: k for k in range(5)}
+    rank = {0: 0, 2: 1, 3: 2, 1: 3, 4: 4} if m.drop_before_ready else {k: k for k in range(5)}
 
     def push(t, kind, x):
         heapq.heappush(heap, (t, rank[kind], seq[0], (kind, x)))
         seq[0] += 1
 
-    boot = 0.0 if no_boot else fleet.boot_s
     reps = [_Rep(0.0, 0.0) for _ in range(fleet.initial)]
     for i, job in enumerate(jobs):
         push(job.arrival, 3, i)
-        if not no_drop:
+        if not m.no_drop:
             push(job.arrival + fleet.timeout_s, 2, i)
     push(fleet.tick, 4, 1)
     queue, ttft, settled, t = deque(), [INF] * len(jobs), 0, 0.0
     conc, util, timeline = [], [], []
-    state = KPAState() if fresh_state else KPAState(recent=((0.0, fleet.initial),))
-
-    def dispatch(t):
-        while queue:
-            free = [r for r, rep in enumerate(reps) if rep.ready and rep.stop is None
-                    and (drain_dispatch or not rep.draining) and rep.running < fleet.slots]
-            if not free:
-                return
-            r = min(free, key=lambda r: (reps[r].running, -r if tie_highest else r))
-            i = queue.popleft()
-            if reps[r].running == 0:
-                reps[r].busy_since = t
-            reps[r].running += 1
-            ttft[i] = t - jobs[i].arrival + jobs[i].prefill_s
-            push(t + jobs[i].service_s, 0, r)
-
-    def scale(t, desired):
-        live = [r for r, rep in enumerate(reps) if rep.live()]
-        for _ in range(desired - len(live)):
-            reps.append(_Rep(t, t + boot))
-            push(t + boot, 1, len(reps) - 1)
-        extra = len(live) - desired
-        booting = sorted((r for r in live if not reps[r].ready), key=lambda r: (-reps[r].launch, -r))
-        cut = booting[:max(extra, 0)]
-        for r in cut:
-            reps[r].stop = t
-        extra -= len(cut)
-        key = (lambda r: (-reps[r].running, -r)) if remove_busiest else (lambda r: (reps[r].running, -r))
-        for r in sorted((r for r in live if reps[r].ready), key=key)[:max(extra, 0)]:
-            reps[r].draining = True
-            if reps[r].running == 0 and not drain_keeps_empty:
-                reps[r].stop = t
+    state = KPAState() if m.fresh_state else KPAState(recent=((0.0, fleet.initial),))
 
     # the correct model settles every job by then (a job waits at most timeout_s, then runs); a variant that
     # never drops can wait forever on a fleet scaled to zero, so it stops there
@@ -371,13 +356,8 @@ def fleet_variant(jobs, fleet, scaler, no_boot=False, running_only=False, drain_
     while settled < len(jobs) and heap[0][0] <= horizon + fleet.tick:
         t, _, _, (kind, x) = heapq.heappop(heap)
         if kind == 0:
-            rep = reps[x]
-            rep.running -= 1
+            _variant_complete(reps[x], t)
             settled += 1
-            if rep.running == 0:
-                rep.busy_s, rep.busy_since = rep.busy_until(t), None
-                if rep.draining:
-                    rep.stop = t
         elif kind == 1:
             reps[x].ready = reps[x].stop is None
         elif kind == 2:
@@ -387,28 +367,89 @@ def fleet_variant(jobs, fleet, scaler, no_boot=False, running_only=False, drain_
         elif kind == 3:
             queue.append(x)
         else:
-            ready = [rep for rep in reps if rep.ready and rep.live()]
-            busy = [rep.busy_until(t) - rep.busy_mark for rep in reps
-                    if rep.ready and (util_over_stopped or rep.stop is None)]
-            for rep in reps:
-                rep.busy_mark = rep.busy_until(t)
-            conc.append((t, sum(rep.running for rep in reps) + (0 if running_only else len(queue))))
-            util.append((t, sum(busy) / len(busy) / fleet.tick if busy else 0.0))
-            current = sum((rep.stop is None) if draining_live else rep.live() for rep in reps)
-            if type(scaler).__name__ == "KPAConfig":
-                desired, state = kpa_variant(conc, t, len(ready), scaler, state)
-            elif type(scaler).__name__ == "UtilConfig":
-                desired = util_variant(util, t, current, scaler)
-            else:
-                entries = scaler if schedule_first else list(reversed(scaler))
-                desired = next((n for when, n in entries if when <= t), 0 if schedule_zero else fleet.initial)
-            scale(t, desired)
-            timeline.append((t, conc[-1][1], len(ready), desired))
+            ready = sum(rep.ready and rep.live() for rep in reps)
+            _variant_measure(t, reps, len(queue), fleet.tick, conc, util, m)
+            current = sum((rep.stop is None) if m.draining_live else rep.live() for rep in reps)
+            desired, state = _variant_decide(scaler, conc, util, t, ready, current, state, fleet.initial, m)
+            _variant_scale(t, desired, reps, 0.0 if m.no_boot else fleet.boot_s, push, m)
+            timeline.append((t, conc[-1][1], ready, desired))
             push(t + fleet.tick, 4, x + 1)
-        dispatch(t)
-    end = max(j.arrival for j in jobs) if stop_at_last_arrival and jobs else t
+        _variant_dispatch(t, queue, reps, jobs, fleet.slots, ttft, push, m)
+    end = max(j.arrival for j in jobs) if m.stop_at_last_arrival and jobs else t
     return {"ttft": ttft, "replicas": [(rep.launch, end if rep.stop is None else min(rep.stop, end)) for rep in reps],
             "timeline": timeline, "end": t}
+
+
+@answer_code
+def _variant_complete(rep, t):
+    """fleet_variant's COMPLETE: the job frees its slot; an emptied replica stops being busy, and stops if draining."""
+    rep.running -= 1
+    if rep.running == 0:
+        rep.busy_s, rep.busy_since = rep.busy_until(t), None
+        if rep.draining:
+            rep.stop = t
+
+
+@answer_code
+def _variant_measure(t, reps, queued, tick, conc, util, m):
+    """fleet_variant's tick samples: concurrency (running + queued) onto conc, utilization onto util; every
+    replica's busy mark moves to t."""
+    busy = [rep.busy_until(t) - rep.busy_mark for rep in reps
+            if rep.ready and (m.util_over_stopped or rep.stop is None)]
+    for rep in reps:
+        rep.busy_mark = rep.busy_until(t)
+    conc.append((t, sum(rep.running for rep in reps) + (0 if m.running_only else queued)))
+    util.append((t, sum(busy) / len(busy) / tick if busy else 0.0))
+
+
+@answer_code
+def _variant_decide(scaler, conc, util, t, ready, current, state, initial, m):
+    """fleet_variant's scaler call: (desired, the KPA state after it)."""
+    if type(scaler).__name__ == "KPAConfig":
+        return kpa_variant(conc, t, ready, scaler, state)
+    if type(scaler).__name__ == "UtilConfig":
+        return util_variant(util, t, current, scaler), state
+    entries = scaler if m.schedule_first else list(reversed(scaler))
+    return next((n for when, n in entries if when <= t), 0 if m.schedule_zero else initial), state
+
+
+@answer_code
+def _variant_scale(t, desired, reps, boot, push, m):
+    """fleet_variant's scaling to `desired` live replicas: launch the difference (READY pushed at t + boot), or
+    stop booting replicas (latest first), then drain ready ones (the fewest jobs, highest index, first)."""
+    live = [r for r, rep in enumerate(reps) if rep.live()]
+    for _ in range(desired - len(live)):
+        reps.append(_Rep(t, t + boot))
+        push(t + boot, 1, len(reps) - 1)
+    extra = len(live) - desired
+    booting = sorted((r for r in live if not reps[r].ready), key=lambda r: (-reps[r].launch, -r))
+    cut = booting[:max(extra, 0)]
+    for r in cut:
+        reps[r].stop = t
+    extra -= len(cut)
+    key = (lambda r: (-reps[r].running, -r)) if m.remove_busiest else (lambda r: (reps[r].running, -r))
+    for r in sorted((r for r in live if reps[r].ready), key=key)[:max(extra, 0)]:
+        reps[r].draining = True
+        if reps[r].running == 0 and not m.drain_keeps_empty:
+            reps[r].stop = t
+
+
+@answer_code
+def _variant_dispatch(t, queue, reps, jobs, slots, ttft, push, m):
+    """fleet_variant's dispatch: while a job waits, the queue's head starts on a free replica with the fewest
+    jobs (lowest index); its TTFT is set and its COMPLETE pushed."""
+    while queue:
+        free = [r for r, rep in enumerate(reps) if rep.ready and rep.stop is None
+                and (m.drain_dispatch or not rep.draining) and rep.running < slots]
+        if not free:
+            return
+        r = min(free, key=lambda r: (reps[r].running, -r if m.tie_highest else r))
+        i = queue.popleft()
+        if reps[r].running == 0:
+            reps[r].busy_since = t
+        reps[r].running += 1
+        ttft[i] = t - jobs[i].arrival + jobs[i].prefill_s
+        push(t + jobs[i].service_s, 0, r)
 
 
 FLEET_MISTAKES = {

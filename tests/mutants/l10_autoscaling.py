@@ -176,6 +176,46 @@ def utilization_decide(samples, now, replicas, cfg):  # noqa: F811
     return min(max(desired, cfg.min_replicas), cfg.max_replicas)
 
 
+def _m_dispatch(t, queue, reps, jobs, slots, ttft, push):
+    """_m_simulate's dispatch: the queue's head to the free replica with the fewest jobs, lowest index."""
+    while queue:
+        free = [r for r, rep in enumerate(reps) if rep.ready and rep.live() and rep.running < slots]
+        if not free:
+            return
+        r, i = min(free, key=lambda r: (reps[r].running, r)), queue.popleft()
+        if reps[r].running == 0:
+            reps[r].busy_since = t
+        reps[r].running += 1
+        ttft[i] = t - jobs[i].arrival + jobs[i].prefill_s
+        push(t + jobs[i].service_s, 0, r)
+
+
+def _m_scale(t, desired, reps, boot_s, push):
+    """_m_simulate's scaling: launch the difference, or stop booting replicas and drain the emptiest."""
+    live = [r for r, rep in enumerate(reps) if rep.live()]
+    for _ in range(desired - len(live)):
+        reps.append(sol.Replica(t, t + boot_s))  # noqa: F821
+        push(t + boot_s, 1, len(reps) - 1)
+    extra = len(live) - desired
+    for r in sorted((r for r in live if not reps[r].ready), key=lambda r: (-reps[r].launch, -r)):
+        if extra > 0:
+            reps[r].stop, extra = t, extra - 1
+    for r in sorted((r for r in live if reps[r].ready), key=lambda r: (reps[r].running, -r)):
+        if extra > 0:
+            reps[r].draining, extra = True, extra - 1
+            if reps[r].running == 0:
+                reps[r].stop = t
+
+
+def _m_decide(scaler, conc, util, t, ready, current, state, initial):
+    """_m_simulate's scaler call: (desired, the KPA state)."""
+    if type(scaler).__name__ == "KPAConfig":
+        return sol.kpa_decide(conc, t, ready, scaler, state)  # noqa: F821
+    if type(scaler).__name__ == "UtilConfig":
+        return sol.utilization_decide(util, t, current, scaler), state  # noqa: F821
+    return next((n for when, n in reversed(scaler) if when <= t), initial), state
+
+
 def _m_simulate(jobs, fleet, scaler, fresh_state=False, drop_before_ready=False):
     """simulate_fleet written out again, with one slip switched on."""
     import heapq
@@ -194,34 +234,6 @@ def _m_simulate(jobs, fleet, scaler, fresh_state=False, drop_before_ready=False)
     push(fleet.tick, 4, 1)
     queue, ttft, settled, t, conc, util, timeline = deque(), [math.inf] * len(jobs), 0, 0.0, [], [], []
     state = KPAState() if fresh_state else KPAState(recent=((0.0, fleet.initial),))
-
-    def dispatch(t):
-        while queue:
-            free = [r for r, rep in enumerate(reps) if rep.ready and rep.live() and rep.running < fleet.slots]
-            if not free:
-                return
-            r, i = min(free, key=lambda r: (reps[r].running, r)), queue.popleft()
-            if reps[r].running == 0:
-                reps[r].busy_since = t
-            reps[r].running += 1
-            ttft[i] = t - jobs[i].arrival + jobs[i].prefill_s
-            push(t + jobs[i].service_s, 0, r)
-
-    def scale(t, desired):
-        live = [r for r, rep in enumerate(reps) if rep.live()]
-        for _ in range(desired - len(live)):
-            reps.append(sol.Replica(t, t + fleet.boot_s))  # noqa: F821
-            push(t + fleet.boot_s, 1, len(reps) - 1)
-        extra = len(live) - desired
-        for r in sorted((r for r in live if not reps[r].ready), key=lambda r: (-reps[r].launch, -r)):
-            if extra > 0:
-                reps[r].stop, extra = t, extra - 1
-        for r in sorted((r for r in live if reps[r].ready), key=lambda r: (reps[r].running, -r)):
-            if extra > 0:
-                reps[r].draining, extra = True, extra - 1
-                if reps[r].running == 0:
-                    reps[r].stop = t
-
     while settled < len(jobs):
         t, _, _, kind, x = heapq.heappop(heap)
         if kind == 0:
@@ -248,16 +260,11 @@ def _m_simulate(jobs, fleet, scaler, fresh_state=False, drop_before_ready=False)
             conc.append((t, sum(rep.running for rep in reps) + len(queue)))
             util.append((t, sum(busy) / len(busy) / fleet.tick if busy else 0.0))
             current = sum(rep.live() for rep in reps)
-            if type(scaler).__name__ == "KPAConfig":
-                desired, state = sol.kpa_decide(conc, t, len(ready), scaler, state)  # noqa: F821
-            elif type(scaler).__name__ == "UtilConfig":
-                desired = sol.utilization_decide(util, t, current, scaler)  # noqa: F821
-            else:
-                desired = next((n for when, n in reversed(scaler) if when <= t), fleet.initial)
-            scale(t, desired)
+            desired, state = _m_decide(scaler, conc, util, t, len(ready), current, state, fleet.initial)
+            _m_scale(t, desired, reps, fleet.boot_s, push)
             timeline.append((t, conc[-1][1], len(ready), desired))
             push(t + fleet.tick, 4, x + 1)
-        dispatch(t)
+        _m_dispatch(t, queue, reps, jobs, fleet.slots, ttft, push)
     return {"ttft": ttft, "replicas": [(rep.launch, t if rep.stop is None else rep.stop) for rep in reps],
             "timeline": timeline, "end": t}
 
