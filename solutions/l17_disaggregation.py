@@ -19,6 +19,7 @@ The bottom of the file holds the replay harness the notebook uses (given, not an
 from __future__ import annotations
 
 import math
+import random
 
 import torch
 
@@ -206,6 +207,29 @@ def plan_pools(model: str, chip: str, rate_rps: float, prompt_len: int, output_l
             "prefill_rps": prefill_rps, "decode_rps": decode_rps, "decode_batch": batch, "prefill_s": t_p,
             "decode_step_s": step}
     ### END SOLUTION
+
+
+# -- the prefill pool's tail (given) ---------------------------------------------------------------
+
+
+def prefill_pool_ttft(prefill_s: float, rate_rps: float, n_instances: int, n: int = 20_000, seed: int = 0,
+                      transfer_s: float = 0.0, shared_queue: bool = False) -> list[float]:
+    """TTFT samples (seconds) of a prefill pool as plan_pools models it, simulated so that its percentiles can be
+    read, not only its mean: Poisson arrivals at rate_rps (seeded), each request sent to one of n_instances at
+    random (so each instance sees Poisson arrivals at rate_rps / n_instances), served first come first served,
+    one prompt at a time, in prefill_s each (an M/D/1 queue per instance); its KV then travels for transfer_s.
+    TTFT = queueing + prefill_s + transfer_s, for each of n requests. shared_queue=True: one queue for the pool
+    instead, each request taken by the instance that frees first (an M/D/c queue)."""
+    rng = random.Random(seed)
+    free_at = [0.0] * n_instances
+    now, out = 0.0, []
+    for _ in range(n):
+        now += rng.expovariate(rate_rps)
+        pick = rng.randrange(n_instances)  # drawn either way: both dispatches see the same arrivals
+        i = min(range(n_instances), key=free_at.__getitem__) if shared_queue else pick
+        free_at[i] = max(now, free_at[i]) + prefill_s
+        out.append(free_at[i] - now + transfer_s)
+    return out
 
 
 # -- the replay harness (given) ----------------------------------------------------------------------

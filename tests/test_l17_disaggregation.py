@@ -188,3 +188,19 @@ def test_replays_produce_every_token():
         assert all(r["ttft"] > 0 for r in rows)
     s = sol.summarize(rows, 1.0, 0.05)
     assert 0 <= s["attainment"] <= 1 and s["itl_p99"] >= s["itl_p50"]
+
+
+def test_prefill_pool_ttft_is_the_m_d_1_queue_of_plan_pools():
+    """Random dispatch gives each instance the M/D/1 queue plan_pools sizes: the simulated mean TTFT is the formula's;
+    a shared queue is never slower at any percentile; the transfer adds to every sample."""
+    import numpy as np
+    plan = sol.plan_pools("llama-3-70b", "H100", 4.0, 8192, 512, 1.5, 0.08, 4)
+    t_p, n = plan["prefill_s"], plan["n_prefill"]
+    rho = 4.0 / n * t_p
+    x = np.array(sol.prefill_pool_ttft(t_p, 4.0, n, n=40_000))
+    assert x.mean() == pytest.approx(t_p + rho * t_p / (2 * (1 - rho)), rel=0.05)
+    assert x.min() >= t_p - 1e-12
+    shared = np.array(sol.prefill_pool_ttft(t_p, 4.0, n, n=40_000, shared_queue=True))
+    assert all(np.percentile(shared, q) <= np.percentile(x, q) + 1e-9 for q in (50, 90, 99))
+    moved = np.array(sol.prefill_pool_ttft(t_p, 4.0, n, n=1_000, transfer_s=0.01))
+    assert moved == pytest.approx(np.array(sol.prefill_pool_ttft(t_p, 4.0, n, n=1_000)) + 0.01)

@@ -16,9 +16,15 @@ gives it, and no earlier answer of the same code ruled that mistake out (`_Drive
 visible sequences offer every named mistake on every seed; hidden cases are random operation sequences
 drawn from t.rng on a three-token alphabet (so that sequences share prefixes and diverge inside pages
 and nodes).
+
+The engine check (5.1) runs the learner's tree as the engine's prefix cache. When a run goes wrong there, the
+message names the RadixTree method that is wrong, found by replaying the tree op by op on the visible scripts
+of 2.1 and 2.2 (`replay_cause`), and then says what the engine saw: an engine error alone cannot tell a missing
+split from a wrong eviction.
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import random
 import struct
@@ -27,7 +33,8 @@ from functools import partial
 from typing import NamedTuple
 
 from autograder.checks._drive import Differential
-from autograder.core import check
+from autograder.checks._engine import known_error
+from autograder.core import CaseFailed, NotStarted, check
 from autograder.harnesses.l18_prefix_caching import NODE_FIELDS, lpm_harness, stand_in_tree, tree_view
 from autograder.mistakes import looks_like
 from autograder.reference import NotRecorded, answer_code
@@ -295,6 +302,9 @@ PARTIAL = ("matches partial pages: a page matches only if all its page_size toke
            "page of the query never matches")
 NO_SPLIT = ("does not split a node where the query diverges: it returns the whole node the match ends in; split "
             "the node there and return only the pages that match")
+NO_SPLIT_INSERT = ("does not split a node where the inserted sequence diverges: insert hangs the new pages below the "
+                   "whole node, after tokens the sequence does not have; split the node at the divergence (_split) "
+                   "and hang the new pages below its first part")
 COMMON_TOKENS = ("counts matching TOKENS where pages are meant (_common_pages returns whole pages: tokens // "
                  "page_size), so a match skips or takes the wrong pages")
 TOTAL_MISTAKES = {"partial": "caches the partial last page: only len(tokens) // page_size whole pages are cached "
@@ -434,6 +444,44 @@ def match_on_nodes(view_nodes: list, tokens: list, P: int, mode: str) -> list:
     return blocks
 
 
+def insert_variant(view: _View | None, tokens: list, P: int):
+    """The cached prefixes (sorted, as lists) of the learner's tree as it was (`view`) after an insert(tokens) that
+    never splits a node where the sequence diverges (NO_SPLIT_INSERT). None when the tree was not read (or, in a
+    student's copy, when the release asked nothing of a tree like this one)."""
+    if view is None:
+        return None
+    return _on_learner_tree(insert_no_split_on_nodes, view, ("parent", "tokens", "blocks"), list(tokens), P)
+
+
+@answer_code
+def insert_no_split_on_nodes(view_nodes: list, tokens: list, P: int) -> list:
+    """insert_variant on the nodes of the learner's tree as read (_View.nodes; the root's entry unread)."""
+    paths: dict = {0: []}
+    kids: dict = {0: {}}
+    keys = []
+    for i, n in enumerate(view_nodes[1:], 1):
+        start = paths[n["parent"]]
+        paths[i], kids[i] = start + list(n["tokens"]), {}
+        kids[n["parent"]][tuple(n["tokens"][:P])] = i
+        keys += [start + list(n["tokens"][:(j + 1) * P]) for j in range(len(n["blocks"]))]
+    node, page, n_pages = 0, 0, len(tokens) // P
+    while page < n_pages:
+        i = kids[node].get(tuple(tokens[page * P:(page + 1) * P]))
+        if i is None:  # the rest becomes one new node below `node`
+            keys += [list(tokens[:(q + 1) * P]) for q in range(page, n_pages)]
+            break
+        ct, cb = view_nodes[i]["tokens"], view_nodes[i]["blocks"]
+        k = 0
+        while k < len(cb) and page + k < n_pages and list(tokens[(page + k) * P:(page + k + 1) * P]) == list(ct[k * P:(k + 1) * P]):
+            k += 1
+        if k < len(cb):
+            if page + k < n_pages:  # diverges inside the node: the new pages hang below all of it
+                keys += [paths[i] + list(tokens[(page + k) * P:(q + 1) * P]) for q in range(page + k, n_pages)]
+            break
+        node, page = i, page + k
+    return sorted(keys)
+
+
 def evict_whole_nodes(view: _View | None, need: int):
     """The blocks an evict that frees WHOLE unlocked leaf nodes, oldest first, frees from the learner's tree
     as it was, until at least `need` pages are free. None if the order is not determined (equal stamps), the
@@ -509,7 +557,7 @@ class _Drive(Differential):
         "unlock", "evict", "refused insert", "refused unlock"); `before`: the brute trie before it."""
         self.check_total(kind, before, tokens, cached)
         view = self.read_view(node)
-        self.check_pages(view, kind)
+        self.check_pages(view, kind, tokens)
         self.check_handles(view, kind)
         if self.full:
             self.check_locks(view, kind, before, end)
@@ -548,11 +596,21 @@ class _Drive(Differential):
                       "not (a chain that never ends, pages cached again)", end="")
         return _read_view(data, self.P)
 
-    def check_pages(self, view: _View, kind: str):
+    def check_pages(self, view: _View, kind: str, tokens=()):
+        mine, want = view.pages, self.ref.pages
+        if kind == "insert":  # where the tree went after an insert, page by page (a wrong shape is named here)
+            ok, names = self.judge(sorted(map(list, mine)), sorted(map(list, want)),
+                                   {NO_SPLIT_INSERT: insert_variant(self.view, list(tokens), self.P)})
+            if not ok and names:
+                extra = sorted(set(mine) - set(want), key=len)
+                lacks = sorted(set(want) - set(mine), key=len)
+                self.fail(f"after {self.log[-1]}, your tree "
+                          + (f"holds {_page(extra[0], self.P)}, which is not cached" if extra else "")
+                          + (" and " if extra and lacks else "")
+                          + (f"lacks {_page(lacks[0], self.P)}" if lacks else "") + ".", names)
         if view.problem:
             self.fail(f"after {self.log[-1]}, {view.problem}.", "pops the freed pages' block ids but leaves their "
                       "tokens: evict drops both" if kind == "evict" and "tokens but" in view.problem else None)
-        mine, want = view.pages, self.ref.pages
         for key in sorted(set(mine) | set(want), key=len):
             if key not in mine:
                 self.fail(f"after {self.log[-1]}, your tree lacks {_page(key, self.P)} (block {want[key].block}).")
@@ -1160,9 +1218,9 @@ CACHE_ERRORS = [
     ("total_size()", "kept total_size() out of step with the pages it holds (insert adds new pages, evict "
                      "removes them)"),
     ("more pages are evictable", "counted pages a running request holds in evictable_size()"),
-    ("admitted nothing although nothing runs", "left the engine stuck: nothing runs and requests wait, yet your "
-                                               "tree frees no room (pages stay locked after every request "
-                                               "unlocked them, or evictable_size / evict free nothing)"),
+    ("admitted nothing although nothing runs", "left the engine stuck: nothing runs and requests wait, yet the "
+                                               "engine found no room for the first of them (in the free pool or "
+                                               "in what your tree says it can evict)"),
     ("not locked", "was asked by the engine to unlock a node it had locked, and said it was not locked (lock and "
                    "unlock must walk the same path)"),
 ]
@@ -1214,6 +1272,51 @@ def _first_request_differing(got: list, expected: list) -> str:
     return "" if i is None else f" (first difference: request {i}, yours {got[i]!r}, expected {expected[i]!r})"
 
 
+# Where the engine run went wrong, the method that is wrong is found by replaying the learner's tree op by op
+# against BruteTrie: the visible scripts of checks 2.1 and 2.2 (the same operations, so a student's copy answers
+# them from the same recorded questions). An engine error or a wrong count says what the engine saw; the replay
+# says which method did it (a match_prefix that does not split, say, leaves the engine stuck, which no eviction
+# message could explain).
+REPLAY_SCRIPTS = [(MATCH_SCRIPTS, False), (EVICT_SCRIPTS, True)]
+
+
+def replay_cause(t) -> str:
+    """The first failure of the op-by-op drive on the learner's RadixTree over the visible scripts of 2.1 and 2.2
+    (page_size 4), or "" when they all pass."""
+    for scripts, full in REPLAY_SCRIPTS:
+        for name, script in scripts.items():
+            try:
+                script(_Drive(t, 4, full))
+            except CaseFailed as e:
+                return f"replaying your RadixTree op by op against the spec (script: {name}): {e}"
+            except NotStarted:  # a method the engine run never reached is still a stub: no verdict from here
+                return ""
+    return ""
+
+
+@contextlib.contextmanager
+def blamed_on_method(t, run: dict, causes: dict):
+    """Judges an engine run (`run`, the learner's); if the case fails, the failure names the RadixTree method the
+    replay finds wrong first, then what the engine saw (so a tree that, say, never splits is told so, not that its
+    eviction looks wrong). When the replay finds nothing, the engine's own verdict stands. `causes` keeps the
+    replay's answer for the check's later cases (the same code, the same scripts)."""
+    try:
+        yield
+    except CaseFailed as e:
+        if "cause" not in causes:
+            causes["cause"] = replay_cause(t)
+        cause = causes["cause"]
+        if not cause:
+            raise
+        if run["error"] is None:
+            saw = str(e)
+        else:
+            fact = known_error(run, CACHE_ERRORS)
+            saw = ((f"your tree {fact}; " if fact else "")
+                   + f"the engine stopped at step {run['steps']}:\n{run['error']['tb']}")
+        t.fail(f"The engine's run with your RadixTree went wrong; {cause}\n  What the engine saw: {saw}")
+
+
 @check(points=3, section="5.1", timeout=120, cost=0.5)
 def tree_in_engine(t):
     """LLM(..., enable_prefix_caching=True, prefix_cache=RadixTree): the same tokens as without a cache, the same
@@ -1221,6 +1324,7 @@ def tree_in_engine(t):
     from autograder.checks._engine import judged
     from autograder.harnesses.engine import run_engine
     kw = {**ENGINE_KW, "enable_prefix_caching": True, "prefix_cache": t.learner("RadixTree")}
+    causes: dict = {}  # the op-by-op replay's verdict, made once (blamed_on_method)
     for label, (prompts, lens) in t.cases(visible=VISIBLE_WORKLOADS, hidden=engine_workload, n=1,
                                            label="random workload"):
         with t.case(f"{label}: {len(prompts)} prompts sharing a system prompt and a conversation, "
@@ -1229,7 +1333,7 @@ def tree_in_engine(t):
             got, (expected, plain) = t.run_against(partial(_both_references, t, prompts, lens), run_engine,
                                                    prompts, lens, kw, catch=True, model=ENGINE_MODEL,
                                                    what="the engine, running with your RadixTree,")
-            with judged(t, got, CACHE_ERRORS, who="with your RadixTree as its prefix cache"):
+            with blamed_on_method(t, got, causes), judged(t, got, CACHE_ERRORS, who="with your RadixTree as its prefix cache"):
                 t.expect(got["tokens"], plain["tokens"], "generated token ids per request: a prefix cache must not "
                          "change them (a hit reuses the KV of exactly those tokens)"
                          + _first_request_differing(got["tokens"], plain["tokens"]))

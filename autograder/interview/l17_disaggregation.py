@@ -1,6 +1,9 @@
 """Lesson 17 questions: the KV bytes a request ships between pools, their time on a link, the modeled prefill
-stall of a colocated engine, the break-even link speed, and the prefill:decode pool ratio."""
+stall of a colocated engine, the break-even link speed, the prefill:decode pool ratio, and a prefill pool sized for
+its p99 TTFT rather than its mean."""
 from __future__ import annotations
+
+import math
 
 from reference_engine.sim import gpu_model as gm
 
@@ -149,6 +152,50 @@ def _decode_rate_q(plan: dict, rate: float, prompt: int, out: int) -> Numeric:
                     f"{plan['n_decode']}"],
                    "Long prompts with short answers want prefill GPUs; short prompts with long answers want decode GPUs.",
                    rtol=0.02, mistakes={"counts output_len decode steps": b / (out * st)})
+
+
+@template(STEM, "prefill pool sized for the p99")
+def tail_pool(rng, ref):
+    shape, prompt = pick(rng, [gm.LLAMA_3_8B, gm.LLAMA_3_70B]), pick(rng, [1024, 2048, 3072, 4096, 8192])
+    tp = 1 if shape is gm.LLAMA_3_8B else 4
+    t_p = ref.plan_pools(_KEYS[shape], "H100", 1.0, prompt, 256, 100.0, 0.1, tp, 0.0)["prefill_s"]
+    slo = pick(rng, [x for x in (0.5, 1.0, 1.5, 2.0, 3.0, 5.0) if x >= 6 * t_p])
+    mu, tail = 1 / t_p, math.log(100)
+    lam_mean, lam_p99 = mu - 1 / slo, mu - tail / slo
+    assert lam_p99 > 0, (prompt, slo, t_p)
+    rate = round(rng.uniform(2.2, 6.0) * lam_mean, 1)  # a few instances' worth
+    setting = (f"{shape.name} on {tp} x H100, {fmt(prompt)}-token prompts; a prefill instance takes {fmt(t_p * 1e3)} ms per "
+               "prompt (modeled H100 clock). Model each prefill instance as an M/M/1 queue (Poisson arrivals, "
+               "exponential service of that mean), so a request's time in it is exponential with mean 1 / (mu - lambda).")
+    q = Numeric(
+        f"{setting} The instance is loaded so that its MEAN TTFT equals the {fmt(slo)} s SLO. What is its p99 TTFT, in s?",
+        "s", tail * slo,
+        [f"mean = 1 / (mu - lambda) = {fmt(slo)} s at that load",
+         "an exponential's p-quantile is -ln(1 - p) x its mean: p99 = ln(100) x mean = 4.61 x mean",
+         f"p99 = 4.61 x {fmt(slo)} = {fmt(tail * slo)} s"],
+        "A queue's tail is a multiple of its mean: sizing on the mean misses a percentile SLO.", rtol=0.02,
+        mistakes={"takes the p99 to be the mean": slo,
+                  "uses -ln(0.99) (the 1st percentile) instead of -ln(0.01)": -math.log(0.99) * slo,
+                  "uses the normal distribution's 2.33 standard deviations above the mean": slo + 2.33 * slo})
+    q.follow_ups.append(Numeric(
+        f"Size it for the p99 instead: the largest arrival rate one instance takes with p99 TTFT <= {fmt(slo)} s, in "
+        "req/s?", "req/s", lam_p99,
+        [f"mu = 1 / {fmt(t_p * 1e3)} ms = {fmt(mu)} req/s",
+         f"p99 = ln(100) / (mu - lambda) <= {fmt(slo)} s gives lambda <= mu - 4.61 / {fmt(slo)} = {fmt(lam_p99)} req/s",
+         f"(sized on the mean: mu - 1 / {fmt(slo)} = {fmt(lam_mean)} req/s)"],
+        "The tail bound leaves the instance idle more often: that idle time is what keeps the p99 short.", rtol=0.02,
+        mistakes={"sizes on the mean TTFT (lambda = mu - 1 / SLO)": lam_mean,
+                  "loads the instance to 100% (lambda = mu)": mu}))
+    n_p99, n_mean = math.ceil(rate / lam_p99), math.ceil(rate / lam_mean)
+    q.follow_ups.append(Numeric(
+        f"The service receives {fmt(rate)} req/s, split evenly at random over the prefill instances. How many instances "
+        "keep the p99 TTFT within the SLO?", "instances", n_p99,
+        [f"ceil({fmt(rate)} / {fmt(lam_p99)}) = {n_p99} instances",
+         f"sized on the mean it would be ceil({fmt(rate)} / {fmt(lam_mean)}) = {n_mean}"],
+        "Size pools on the percentile the SLO names; a shared queue (first free instance) needs fewer than random "
+        "dispatch.", rtol=0,
+        mistakes={"sizes on the mean TTFT": n_mean, "loads each instance to 100%": math.ceil(rate / mu)}))
+    return q
 
 
 @template(STEM, "should we disaggregate")

@@ -1,5 +1,6 @@
 """Lesson 18 questions: tokens a prefill still computes, prefill time saved, the KV a cached prefix holds, a
-workload's hit rate, hash-chain hits after an edit, and what eviction frees under a lock."""
+workload's hit rate, hash-chain hits after an edit, what eviction frees under a lock, and hits across replicas
+under round robin vs prefix-aware routing; in words, a dashboard, routing, and isolating tenants."""
 from __future__ import annotations
 
 from dataclasses import replace
@@ -199,7 +200,7 @@ def hit_rate(rng, ref):
                              "counts each app's first request as a hit too": 100 * N * h / total,
                              "divides by the system-prompt tokens only, not all prompt tokens": 100 * (N - used) * h / (N * S)})
     q.follow_ups.append(Numeric(
-        "Now the cache matches per token (pages of 1 token): the hit rate?", "%", 100 * per_token,
+        "Now the cache matches per token (pages of 1 token, SGLang's default page size): the hit rate?", "%", 100 * per_token,
         [f"each hit now covers the whole {S:,}-token system prompt (its first own token differs)",
          f"hit rate = {N - used} x {S:,} / {total:,} = {fmt(100 * per_token)}%"],
         "Smaller pages waste less of each shared prefix, for more entries to match and to manage.",
@@ -289,6 +290,75 @@ def eviction(rng, ref):
     return q
 
 
+def replica_hits(ref, systems: list, users: list, apps: list[int], replica_of: list[int], P: int) -> float:
+    """The hit rate (cached prompt tokens / prompt tokens) when request i (app apps[i], its own tokens users[i]) goes
+    to replica replica_of[i], each replica with its own RadixTree(P) that never evicts; a request's KV is cached
+    when it arrives, and the last prompt token is always computed."""
+    trees = {r: ref.RadixTree(P) for r in set(replica_of)}
+    hit = total = next_block = 0
+    for a, own, r in zip(apps, users, replica_of):
+        prompt = systems[a] + own
+        blocks, _ = trees[r].match_prefix(prompt)
+        hit += min(len(blocks), (len(prompt) - 1) // P) * P
+        total += len(prompt)
+        n = len(prompt) // P
+        trees[r].insert(prompt, list(range(next_block, next_block + n)))
+        next_block += n
+    return hit / total
+
+
+@template(STEM, "prefix hits across replicas")
+def replicas(rng, ref):
+    P, A, N = 16, pick(rng, [2, 3, 4]), pick(rng, [4, 8])
+    R = rng.randrange(2, 5) * N  # requests per app, spread evenly by round robin: R / N on each replica
+    S = rng.randrange(40, 160) * P + rng.randrange(1, P)  # a partial last block
+    U = rng.randrange(100, 1500, 50)
+    systems = [ids(rng, S) for _ in range(A)]
+    apps = [a for _ in range(R) for a in range(A)]  # interleaved: app 0, 1, ..., A - 1, app 0, ...
+    users = [[OWN_IDS[0] + i] + ids(rng, U - 1, OWN_IDS) for i in range(len(apps))]  # a unique first own token
+    turn = [i // A for i in range(len(apps))]  # the k-th request of its app
+    rr = replica_hits(ref, systems, users, apps, [k % N for k in turn], P)
+    aware = replica_hits(ref, systems, users, apps, [a % N for a in apps], P)
+    h, total = S // P * P, A * R * (S + U)
+    q = Numeric(
+        f"{plural(A, 'app')}, each with its own {S:,}-token system prompt, each send {R} requests: the system prompt "
+        f"followed by {U:,} tokens of the request's own. {N} replicas serve them, each with its own prefix cache "
+        f"({P}-token blocks, large enough never to evict; a request's KV is cached when it arrives). Round robin "
+        f"spreads each app's requests evenly over the {N} replicas. Hit rate (cached prompt tokens over all prompt "
+        "tokens), in %?", "%", 100 * rr,
+        [f"each replica misses each app's system prompt once: {A} x {N} = {A * N} misses; the other "
+         f"{A * R - A * N} requests hit it",
+         f"a hit is whole blocks: floor({S:,} / {P}) x {P} = {h:,} tokens",
+         f"prompt tokens: {A * R} x ({S:,} + {U:,}) = {total:,}",
+         f"hit rate = {A * R - A * N} x {h:,} / {total:,} = {fmt(100 * rr)}%"],
+        "Each replica caches its own copy: round robin pays one miss per prefix per replica.", rtol=0.01,
+        mistakes={"counts one miss per app, as if the replicas shared one cache": 100 * aware,
+                  "counts the system prompt's partial last block as cached": 100 * (A * R - A * N) * S / total,
+                  "divides by the system-prompt tokens only, not all prompt tokens":
+                      100 * (A * R - A * N) * h / (A * R * S)})
+    q.follow_ups.append(Numeric(
+        "Now a prefix-aware router sends every request of an app to the replica that already holds its system "
+        "prompt. Hit rate, in %?", "%", 100 * aware,
+        [f"one miss per app: {A} misses, {A * R - A} hits of {h:,} tokens",
+         f"hit rate = {A * R - A} x {h:,} / {total:,} = {fmt(100 * aware)}%"],
+        "Routing on the prefix makes N caches behave as one.", rtol=0.01,
+        mistakes={"keeps round robin's one miss per app per replica": 100 * rr}))
+    weights = [1 / (a + 1) for a in range(A)]
+    shares = [w / sum(weights) for w in weights]
+    busiest = max(shares) * N
+    q.follow_ups.append(Numeric(
+        f"With that router each app lives on one replica. The apps' shares of the traffic are "
+        f"{', '.join(f'{x:.0%}' for x in shares)} (Zipf). How many times the mean load (all requests / {N} replicas) "
+        "does the busiest replica serve?", "x", busiest,
+        [f"the busiest replica serves the largest app: {max(shares):.1%} of all requests",
+         f"the mean replica serves 1 / {N} = {1 / N:.1%}",
+         f"{max(shares):.3f} x {N} = {fmt(busiest)}x the mean (and {N - A} replica(s) serve nothing)"],
+        "Affinity concentrates load: a real router bounds it and spills to the least loaded replica.", rtol=0.02,
+        mistakes={"gives the busiest replica's share of the traffic, not its ratio to the mean": max(shares),
+                  "divides by the apps, not the replicas": max(shares) * A}))
+    return q
+
+
 @template(STEM, "explain a prefix-cache dashboard")
 def dashboard(rng, ref):
     return Open(
@@ -322,3 +392,23 @@ def routing(rng, ref):
          "salted hash())",
          "watch per-replica hit rate, TTFT and load imbalance"],
         "Affinity turns eight small caches into one large one; a load bound keeps it from becoming one hot replica.")
+
+
+@template(STEM, "explain isolating tenants in a shared prefix cache")
+def tenants(rng, ref):
+    return Open(
+        "Two enterprise customers share your vLLM fleet and its automatic prefix cache. One asks whether the other "
+        "can learn anything about its prompts. What do you answer, and what do you change?",
+        ["yes: a cache hit makes the time to first token shorter (the prefix is not prefilled), so a tenant who "
+         "guesses how another's prompt starts can test each guess by timing it, block by block",
+         "isolate the tenants' cache entries: vLLM's per-request cache_salt goes into the first block's hash, and the "
+         "hash chain carries it into every later block, so differently salted requests never share a block",
+         "the salt per tenant (not per user), secret and unguessable (random, about 256 bits), set by the gateway, "
+         "never by the client",
+         "the cost: no sharing across tenants, so a system prompt common to all of them is cached and prefilled once "
+         "per tenant; hit rate and TTFT move accordingly",
+         "the alternatives: a separate deployment per tenant, or disabling prefix caching for sensitive traffic; "
+         "routing by tenant keeps each tenant's hits on few replicas",
+         "check what else is shared: logs, metrics per prefix, a cache offloaded to CPU or disk, a KV store "
+         "between nodes"],
+        "A shared prefix cache is a shared resource whose speed depends on what others sent: salt it per tenant.")

@@ -248,6 +248,39 @@ class _m_InsertNoSplitAtEnd(sol.RadixTree):
         return n * P
 
 
+class _m_InsertNoSplit(sol.RadixTree):
+    """Never splits in insert: where the new sequence diverges inside a node, its new pages hang below that whole
+    node, as if the node ended at the divergence."""
+
+    def insert(self, tokens, block_ids):
+        P = self.page_size
+        n = len(tokens) // P
+        if len(block_ids) < n:
+            raise ValueError("too few block ids")
+        self._clock += 1
+        node, page = self.root, 0
+        while page < n:
+            child = node.children.get(tuple(tokens[page * P:(page + 1) * P]))
+            if child is None:
+                new = sol.TreeNode(list(tokens[page * P:n * P]), list(block_ids[page:n]), node, 0, self._clock)
+                node.children[tuple(new.tokens[:P])] = new
+                self._total += (n - page) * P
+                return page * P
+            k = self._common_pages(child, tokens, page * P)
+            child.last_access = self._clock
+            if k < len(child.blocks) and page + k < n:  # diverges mid-node: no split, the rest goes below it
+                new = sol.TreeNode(list(tokens[(page + k) * P:n * P]), list(block_ids[page + k:n]), child, 0,
+                                   self._clock)
+                child.children[tuple(new.tokens[:P])] = new
+                self._total += (n - page - k) * P
+                return (page + k) * P
+            if k < len(child.blocks):
+                child = self._split(child, k)
+                child.last_access = self._clock
+            node, page = child, page + k
+        return n * P
+
+
 class _m_InsertTotalAll(sol.RadixTree):
     def insert(self, tokens, block_ids):
         total = self._total
@@ -834,35 +867,36 @@ def lpm_order(tree, waiting):  # noqa: F811
     return sorted(range(len(waiting)), key=lambda i: -m[i])
 
 
-# -- 5.1 the tree in the engine (the same wrong trees, as the engine's prefix cache) ---------------------------
+# -- 5.1 the tree in the engine (the same wrong trees, as the engine's prefix cache): the message names the
+# method the op-by-op replay finds wrong, not only what the engine saw -------------------------------------
 
 
-@mutant(check="tree_in_engine", message="returned from evict() a block a running request still holds")
+@mutant(check="tree_in_engine", message="evicts a locked node")
 def RadixTree(page_size):  # noqa: F811
     return _m_IgnoresLocks(page_size)
 
 
-@mutant(check="tree_in_engine", message="returned from insert() fewer already-cached tokens than the tree held")
+@mutant(check="tree_in_engine", message="returns the number of NEW tokens it added")
 def RadixTree(page_size):  # noqa: F811
     return _m_InsertCountsNew(page_size)
 
 
-@mutant(check="tree_in_engine", message="freed fewer pages in evict() than asked for")
+@mutant(check="tree_in_engine", message="leaves matched pages unlocked")
 def RadixTree(page_size):  # noqa: F811
     return _m_LockNodeOnly(page_size)
 
 
-@mutant(check="tree_in_engine", message="left the engine stuck")
+@mutant(check="tree_in_engine", message="match_prefix([1, 2, 3, 4, 30, 31, 32, 33]) returned: got [100, 101, 102, 103, 104], expected [100]. Looks like your code does not split a node where the query diverges")
 def RadixTree(page_size):  # noqa: F811
     return _m_NoSplit(page_size)
 
 
-@mutant(check="tree_in_engine", message="prompt tokens found in your tree, per request")
+@mutant(check="tree_in_engine", message="match_prefix must stamp the pages it matched")
 def RadixTree(page_size):  # noqa: F811
     return _m_MatchNotAccess(page_size)
 
 
-@mutant(check="tree_in_engine", message="the engine's prefix-cache evicted_blocks")
+@mutant(check="tree_in_engine", message="frees one page too many")
 def RadixTree(page_size):  # noqa: F811
     return _m_EvictPlusOne(page_size)
 
@@ -886,3 +920,8 @@ class _m_EndlessChain(sol.RadixTree):  # noqa: F821
 @mutant(check="radix_match_insert", message="spell paths of")
 def RadixTree(page_size):  # noqa: F811
     return _m_EndlessChain(page_size)
+
+
+@mutant(check="radix_match_insert", message="does not split a node where the inserted sequence diverges")
+def RadixTree(page_size):  # noqa: F811
+    return _m_InsertNoSplit(page_size)
