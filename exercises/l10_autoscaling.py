@@ -118,8 +118,10 @@ def kpa_decide(samples: Sequence[tuple[float, float]], now: float, ready: int, c
       2. r = max(ready, 1); up = ceil(max_scale_up_rate * r); down = floor(r / max_scale_down_rate).
          want_stable = ceil_count(stable / per) and want_panic = ceil_count(panic / per), each clamped
          to [down, up].
-      3. over = panic / per / r >= panic_threshold_pct / 100 (the panic window wants twice what serves).
-         If over: panic_since = now. Else, if panicking and panic_since + stable_window < now: leave panic
+      3. over = ceil_count(panic / per) / r >= panic_threshold_pct / 100: the panic window's replica count,
+         rounded up and not clamped, is at least twice what serves (Knative v1.23,
+         pkg/autoscaler/scaling/autoscaler.go: ceil first, then divide). With one ready replica a panic
+         average just over one replica's load rounds up to 2 and panics. If over: panic_since = now. Else, if panicking and panic_since + stable_window < now: leave panic
          mode (panic_since None, max_panic 0).
       4. desired = want_stable; while panicking, desired = max(want_stable, want_panic, max_panic) and
          max_panic = desired (panic mode never scales down).
@@ -128,8 +130,9 @@ def kpa_decide(samples: Sequence[tuple[float, float]], now: float, ready: int, c
       6. Clamp to [min_replicas, max_replicas].
     Returns (desired, new KPAState(panic_since, max_panic, recent)).
 
-    Example: samples [(2, 10), (4, 10), (6, 40)], now=6, ready=1, cfg target 10, utilization 1.0 ->
-    stable 20 -> 2, panic (window 6 s: all three) 20 -> 2; 20 / 10 / 1 = 2 >= 2: panic; desired 2.
+    Example: samples [(2, 10), (4, 10), (6, 13)], now=6, ready=1, cfg target 10, utilization 1.0 ->
+    stable 11 -> 2, panic (window 6 s: all three) 11 -> 2; ceil(1.1) / 1 = 2 >= 2: panic (unrounded,
+    1.1 / 1 would not be); desired 2.
     """
     raise NotImplementedError("Exercise 2.1 (kpa_decide): see section 2.1 of lessons/l10_autoscaling.ipynb")
 

@@ -53,7 +53,7 @@ def test_every_named_mistake_shows_in_a_visible_case():
 
 def test_docstring_examples():
     cfg = S.KPAConfig(target=10, utilization=1.0)
-    desired, state = S.kpa_decide([(2, 10), (4, 10), (6, 40)], 6, 1, cfg, S.KPAState())
+    desired, state = S.kpa_decide([(2, 10), (4, 10), (6, 13)], 6, 1, cfg, S.KPAState())
     assert desired == 2 and state.panic_since == 6
     assert S.utilization_decide([(2.0, 1.0)], 2.0, 4, S.UtilConfig()) == 6
     rep = S.fleet_report({"ttft": [0.1, 0.2, math.inf], "replicas": [(0, 3600), (1800, 3600)], "end": 3600}, 0.15)

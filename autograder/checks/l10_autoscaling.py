@@ -78,11 +78,12 @@ def _ceil(x):
 def kpa_variant(samples, now, ready, cfg, state, no_panic=False, panic_scales_down=False, no_utilization=False,
                 no_rate_limits=False, quick_exit=False, no_delay=False, stable_threshold=False, plain_ceil=False,
                 up_floor=False, strict_threshold=False, want_threshold=False, exit_keeps_max=False,
-                exit_before_over=False, panic_ignores_stable=False):
+                exit_before_over=False, panic_ignores_stable=False, unrounded_threshold=False, panic_window=""):
     """kpa_decide with one usual mistake switched on (all off: the lesson's rule)."""
     per = cfg.target * (1.0 if no_utilization else cfg.utilization)
     stable = _avg(samples, now, cfg.stable_window)
-    panic = _avg(samples, now, cfg.stable_window * cfg.panic_window_pct / 100)
+    panic = _avg(samples, now, {"pct_seconds": cfg.panic_window_pct, "no_percent": cfg.stable_window
+                                * cfg.panic_window_pct}.get(panic_window, cfg.stable_window * cfg.panic_window_pct / 100))
     r = max(ready, 1)
     up = (math.floor if up_floor else math.ceil)(cfg.max_scale_up_rate * r)
     down = math.floor(r / cfg.max_scale_down_rate)
@@ -95,6 +96,8 @@ def kpa_variant(samples, now, ready, cfg, state, no_panic=False, panic_scales_do
     signal = (stable if stable_threshold else panic) / per
     if want_threshold:
         signal = want_panic
+    elif not unrounded_threshold:
+        signal = rnd(signal)  # Knative: ceil(panic / target) first, then / ready
     threshold = cfg.panic_threshold_pct / 100
     over = not no_panic and (signal / r > threshold if strict_threshold else signal / r >= threshold)
     expired = panic_since is not None and (quick_exit or panic_since + cfg.stable_window < now)
@@ -130,8 +133,14 @@ KPA_MISTAKES = {
     "rounds max_scale_up_rate * ready down; the limit is ceil(max_scale_up_rate * max(ready, 1))": dict(up_floor=True),
     "panics only above the threshold; exactly at panic_threshold_pct / 100 (>=) is panic too":
         dict(strict_threshold=True),
-    "tests the panic threshold on want_panic (rounded up, clamped); it is panic / per / max(ready, 1)":
-        dict(want_threshold=True),
+    "tests the panic threshold on want_panic clamped to the scale-up rate; it is the unclamped "
+    "ceil_count(panic / per) / max(ready, 1)": dict(want_threshold=True),
+    "averages the panic window over panic_window_pct seconds; it is stable_window * panic_window_pct / 100 "
+    "seconds": dict(panic_window="pct_seconds"),
+    "averages the panic window over stable_window * panic_window_pct seconds (the / 100 is missing)":
+        dict(panic_window="no_percent"),
+    "tests the panic threshold on panic / per unrounded; Knative rounds up first: "
+    "ceil_count(panic / per) / max(ready, 1)": dict(unrounded_threshold=True),
     "keeps max_panic when it leaves panic mode; leaving resets it to 0": dict(exit_keeps_max=True),
     "leaves panic mode before testing the threshold; a tick that is over the threshold stays in panic "
     "(and keeps max_panic)": dict(exit_before_over=True),
@@ -158,7 +167,7 @@ KPA_CASES = [
                                     utilization=1.0))),
     ("visible: panic mode's edges (target 10, utilization 1, stable window 8 s, panic window 2 s): exactly at "
      "the 200% threshold; leaving panic and coming back; over again the tick after a stable window; a fresh "
-     "panic under a high stable average; 150% is not panic",
+     "panic under a high stable average; 1.5x one replica's load rounds up to 2 replicas: panic",
      ([0, 0, 0, 20, 60] + [0] * 6 + [20, 0] + [60, 0, 0, 0, 0, 20] + [0] * 6 + [40, 40, 40, 20] + [0] * 6
       + [15, 0, 0],
       [1] * 13 + [2] * 5 + [1] * 7 + [4] * 3 + [1] * 10,
@@ -167,6 +176,9 @@ KPA_CASES = [
      "a replica), scale-up rate 1.5x",
      ([2.1] * 3 + [4.2] * 5 + [6.3] * 4 + [2.1] * 4, [0, 0] + [1] * 5 + [2] * 4 + [3] * 5,
       _kpa_cfg(target=3.0, max_scale_up_rate=1.5))),
+    ("visible: a load of 4x, then 6x, what 2 ready replicas carry, scale-up rate 1.5x (target 10, utilization "
+     "1): the rate limit caps the order at 3, yet the panic test counts the 4 the window wants",
+     ([40] * 4 + [60] * 2 + [10] * 8, [2] * 6 + [1] * 6 + [3] * 2, _kpa_cfg(utilization=1.0, max_scale_up_rate=1.5))),
 ]
 
 

@@ -54,8 +54,10 @@ def panic(rng, ref):
         f"Concurrency sat at {fmt(base)} for 54 s, then jumped to {fmt(burst)} for the last 6 s. How many replicas "
         "does it want now?", "", want,
         [f"per replica {target} x 0.7 = {fmt(target * 0.7)}",
-         f"panic window (6 s): {fmt(burst)} / {fmt(target * 0.7)} = {fmt(burst / (target * 0.7))} replicas, "
-         f"{fmt(burst / (target * 0.7) / ready)}x the {ready} ready >= 2x: panic",
+         f"panic window (6 s): {fmt(burst)} / {fmt(target * 0.7)} = {fmt(burst / (target * 0.7))} -> round up: "
+         f"{ref.ceil_count(burst / (target * 0.7))} replicas, "
+         f"{fmt(ref.ceil_count(burst / (target * 0.7)) / ready)}x the {ready} ready >= 2x: panic (Knative rounds "
+         "up before comparing)",
          f"in panic the count is the larger of the two windows' wants: {want}"],
         "The stable window would still be averaging the old load; the panic window sees the burst in seconds.",
         rtol=0, mistakes={"uses the stable window only": stable_only})
@@ -70,6 +72,17 @@ def panic(rng, ref):
          f"panic mode never scales down: it keeps the {want} it wanted"],
         "Panic mode holds its peak so that a second wave does not find the fleet shrunk.", rtol=0,
         mistakes={"follows the panic window down": ref.ceil_count(base / (target * 0.7))}))
+    just = round(per * rng.uniform(1.05, 1.4), 1)
+    ratio = ref.ceil_count(just / per) / 1
+    q.follow_ups.append(Numeric(
+        f"Another service, same settings, one replica ready. The 6 s panic window averages {fmt(just)} requests in "
+        "flight. What ratio does the KPA compare with the 200% panic threshold (as a multiple, e.g. 2 for 200%)?",
+        "x", ratio,
+        [f"{fmt(just)} / {fmt(per)} = {fmt(just / per)} -> round up: {ref.ceil_count(just / per)} replicas",
+         f"{ref.ceil_count(just / per)} / 1 ready = {fmt(ratio)} >= 2: panic (Knative v1.23, "
+         "pkg/autoscaler/scaling/autoscaler.go rounds up before dividing)"],
+        "With one replica, anything over one replica's load is already 'twice what serves' once rounded up.",
+        rtol=0, mistakes={"compares the unrounded panic / per": just / per}))
     return q
 
 
@@ -125,6 +138,35 @@ def headroom(rng, ref):
         [f"lead = 2 + 3 + {boot / 4:.0f} = {fmt(fast['lead_s'])} s", f"{slope} x {fmt(fast['lead_s'])} x {service} = "
          f"{fmt(fast['concurrency'])} -> {fast['replicas']}"],
         "A faster boot is headroom you no longer pay for all day.", rtol=0))
+    return q
+
+
+@template(STEM, "node provisioning and warm pools")
+def nodes(rng, ref):
+    slope = round(rng.uniform(0.05, 0.3), 2)
+    boot = rng.choice([45.0, 60.0, 90.0])
+    node = rng.choice([180.0, 300.0])
+    service = round(rng.uniform(1.0, 4.0), 1)
+    per = rng.choice([5.6, 11.2])
+    cold = ref.min_headroom(slope, node + boot, service, per)
+    warm = ref.min_headroom(slope, boot, service, per)
+    q = Numeric(
+        f"Your cluster has no free GPU node: a new replica waits {node / 60:.0f} min for the node autoscaler to "
+        f"provision one (VM boot, driver, image pull), then boots in {boot:.0f} s. Traffic ramps by {slope} "
+        f"requests/s every second, each request stays {service} s, a replica carries {per} at its target, and "
+        "the autoscaler decides every 2 s on a 6 s window. How many replicas of headroom must already run?",
+        "replicas", cold["replicas"],
+        [f"lead = 2 + 3 + {node:.0f} + {boot:.0f} = {fmt(cold['lead_s'])} s",
+         f"{slope} x {fmt(cold['lead_s'])} x {service} = {fmt(cold['concurrency'])} concurrent requests",
+         f"/ {per} -> round up: {cold['replicas']}"],
+        "The node's minutes count as boot time: the headroom grows with the whole wait, not just the engine's.",
+        rtol=0, mistakes={"forgets the node provisioning": warm["replicas"]})
+    q.follow_ups.append(Numeric(
+        "You keep a warm pool of provisioned GPU nodes (paid for, idle) so that a new replica only boots. "
+        "Headroom in replicas now?", "replicas", warm["replicas"],
+        [f"lead = 2 + 3 + {boot:.0f} = {fmt(warm['lead_s'])} s", f"{slope} x {fmt(warm['lead_s'])} x {service} = "
+         f"{fmt(warm['concurrency'])} -> {warm['replicas']}"],
+        "A warm pool trades idle nodes for fewer idle replicas; both are GPUs you pay for.", rtol=0))
     return q
 
 

@@ -19,7 +19,7 @@ def _m_kpa(samples, now, ready, cfg, state, hold_panic=True, use_utilization=Tru
     want_stable = min(max(ceil_count(stable / per), down), up)
     want_panic = min(max(ceil_count(panic / per), down), up)
     panic_since, max_panic = state.panic_since, state.max_panic
-    if panic / per / r >= cfg.panic_threshold_pct / 100:
+    if ceil_count(panic / per) / r >= cfg.panic_threshold_pct / 100:
         panic_since = now
     elif panic_since is not None and panic_since + cfg.stable_window < now:
         panic_since, max_panic = None, 0
@@ -93,10 +93,12 @@ def tuned_kpa(fleet):
 # -- wrong answers an earlier version of the checks missed (each once passed) ---------------------------------
 
 def _m_kpa_edit(samples, now, ready, cfg, state, exit_keeps_max=False, exit_before_over=False,
-                strict_threshold=False, up_floor=False, panic_ignores_stable=False, plain_ceil=False):
+                strict_threshold=False, up_floor=False, panic_ignores_stable=False, plain_ceil=False,
+                unrounded=False, clamped=False, panic_window_s=None):
     per = cfg.target * cfg.utilization
     stable = window_average(samples, now, cfg.stable_window)
-    panic = window_average(samples, now, cfg.stable_window * cfg.panic_window_pct / 100)
+    window = cfg.stable_window * cfg.panic_window_pct / 100 if panic_window_s is None else panic_window_s
+    panic = window_average(samples, now, window)
     r = max(ready, 1)
     up = (math.floor if up_floor else math.ceil)(cfg.max_scale_up_rate * r)
     down = math.floor(r / cfg.max_scale_down_rate)
@@ -104,7 +106,8 @@ def _m_kpa_edit(samples, now, ready, cfg, state, exit_keeps_max=False, exit_befo
     want_stable = min(max(rnd(stable / per), down), up)
     want_panic = min(max(rnd(panic / per), down), up)
     panic_since, max_panic = state.panic_since, state.max_panic
-    ratio, threshold = panic / per / r, cfg.panic_threshold_pct / 100
+    wanted = want_panic if clamped else panic / per if unrounded else rnd(panic / per)
+    ratio, threshold = wanted / r, cfg.panic_threshold_pct / 100
     over = ratio > threshold if strict_threshold else ratio >= threshold
     expired = panic_since is not None and panic_since + cfg.stable_window < now
     if exit_before_over and expired:
@@ -153,11 +156,31 @@ def kpa_decide(samples, now, ready, cfg, state):  # noqa: F811
     return _m_kpa_edit(samples, now, ready, cfg, state, plain_ceil=True)
 
 
+@mutant(check="kpa_decide", message="tests the panic threshold on panic / per unrounded")
+def kpa_decide(samples, now, ready, cfg, state):  # noqa: F811
+    return _m_kpa_edit(samples, now, ready, cfg, state, unrounded=True)  # 1.5x one replica's load: no panic
+
+
+@mutant(check="kpa_decide", message="tests the panic threshold on want_panic clamped to the scale-up rate")
+def kpa_decide(samples, now, ready, cfg, state):  # noqa: F811
+    return _m_kpa_edit(samples, now, ready, cfg, state, clamped=True)
+
+
+@mutant(check="kpa_decide", message="averages the panic window over panic_window_pct seconds")
+def kpa_decide(samples, now, ready, cfg, state):  # noqa: F811
+    return _m_kpa_edit(samples, now, ready, cfg, state, panic_window_s=cfg.panic_window_pct)  # 10 s, not 6 s
+
+
+@mutant(check="kpa_decide", message="the / 100 is missing")
+def kpa_decide(samples, now, ready, cfg, state):  # noqa: F811
+    return _m_kpa_edit(samples, now, ready, cfg, state, panic_window_s=cfg.stable_window * cfg.panic_window_pct)
+
+
 @mutant(check="kpa_decide", message="ZeroDivisionError")
 def kpa_decide(samples, now, ready, cfg, state):  # noqa: F811
     per = cfg.target * cfg.utilization
     panic = window_average(samples, now, cfg.stable_window * cfg.panic_window_pct / 100)
-    if panic / per / ready >= cfg.panic_threshold_pct / 100:  # r = ready, not max(ready, 1)
+    if ceil_count(panic / per) / ready >= cfg.panic_threshold_pct / 100:  # r = ready, not max(ready, 1)
         pass
     return sol.kpa_decide(samples, now, ready, cfg, state)  # noqa: F821
 
