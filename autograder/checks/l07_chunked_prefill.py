@@ -22,7 +22,7 @@ from types import SimpleNamespace
 from autograder.checks._configs import non_default
 from autograder.checks._engine import POLICY_ERRORS, judged, known_error, step_bound, stopped, stub_guard
 from autograder.compare import compare
-from autograder.core import CaseFailed, NotStarted, check
+from autograder.core import CaseFailed, check
 from autograder.harnesses.engine import run_engine
 from autograder.mistakes import looks_like
 from autograder.reference import answer_code
@@ -547,22 +547,6 @@ def budget_steps(cost, P, d, ctx, budget) -> list:
     return [((cost, d, ctx, min(share, P - s), s), cost_model(cost, d, ctx, min(share, P - s), s)) for s in starts]
 
 
-def _blame_step_time(t, calls: list) -> None:
-    """Asked once choose_budget is wrong: when the learner's step_time (which choose_budget is meant to use)
-    gives another time for one of the chunk steps, fail naming step_time, whose own check names the mistake.
-    A stub step_time blames nothing (choose_budget may have been written without it)."""
-    for args, exp in calls:
-        try:
-            got, raised = t.attempt(t.call, "step_time", *args)
-        except NotStarted:
-            return
-        wrong = f"raised {raised.type_name}" if raised is not None else compare(got, exp, rtol=1e-6)
-        if wrong is not None:
-            t.fail(f"choose_budget depends on step_time, which fails here: step_time{args[1:]} with this cost "
-                   f"{wrong}. Fix step_time first (its own check names the mistake); choose_budget is graded "
-                   "once it is right")
-
-
 @check(points=3, section="2.2", cost=0.2)
 def choose_budget(t):
     """The largest budget whose every step meets the ITL SLO; its steps, TTFT and worst step. A wrong result
@@ -572,7 +556,8 @@ def choose_budget(t):
             got, expected = t.both("choose_budget", cost, slo, P, d, ctx)
             calls = budget_steps(cost, P, d, ctx, expected["budget"])
             if compare(got, expected, rtol=1e-6) is not None:
-                _blame_step_time(t, calls)
+                t.blame_upstream("choose_budget", "step_time", calls,
+                                 show=lambda a: "the cost model" if isinstance(a, dict) else repr(a))
             t.expect_true(isinstance(got, dict), f"choose_budget() must return a dict, got {type(got).__name__}")
             t.expect(got, expected, "choose_budget result", rtol=1e-6, mistakes=budget_mistakes(cost, slo, P, d, ctx))
     with t.case("an SLO below a decode-only step raises ValueError"):

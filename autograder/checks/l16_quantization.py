@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 
 from autograder import compare as cmp
-from autograder.core import NotStarted, check
+from autograder.core import check
 from autograder.harnesses.l16_quantization import time_w4a16
 from autograder.reference import answer_code
 
@@ -343,21 +343,6 @@ def _same_layout(t, got, expected: torch.Tensor, what: str) -> None:
                f"Tensor(shape={tuple(expected.shape)}, dtype={expected.dtype}), written in place")
 
 
-def _quantize_fp8_fails(t, rows: torch.Tensor, expected: tuple) -> None:
-    """fp8_kv_write quantizes each (token, head) row as quantize_fp8 per token does (the solution calls it): when the
-    learner's quantize_fp8 is wrong on these rows, blame it, whose check names the mistake. A stub blames nothing
-    (fp8_kv_write may be written without it)."""
-    try:
-        got, raised = t.attempt(t.call, "quantize_fp8", rows, True)
-    except NotStarted:
-        return
-    got = list(got) if isinstance(got, tuple) else got
-    wrong = f"raised {raised.type_name}" if raised is not None else cmp.compare(got, list(expected))
-    if wrong is not None:
-        t.fail(f"fp8_kv_write depends on quantize_fp8, which fails on these (token, head) rows, per token: {wrong}. "
-               "Fix quantize_fp8 first (its check names the mistake); the cache is graded once it is right")
-
-
 def written_kv(ref, k, slots, num_slots: int) -> tuple:
     """(cache, scales) after ref.fp8_kv_write into a zeroed cache of num_slots: a reference computation that edits
     its arguments, so it goes through t.reference (a student's copy replays its result)."""
@@ -390,7 +375,8 @@ def fp8_kv_cache(t):
             got_cache, got_scales = after[2], after[3]
             _same_layout(t, got_cache, exp_cache, "the cache after fp8_kv_write")
             if cmp.compare(got_scales, exp_scales) or cmp.compare(got_cache.float(), exp_cache.float()):
-                _quantize_fp8_fails(t, rows, exp_rows)
+                t.blame_upstream("fp8_kv_write", "quantize_fp8", [((rows, True), list(exp_rows))], rtol=None,
+                                 shown="these (token, head) rows, per_token=True")
             t.expect(got_scales, exp_scales, "the scales after the write", mistakes={
                 "uses one scale per token across all KV heads (each head's row gets its own)":
                     kv_variant(k, slots, S, per_token_only=True)[1],

@@ -214,7 +214,8 @@ def packed_attention(t):
             got = t.call("packed_attention", *args)
             mask = t.ref.varlen_causal_mask(cu)  # computed whatever the answer: a student's copy replays it
             if compare(got, expected) is not None:
-                mask_fails(t, cu, mask)
+                t.blame_upstream("packed_attention", "varlen_causal_mask", [((cu,), mask)], rtol=None,
+                                 shown=f"cu_seqlens {cu.tolist()}")
             t.expect(got, expected, "packed attention vs each sequence alone",
                      mistakes=attention_mistakes(q, k, v, cu, scale))
     with t.case("bf16 q, k, v: lengths [10, 6], heads 4, kv heads 1, head_dim 32, keys with a large common part"):
@@ -226,21 +227,6 @@ def packed_attention(t):
                            "keeps 2-3 significant digits: a score near 100 is off by up to 0.25), and cast the "
                            "output back": masked_attention(q, k, v, varlen_mask(cu), 32 ** -0.5, acc=torch.bfloat16),
                            "returns float32: cast the output back to q's dtype": exact.float()})
-
-
-def mask_fails(t, cu, mask) -> None:
-    """Asked once packed_attention is wrong: if the learner's varlen_causal_mask (Exercise 1.2) is wrong on the same
-    cu_seqlens, blame it (its own check names the mistake); a stub mask blames nothing (the attention may not use it)."""
-    try:
-        got = t.call("varlen_causal_mask", cu)
-    except LearnerRaised as e:
-        if e.not_implemented:
-            return
-        t.fail(f"packed_attention depends on varlen_causal_mask, which raised {e.type_name} on cu_seqlens "
-               f"{cu.tolist()}; fix varlen_causal_mask first")
-    if compare(got, mask) is not None:
-        t.fail(f"packed_attention depends on varlen_causal_mask, which fails on cu_seqlens {cu.tolist()}: fix "
-               "varlen_causal_mask first (its own check names the mistake); packed_attention is graded once it is right")
 
 
 @answer_code
