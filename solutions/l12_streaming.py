@@ -9,7 +9,8 @@ server's interfaces (reference_engine/server/interfaces.py) and plugged into the
                            token limit or a time limit, give up (the server then aborts the request)
     12.2 DisconnectWatcher a reader that vanishes: notice http.disconnect, so the abort lands within
                            one engine step instead of after the last token
-    12.3 IdempotencyCache  a client that retries: one Generation per Idempotency-Key, never two
+    12.3 IdempotencyCache  a client that retries: one Generation per Idempotency-Key (this server's header,
+                           not OpenAI's API), never two
     12.4 plan_resume       a client that lost the tail: replay what it lacks, generate only what no
                            one has generated yet
     12.5 SSEFramer         the bytes on the wire: `data:` events, keep-alive comments, [DONE]
@@ -185,6 +186,10 @@ def plan_resume(generation: Generation, received: int) -> ResumePlan:
 
     Example: prompt [5, 6], token_ids [7, 8, 9], max_tokens 5, aborted (not in flight), received 1 ->
     ResumePlan(replay=[8, 9], continue_prompt=[5, 6, 7, 8, 9], max_tokens=2).
+
+    The replay comes from the server's copy, so what the client holds never changes; the continuation's own
+    tokens equal an uninterrupted greedy run's only where the kernels are batch-invariant (this CPU engine;
+    on a GPU, see reference_engine/server/serving.py).
     """
     ### BEGIN SOLUTION
     have = len(generation.token_ids)

@@ -6,8 +6,9 @@ Time is in seconds throughout; a kernel timeline is a list of (start, end) inter
         least one kernel was running. A kernel that reads HBM at full speed and a kernel that keeps one SM
         busy count the same.
     SM active (DCGM_FI_PROF_SM_ACTIVE): the fraction of SM-cycles with at least one warp resident,
-        averaged over all SMs. A kernel of G thread blocks on S SMs runs in ceil(G / S) waves; modelled here
-        with every block taking the same time and one block per SM at a time.
+        averaged over all SMs. A kernel of G thread blocks on S SMs, each SM holding up to B of its blocks at
+        once (its occupancy limit), runs in ceil(G / (S * B)) waves; modelled here with every block taking the
+        same time and a wave spread over the SMs before a second block is stacked on one.
     MFU / MBU: achieved FLOP/s over the dense peak, achieved HBM bytes/s over the peak bandwidth, over a
         window of wall time (idle time included), from the engine's own FLOP and byte counts.
     Tensor active / DRAM active (DCGM_FI_PROF_PIPE_TENSOR_ACTIVE, DCGM_FI_PROF_DRAM_ACTIVE): the fraction
@@ -62,27 +63,36 @@ def nvml_utilization(kernels: list[tuple[float, float]], period: float, t0: floa
 def sm_active(kernels: list[tuple[float, int]], num_sms: int, period: float) -> float:
     """Exercise 2.1: SM-active-style fraction of one sample period from kernels' durations and grid sizes.
 
-    kernels: (seconds, blocks) of kernels that run one after another inside the period (no overlap);
-    blocks >= 1 is the kernel's grid size. Model: one block per SM at a time, every block of a kernel takes
-    the same time, so a kernel runs in ceil(blocks / num_sms) waves and, over its duration, on average
-    blocks / (num_sms * waves) of the SMs hold a block. Returns the time-weighted average over the whole
-    period (time with no kernel counts as 0): sum(seconds * that share) / period, in [0, 1].
+    kernels: (seconds, blocks) or (seconds, blocks, per_sm) of kernels that run one after another inside the
+    period (no overlap); blocks >= 1 is the kernel's grid size, per_sm >= 1 how many of its blocks one SM can
+    hold at once (its occupancy limit: registers, shared memory and threads per block against the SM's; 1 when
+    not given). Model: every block of a kernel takes the same time; a kernel runs in
+    waves = ceil(blocks / (num_sms * per_sm)); every wave but the last fills every SM; the last wave's
+    r = blocks - (waves - 1) * num_sms * per_sm blocks are spread one per SM first, so min(r, num_sms) SMs hold
+    a block. Over the kernel's duration the share of SMs holding at least one block is then
+    ((waves - 1) * num_sms + min(r, num_sms)) / (num_sms * waves) (with per_sm = 1: blocks / (num_sms * waves)).
+    Returns the time-weighted average over the whole period (time with no kernel counts as 0):
+    sum(seconds * that share) / period, in [0, 1].
     Raises ValueError if num_sms < 1, or if the kernels add up to more than the period beyond float
     rounding: kernels that fill the period exactly are accepted, even when their float sum lands a hair
     above it (0.1 + 0.2 s in a 0.3 s period; compare with a relative tolerance such as 1e-9).
 
     Example: [(0.2, 66), (0.4, 264), (0.2, 133)] on 132 SMs, period 1.0
     -> 0.2 * 0.5 + 0.4 * 1.0 + 0.2 * 133 / 264 = 0.6008 (the 133-block kernel's second wave holds 1 block).
+    With per_sm: [(0.5, 300, 2)] on 132 SMs, period 1.0 -> 2 waves of up to 264 blocks, the last holding 36:
+    0.5 * (132 + 36) / 264 = 0.3182.
     """
     ### BEGIN SOLUTION
     if num_sms < 1:
         raise ValueError(f"num_sms must be >= 1, got {num_sms}")
-    if sum(d for d, _ in kernels) > period * (1 + 1e-9):
-        raise ValueError(f"kernels take {sum(d for d, _ in kernels)} s, more than the period {period} s")
+    if sum(k[0] for k in kernels) > period * (1 + 1e-9):
+        raise ValueError(f"kernels take {sum(k[0] for k in kernels)} s, more than the period {period} s")
     busy = 0.0
-    for seconds, blocks in kernels:
-        waves = math.ceil(blocks / num_sms)
-        busy += seconds * blocks / (num_sms * waves)  # the last wave leaves SMs empty
+    for seconds, blocks, *rest in kernels:
+        per_sm = rest[0] if rest else 1
+        waves = math.ceil(blocks / (num_sms * per_sm))
+        last = blocks - (waves - 1) * num_sms * per_sm  # the blocks of the last wave, one per SM first
+        busy += seconds * ((waves - 1) * num_sms + min(last, num_sms)) / (num_sms * waves)
     return busy / period
     ### END SOLUTION
 

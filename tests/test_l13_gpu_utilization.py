@@ -49,12 +49,12 @@ def test_sm_active_is_at_most_nvml_and_equal_for_full_waves():
     for _ in range(50):
         kernels, sms, period = checks.random_grids(rng)
         t, intervals = 0.0, []
-        for d, _ in kernels:
+        for d, *_ in kernels:
             intervals.append((t, t + d))
             t += d
         util = S.nvml_utilization(intervals, period, 0.0, 1)[0]
         assert S.sm_active(kernels, sms, period) <= util + 1e-12
-        full = [(d, sms * rng.randint(1, 4)) for d, _ in kernels]
+        full = [(d, sms * rng.randint(1, 4)) for d, *_ in kernels]
         assert S.sm_active(full, sms, period) == pytest.approx(util)
 
 
@@ -194,3 +194,20 @@ def test_nvml_code_is_not_run_without_cuda():
 
     if not torch.cuda.is_available():
         assert prof.nvml_available() is False
+
+
+def test_sm_active_occupancy_reduces_to_one_block_per_sm_and_counts_sms_not_slots():
+    # per_sm = 1 is the one-block-per-SM model; more blocks per SM can only shorten the waves
+    assert S.sm_active([(1.0, 133, 1)], 132, 1.0) == pytest.approx(S.sm_active([(1.0, 133)], 132, 1.0))
+    # 300 blocks, 2 per SM on 132 SMs: a full wave of 264, then 36 blocks on 36 SMs
+    assert S.sm_active([(1.0, 300, 2)], 132, 1.0) == pytest.approx((132 + 36) / 264)
+    # a grid of 200 blocks at 2 per SM fits one wave: 132 SMs hold at least one block
+    assert S.sm_active([(1.0, 200, 2)], 132, 1.0) == 1.0
+    assert checks.sm_variant([(1.0, 200, 2)], 132, 1.0, occupancy="slots") == pytest.approx(200 / 264)
+
+
+def test_unsorted_timeline_case_is_visible_and_names_the_sorted_assumption():
+    label, (kernels, period, t0, samples) = next(c for c in checks.NVML_CASES if "not sorted" in c[0])
+    assert kernels != sorted(kernels)
+    wrong = checks.nvml_variant(kernels, period, t0, samples, sort=False)
+    assert wrong != pytest.approx(S.nvml_utilization(kernels, period, t0, samples))

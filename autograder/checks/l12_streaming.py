@@ -231,6 +231,9 @@ def watcher_variant(messages, variant):
     if variant == "keeps_reading":  # calls on_disconnect for each disconnect message, never returns
         return {"read": n, "on_disconnect_calls": messages.count("http.disconnect"), "returned": False,
                 "blocked": False}
+    if variant == "repeat":  # the right reads, but on_disconnect called twice for the one disconnect
+        return {"read": n if first is None else first + 1, "on_disconnect_calls": 2 * int(first is not None),
+                "returned": first is not None, "blocked": False}
     if variant == "once":  # reads one message and returns, whatever it was
         return {"read": min(1, n), "on_disconnect_calls": int(first == 0), "returned": n > 0, "blocked": False}
     if variant == "blocks":  # the right reads and calls, but a blocking call (time.sleep) before each receive
@@ -244,6 +247,8 @@ def watcher_variant(messages, variant):
 WATCHER_MISTAKES = {
     "calls on_disconnect for any message; only {'type': 'http.disconnect'} means the client left": "any",
     "keeps reading after the disconnect (return after calling on_disconnect once)": "keeps_reading",
+    "calls on_disconnect more than once for one disconnect: each call queues the abort again; call it once, "
+    "then return": "repeat",
     "reads one message and returns; a body message is not a disconnect, keep waiting": "once",
     "blocks the event loop between reads (time.sleep, or a busy loop): every stream and the engine's "
     "callbacks share that loop, so only `await receive()`": "blocks",

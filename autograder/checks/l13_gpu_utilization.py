@@ -31,13 +31,15 @@ def both_accepting(t, name: str, args: tuple, refusals: dict) -> tuple:
 
 @answer_code
 def nvml_variant(kernels, period, t0, samples, union=True, clip=True, binary=False, from_zero=False,
-                 scale=1.0, tail=True):
+                 scale=1.0, tail=True, sort=True):
     """NVML utilization with one convention changed: union=False adds overlapping kernels twice (capped at
-    1, as a fraction cannot go higher); clip=False charges each kernel's whole duration to the sample it
+    1, as a fraction cannot go higher); sort=False merges the intervals in the order given, as if they came
+    sorted by start (a kernel that starts before the interval it overlaps leaves that interval's start where it
+    was, so its earlier part is lost); clip=False charges each kernel's whole duration to the sample it
     starts in; tail=False counts a kernel only in the sample it starts in, clipped at that sample's end;
     binary=True reads a sample as 1 when any kernel touched it; from_zero=True starts the windows at 0
     instead of t0; scale=100 reports percent."""
-    ivs = sorted(kernels)
+    ivs = sorted(kernels) if sort else [tuple(k) for k in kernels]
     if union:
         merged = []
         for s, e in ivs:
@@ -64,6 +66,8 @@ def nvml_variant(kernels, period, t0, samples, union=True, clip=True, binary=Fal
 NVML_MISTAKES = {
     "adds overlapping kernels' time twice; a period with two streams busy at once is still busy once "
     "(take the union of the intervals)": dict(union=False),
+    "merges the intervals in the order they come, as if sorted by start: the kernels come in any order (two "
+    "streams' records one after the other), so sort them by start before merging": dict(sort=False),
     "charges each kernel's whole duration to the sample it starts in; clip every kernel to the sample window":
         dict(clip=False),
     "counts a kernel only in the sample it starts in: the part that crosses into the next sample is lost "
@@ -81,6 +85,8 @@ NVML_CASES = [
     ("visible: a long kernel across three samples, an empty one after", ([(0.05, 0.42)], 0.125, 0.0, 5)),
     ("visible: decode steps with host gaps", ([(0.002 + 0.010 * i, 0.005 + 0.010 * i) for i in range(30)],
                                               0.1, 0.0, 3)),
+    ("visible: two streams' records one after the other, not sorted by start",
+     ([(0.30, 0.45), (0.55, 0.70), (0.05, 0.35), (0.40, 0.60)], 0.25, 0.0, 3)),
     ("visible: a profile that starts at t0 = 10 s, one kernel of zero length",
      ([(10.0, 10.5), (10.8, 11.3), (11.6, 11.6), (12.1, 12.2)], 1.0, 10.0, 3)),
 ]
@@ -130,26 +136,38 @@ def nvml_utilization(t):
 
 
 @answer_code
-def sm_variant(kernels, num_sms, period, share="waves", busy_only=False, mean=False):
+def sm_variant(kernels, num_sms, period, share="waves", busy_only=False, mean=False, occupancy="spread"):
     """SM active with one convention changed. share: "waves" (right), "min" = min(blocks, SMs) / SMs (no tail
     wave; floor(blocks / SMs) waves, capped at 1, gives the same), "whole" = every SM busy while a kernel
-    runs, "uncapped" = blocks / SMs, "extra" = blocks // SMs + 1 waves, "last" = the last wave's fill alone. busy_only divides by the kernels'
-    time; mean averages the kernels' shares, unweighted."""
-    def one(blocks):
+    runs, "uncapped" = blocks / SMs, "extra" = blocks // SMs + 1 waves, "last" = the last wave's fill alone.
+    occupancy (for kernels given per_sm): "spread" (right: a wave holds SMs * per_sm blocks, the last one's
+    spread one per SM first), "ignored" = per_sm taken as 1, "slots" = the share of block slots filled
+    (blocks / (SMs * per_sm * waves)), not of SMs holding a block. busy_only divides by the kernels' time; mean
+    averages the kernels' shares, unweighted."""
+    def one(blocks, per):
+        if occupancy == "ignored":
+            per = 1
         if share == "whole":
             return 1.0
         if share == "min":
             return min(blocks, num_sms) / num_sms
         if share == "uncapped":
             return blocks / num_sms
+        cap = num_sms * per
         if share == "last":
-            return (blocks % num_sms or num_sms) / num_sms
-        waves = blocks // num_sms + 1 if share == "extra" else math.ceil(blocks / num_sms)
-        return blocks / (num_sms * waves)
+            return min(blocks % cap or cap, num_sms) / num_sms
+        waves = blocks // cap + 1 if share == "extra" else math.ceil(blocks / cap)
+        if occupancy == "slots":
+            return blocks / (cap * waves)
+        last = blocks - (waves - 1) * cap
+        return ((waves - 1) * num_sms + min(last, num_sms)) / (num_sms * waves)
+
+    def per_sm(k):
+        return k[2] if len(k) > 2 else 1
     if mean:
-        return sum(one(b) for _, b in kernels) / len(kernels) if kernels else 0.0
-    busy = sum(seconds * one(blocks) for seconds, blocks in kernels)
-    denom = sum(s for s, _ in kernels) if busy_only else period
+        return sum(one(k[1], per_sm(k)) for k in kernels) / len(kernels) if kernels else 0.0
+    busy = sum(k[0] * one(k[1], per_sm(k)) for k in kernels)
+    denom = sum(k[0] for k in kernels) if busy_only else period
     return busy / denom if denom else 0.0
 
 
@@ -166,6 +184,11 @@ SM_MISTAKES = {
     "divides by the kernels' own time, not the whole period (time with no kernel counts as 0)":
         dict(busy_only=True),
     "averages the kernels' shares without weighting them by their time over the period": dict(mean=True),
+    "ignores per_sm, the blocks one SM holds at once: a wave holds num_sms * per_sm blocks, so a grid that "
+    "needs 2 waves at one block per SM may fit in 1": dict(occupancy="ignored"),
+    "counts the block slots filled, not the SMs holding a block: SM active asks whether an SM holds at least "
+    "one block; the last wave's r blocks are spread one per SM first, so min(r, num_sms) SMs are active":
+        dict(occupancy="slots"),
 }
 
 SM_CASES = [
@@ -175,21 +198,27 @@ SM_CASES = [
     ("visible: one full wave and a one-block tail, then a half-empty grid", ([(0.5, 109), (0.25, 54)], 108, 1.0)),
     ("visible: two kernels that fill the period exactly", ([(0.25, 132), (0.75, 264)], 132, 1.0)),
     ("visible: kernels of 0.1 s and 0.2 s in a 0.3 s period", ([(0.1, 66), (0.2, 132)], 132, 0.3)),
+    ("visible: the docstring's occupancy example, 2 blocks per SM", ([(0.5, 300, 2)], 132, 1.0)),
+    ("visible: occupancy-limited grids (per_sm from registers and shared memory), some with one block per SM",
+     ([(20e-6, 96, 2), (40e-6, 600, 4), (10e-6, 200), (30e-6, 140, 3)], 132, 120e-6)),
 ]
 
 
-def random_grids(rng):
+def random_grids(rng, occupancy: bool = True):
+    """A hidden set of grids; with occupancy, some kernels carry per_sm (1 to 8 blocks per SM)."""
     num_sms = rng.choice([108, 132, 144])
     kernels = [(round(rng.uniform(1e-6, 1e-4), 9), rng.choice([1, 8, 32, num_sms, num_sms + 1,
                                                                    rng.randint(1, 5 * num_sms)]))
                for _ in range(rng.randint(2, 7))]
-    period = sum(s for s, _ in kernels) * rng.uniform(1.0, 3.0)
+    if occupancy:
+        kernels = [k + (rng.randint(1, 8),) if rng.random() < 0.5 else k for k in kernels]
+    period = sum(k[0] for k in kernels) * rng.uniform(1.0, 3.0)
     return kernels, num_sms, period
 
 
 def _overflow_refusal(kernels, period) -> dict:
     """What a ValueError means on kernels that fit the period (exactly, or up to float rounding)."""
-    total = sum(d for d, _ in kernels)
+    total = sum(k[0] for k in kernels)
     if total == period:
         return {ValueError: f"refuses kernels that fill the period exactly ({total!r} s of {period!r} s): they "
                             "fit; only more than the period is refused (> rather than >=)"}

@@ -1,5 +1,6 @@
-"""Lesson 12 questions: what vanished, slow and retrying clients cost a GPU slot, the defenses, and what streaming an
-answer's text costs."""
+"""Lesson 12 questions: what vanished, slow and retrying clients cost a GPU slot, the defenses (an idempotency cache
+across replicas included), and what streaming an answer's text costs. Idempotency-Key and X-Resume-From are this
+course's server's headers, not OpenAI's API."""
 from __future__ import annotations
 
 from reference_engine.sim.gpu_model import H100, LLAMA_3_8B, Composition, kv_bytes_per_token, step_time
@@ -141,6 +142,34 @@ def retry_tokens(rng, ref):
     return q
 
 
+@template(STEM, "an idempotency cache across replicas")
+def replica_cache(rng, ref):
+    replicas, n, frac = pick(rng, [2, 3, 4, 8]), pick(rng, [1000, 10000]), pick(rng, [0.02, 0.05, 0.1])
+    before = pick(rng, [100, 300, 500])
+    retries = n * frac
+    miss = 1 - 1 / replicas
+    twice = miss * ref.retry_waste(n, frac, before, False)
+    q = Numeric(
+        f"The server runs as {replicas} replicas behind a load balancer that routes each request at random. Each "
+        f"replica keeps its own Idempotency-Key cache. Of {n} requests, {fmt(100 * frac)}% lose the connection after "
+        f"{before} tokens and retry with their key. How many tokens are generated twice?", "tokens", twice,
+        [f"a retry lands on the replica holding its key with probability 1/{replicas}",
+         f"misses: {fmt(retries)} retries x {fmt(miss)} = {fmt(retries * miss)}, each regenerating {before} tokens",
+         f"= {fmt(twice)} tokens"],
+        "A per-replica cache only deduplicates retries that reach the same replica: share the key store, or route "
+        "by key (hash it) so a retry reaches the replica that holds its generation.",
+        mistakes={"assumes the per-replica cache catches every retry": 0.0,
+                  "counts every retry as a miss": ref.retry_waste(n, frac, before, False),
+                  "takes the hit rate 1/R as the miss rate": retries * before / replicas})
+    q.follow_ups.append(Numeric(
+        "The balancer now hashes the Idempotency-Key to pick the replica (sticky by key). Tokens generated twice, "
+        "if no replica restarts?", "tokens", 0.0,
+        ["every retry reaches the replica that holds its key: the cache finds it, replay and resume"],
+        "Routing by key turns a per-replica cache into a correct one, as long as that replica lives.",
+        mistakes={"keeps the random-routing miss rate": twice}, rtol=0))
+    return q
+
+
 @template(STEM, "token ids decoded to stream an answer's text")
 def decode_cost(rng, ref):
     n, per, window = pick(rng, [600, 1000, 1200, 2000, 2400, 4000]), pick(rng, [1, 2, 4]), pick(rng, [2, 3, 4])
@@ -177,7 +206,11 @@ def hostile_clients(rng, ref):
          "retry: Idempotency-Key -> one generation; attach while in flight, replay when finished; never evict a "
          "live entry",
          "half-finished answer: resume from the count the client holds; continue with prompt + generated tokens "
-         "(one prefill), never regenerate",
+         "(one prefill), never regenerate; the tail matches an uninterrupted greedy run only with batch-invariant "
+         "kernels on a GPU",
+         "deployment: a per-replica key cache misses (R - 1) / R of retries under random routing (shared store or "
+         "routing by key); a buffering proxy holds SSE chunks (nginx proxy_buffering; X-Accel-Buffering: no); a "
+         "half-open client needs a write deadline or heartbeat, since Linux TCP keepalive starts after 7,200 s",
          "SSE framing: blank line ends an event, keep-alive comments for idle proxies, [DONE]; bad input 4xx",
          "measure it: aborts by cause, leaked blocks = 0, duplicate generations = 0"],
         "Each client failure mode wastes the slot in a different way, so each needs its own defense.")

@@ -1,5 +1,5 @@
 """Lesson 13 questions: nvidia-smi's reading from kernel and host time, SM active of a thin GEMM, MFU and MBU of
-decode steps on the modeled clock (with idle time), pooled MFU of a mixed window, and what to put on a dashboard."""
+decode steps on the modeled clock (with idle time), pooled MFU of a mixed window, a tensor-parallel rank spinning in NCCL, and what to put on a dashboard."""
 from __future__ import annotations
 
 import math
@@ -172,6 +172,39 @@ def pooled_mfu(rng, ref):
     return q
 
 
+@template(STEM, "a TP rank spinning in NCCL")
+def nccl_spin(rng, ref):
+    shape, chip = pick(rng, SHAPES), pick(rng, CHIPS)
+    sms = SMS[chip.name]
+    tp, batch = pick(rng, [2, 4, 8]), pick(rng, [16, 32, 64])
+    kernels = gm.step_time(shape, chip, gm.Composition.decode_batch(batch, 1024), tp=tp, overhead_s=0).time_s
+    late = kernels * pick(rng, [0.25, 0.5, 1.0])
+    channels = pick(rng, [8, 16, 24, 32])
+    period = kernels + late
+    util = 100 * ref.nvml_utilization([(0.0, kernels), (kernels, period)], period, 0.0, 1)[0]
+    useful = 100 * kernels / period
+    q = Numeric(
+        f"{shape.name} decodes a batch of {batch} at TP = {tp} on {chip_text(chip)}s. One rank's kernels for a step "
+        f"take {fmt(kernels * 1e3)} ms; a peer rank arrives {fmt(late * 1e3)} ms late at the all-reduce, and this rank "
+        "waits inside NCCL's all-reduce kernel, polling. nvidia-smi reads 100% on this rank. What share of the "
+        "step does it spend on useful work?", "%", useful,
+        [f"the step lasts {fmt(kernels * 1e3)} + {fmt(late * 1e3)} = {fmt(period * 1e3)} ms, a kernel resident "
+         f"throughout, so NVML reads {fmt(util)}%",
+         f"useful: {fmt(kernels * 1e3)} / {fmt(period * 1e3)} = {fmt(useful)}%"],
+        "A rank waiting in an all-reduce keeps a kernel resident: NVML counts it as busy while nothing useful runs.",
+        mistakes={"trusts NVML's 100%": 100.0,
+                  "gives the waiting share instead": 100 * late / period})
+    wait = 100 * ref.sm_active([(1.0, channels)], sms, 1.0)
+    q.follow_ups.append(Numeric(
+        f"NCCL runs {channels} channels, one thread block each, on this {sms}-SM chip. What does SM active "
+        "(DCGM_FI_PROF_SM_ACTIVE) read while the rank waits?", "%", wait,
+        [f"{channels} blocks hold {channels} of {sms} SMs: {fmt(wait)}%",
+         "tensor-pipe active reads 0 meanwhile: SM and tensor activity tell spin from work"],
+        "SM active and tensor-pipe active separate a spinning rank from a computing one; NVML cannot.",
+        mistakes={"reads NVML's 100% for SM active too": 100.0}))
+    return q
+
+
 @template(STEM, "what to put on the dashboard")
 def dashboard(rng, ref):
     return Open(
@@ -184,5 +217,8 @@ def dashboard(rng, ref):
          "running and waiting requests: separates an idle GPU from one the host is not feeding",
          "100% with ~0.3% MFU and high MBU is memory-bound decode: batch more before buying cards",
          "30% with saturated HBM during kernels and a queue is overhead-bound: fix the host (async scheduling, "
-         "CUDA graphs); a second model would contend for the HBM bandwidth those kernels saturate"],
+         "CUDA graphs); a second model would contend for the HBM bandwidth those kernels saturate",
+         "with MIG each instance's readings are fractions of its own SMs (a 1g slice is 1/7 of an H100's): weight "
+         "them by that share; a TP rank waiting in an NCCL all-reduce reads 100% in NVML with few SMs and no "
+         "tensor pipe active"],
         "Utilization says whether a kernel was running; the pipes and the load say what limits the GPU.")

@@ -497,9 +497,12 @@ def _sampling_params(kw: dict, max_tokens_field: str) -> SamplingParams:
 class EventStreamResponse(Response):
     """text/event-stream with a disconnect watcher beside the writer, and a write timeout.
 
-    Starlette's StreamingResponse notices a vanished client only when a write fails (with ASGI spec 2.4
-    servers), which may be never while the kernel buffers absorb the writes; here the watcher task reads
-    the receive channel for http.disconnect and drops the stream at once. A write that takes longer than
+    Starlette's StreamingResponse (1.10.0, starlette/responses.py) listens for http.disconnect beside the
+    writer and cancels the stream when the server reports an ASGI spec version below 2.4 (uvicorn 0.55.0's
+    HTTP protocols report "2.3"); with a 2.4 server it notices only a failed write, which may be never while
+    kernel buffers absorb the writes. Either way it only stops the generator: nothing aborts the engine
+    request. Here the watcher task reads the receive channel for http.disconnect and drops the stream (and
+    queues the abort) at once. A write that takes longer than
     components.write_timeout_s means the reader has stopped reading: the stream is dropped as a slow reader.
     subs: the response's subscribers (one per choice), dropped and released together.
     """

@@ -7,9 +7,18 @@ the key continues from the tokens already made (ResumePolicy). Everything here r
 
 A continuation is a new engine request for the original prompt whose output starts with the tokens so far
 (LLMEngine.add_request's output_prefix: they count toward max_tokens, min_tokens and the penalties, and stop
-strings are not searched in them again): greedy answers come out exactly as uninterrupted ones (the
-recomputed prefix gives the same logits); a seeded sampled answer restarts its generator, so its tail
-differs from an uninterrupted run's (never a token the client already holds, though).
+strings are not searched in them again). The tokens come from this server's Generation, not from the client,
+and are never sampled again: the engine prefills prompt + tokens as input (recomputing their KV) and decodes
+on from there. The tokens the client already holds never change. Whether the tail equals an uninterrupted
+run's depends on the kernels: on this CPU engine (fp32) a greedy continuation gives the same tokens
+(tests/test_server_params.py, test_a_resumed_stream_keeps_stop_strings_and_penalties), but on a GPU in bf16
+with dynamic batching the recomputed prefix goes through a prefill kernel, in a batch of another shape, and
+kernels whose reduction order depends on the batch give logits that differ in the last bits, enough to flip
+a near-tie greedy choice (Thinking Machines, "Defeating Nondeterminism in LLM Inference", Sept 2025). The tail
+is then exact only with batch-invariant kernels (vLLM: VLLM_BATCH_INVARIANT=1, docs features/batch_invariance,
+beta; SGLang: its deterministic-inference mode, docs advanced_features/deterministic_inference). A seeded
+sampled answer restarts its generator, so its tail differs from an uninterrupted run's anyway.
+Idempotency-Key and X-Resume-From are this server's conventions, not part of OpenAI's API.
 
 n > 1 (open_group): one engine request, whose n samples the engine forks after the prompt (sharing its KV
 blocks copy-on-write), read as n Answers with one Subscriber each; the subscribers share one wake event and

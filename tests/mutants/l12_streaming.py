@@ -150,6 +150,17 @@ class DisconnectWatcher:  # noqa: F811
                 on_disconnect()
 
 
+@mutant(check="disconnect_watcher", message="calls on_disconnect more than once for one disconnect")
+class DisconnectWatcher:  # noqa: F811
+    async def watch(self, receive, on_disconnect):
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                on_disconnect()
+                on_disconnect()  # "to be sure": the abort is queued twice
+                return
+
+
 @mutant(check="disconnect_watcher", message="blocks the event loop between reads")
 class DisconnectWatcher:  # noqa: F811
     async def watch(self, receive, on_disconnect):

@@ -21,6 +21,20 @@ def nvml_utilization(kernels, period, t0, samples):
     return out
 
 
+@mutant(check="nvml_utilization", message="merges the intervals in the order they come, as if sorted by start")
+def nvml_utilization(kernels, period, t0, samples):  # noqa: F811
+    if period <= 0 or samples < 0 or any(e < s for s, e in kernels):
+        raise ValueError("bad input")
+    merged = []
+    for s, e in kernels:  # no sorted(): a kernel listed after a later one is merged into it and its start lost
+        if merged and s <= merged[-1][1]:
+            merged[-1][1] = max(merged[-1][1], e)
+        else:
+            merged.append([s, e])
+    return [sum(max(0.0, min(e, t0 + (i + 1) * period) - max(s, t0 + i * period)) for s, e in merged) / period
+            for i in range(samples)]
+
+
 @mutant(check="nvml_utilization", message="reads a sample as fully busy when any kernel ran in it")
 def nvml_utilization(kernels, period, t0, samples):  # noqa: F811 - one mutant per definition
     if any(e < s for s, e in kernels):
@@ -113,9 +127,14 @@ def sm_active(kernels, num_sms, period):  # noqa: F811
 
 @mutant(check="sm_active", message="num_sms = 0 is a broken device description")
 def sm_active(kernels, num_sms, period):  # noqa: F811
-    if sum(d for d, _ in kernels) > period * (1 + 1e-9):
+    if sum(k[0] for k in kernels) > period * (1 + 1e-9):
         raise ValueError("kernels longer than the period")
-    return sum(d * b / (num_sms * math.ceil(b / num_sms)) for d, b in kernels) / period
+    busy = 0.0
+    for d, b, *rest in kernels:  # right, but never checks num_sms: 0 SMs divides by zero
+        cap = num_sms * (rest[0] if rest else 1)
+        waves = math.ceil(b / cap)
+        busy += d * ((waves - 1) * num_sms + min(b - (waves - 1) * cap, num_sms)) / (num_sms * waves)
+    return busy / period
 
 
 @mutant(check="sm_active", message="ignores the last, partly empty wave")
@@ -130,6 +149,24 @@ def sm_active(kernels, num_sms, period):  # noqa: F811
     if sum(d for d, _ in kernels) > period * (1 + 1e-9):
         raise ValueError("kernels longer than the period")
     return sum(d * (b % num_sms or num_sms) / num_sms for d, b in kernels) / period
+
+
+@mutant(check="sm_active", message="ignores per_sm, the blocks one SM holds at once")
+def sm_active(kernels, num_sms, period):  # noqa: F811
+    if sum(k[0] for k in kernels) > period * (1 + 1e-9):
+        raise ValueError("kernels longer than the period")
+    return sol.sm_active([k[:2] for k in kernels], num_sms, period)  # every kernel at one block per SM
+
+
+@mutant(check="sm_active", message="counts the block slots filled, not the SMs holding a block")
+def sm_active(kernels, num_sms, period):  # noqa: F811
+    if sum(k[0] for k in kernels) > period * (1 + 1e-9):
+        raise ValueError("kernels longer than the period")
+    busy = 0.0
+    for d, b, *rest in kernels:
+        cap = num_sms * (rest[0] if rest else 1)
+        busy += d * b / (cap * math.ceil(b / cap))  # the last wave's blocks as a share of its slots
+    return busy / period
 
 
 # -- 3.1 MFU and MBU --------------------------------------------------------------------------------
