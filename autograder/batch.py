@@ -105,8 +105,12 @@ def grade_job(job: Job) -> dict:
             with tempfile.TemporaryDirectory(prefix="course-autograde-") as tmp:
                 target = Target.from_source(source, tmp, f"submission_{job.stem}", label=f"{job.student}'s {where}")
                 results = grade_lesson(job.stem, target, seed)
+            # a traceback names the graded copy's temporary path: name the student's file instead (the same
+            # gradebook whichever worker or run graded it)
+            shown = str(Path(job.path).relative_to(Path(job.path).parents[1])) if job.path else job.stem
             checks = [{"name": r.name, "points": r.points, "earned": r.earned if r.graded else 0.0,
-                       "status": r.status, "message": report.student_message(r)} for r in results]
+                       "status": r.status, "message": report.student_message(r).replace(str(target.path), shown)}
+                      for r in results]
     except Exception as e:  # noqa: BLE001 - one job's failure is its entry, the class is still graded
         checks = [{"name": "(grader)", "points": 0.0, "earned": 0.0, "status": "error",
                    "message": f"the grader failed on this submission: {type(e).__name__}: {e}"}]
