@@ -78,9 +78,8 @@ def find_jobs(submissions: Path, stems: list[str] | None = None) -> list[Job]:
 
 
 def _found(folder: Path, stem: str) -> Path | None:
-    found = sorted((p for p in folder.rglob(f"{stem}.*") if p.suffix in (".py", ".ipynb")),
-                   key=lambda p: (len(p.parts), p.suffix != ".py"))
-    return found[0] if found else None
+    from .gradescope import answer_file
+    return answer_file(folder, stem)
 
 
 def grade_job(job: Job) -> dict:

@@ -103,15 +103,20 @@ def build(out: str | Path, stems: list[str] | None = None, allow_unsandboxed: bo
 
 # -- one submission ------------------------------------------------------------------------------------------
 
+def answer_file(folder: Path, stem: str) -> Path | None:
+    """The lesson's exercise file or notebook anywhere under folder: the shallowest, a .py before an .ipynb."""
+    found = sorted((p for p in folder.rglob(f"{stem}.*") if p.suffix in (".py", ".ipynb")),
+                   key=lambda p: (len(p.parts), p.suffix != ".py"))
+    return found[0] if found else None
+
+
 def find_answers(submission: Path, stem: str) -> tuple[str | None, str]:
     """(the learner module's source, where it came from), or (None, why not): the exercise file or the nbgrader
     notebook of the lesson, anywhere under the submission (the shallowest if several)."""
     from .nbgrader_grade import submission_source
-    found = sorted((p for p in submission.rglob(f"{stem}.*") if p.suffix in (".py", ".ipynb")),
-                   key=lambda p: (len(p.parts), p.suffix != ".py"))
-    if not found:
+    path = answer_file(submission, stem)
+    if path is None:
         return None, f"the submission has no {stem}.py (your exercises/{stem}.py) and no {stem}.ipynb"
-    path = found[0]
     try:
         if path.suffix == ".py":
             return path.read_text(encoding="utf-8", errors="replace"), path.name
