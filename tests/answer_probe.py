@@ -1,11 +1,12 @@
 """Does any function shipped in a copy of the course compute an exercise's answer?
 
 `collect` grades the solutions (visible cases and hidden ones drawn at `seed`) and logs every call the checks
-make to a solution function: its arguments and what the solution returned. `probe` (run with a copy's
+make to a solution function: its arguments, what the solution returned and what its arguments held after the call
+(an exercise that writes in place, such as a cache write, answers there). `probe` (run with a copy's
 directory first on sys.path) imports every module of that copy's `autograder` and `reference_engine`, and calls
 each module-level function whose signature takes an exercise's arguments (the same number of required
-parameters) with every logged input, each call in a forked child with a deadline; a function that returns the
-solution's answer on every input reproduces it.
+parameters) with every logged input, each call with a deadline; a function that returns the solution's answer, and
+leaves its arguments as the solution left them, on every input reproduces it.
 
     python -m tests.answer_probe collect OUT.bin [SEED [STEM ...]]   # in the instructor's tree
     python -m tests.answer_probe probe CALLS.bin OUT.json            # with the copy first on sys.path
@@ -48,11 +49,16 @@ class _Log:
 
         def logged(*args, **kwargs):
             from autograder import wire
+            try:
+                before = wire.encode([list(args), dict(kwargs)])
+            except wire.WireError:
+                before = None
             result = value(*args, **kwargs)
             kept = calls.setdefault(name, [])
-            if len(kept) < PER_FUNCTION:
+            if len(kept) < PER_FUNCTION and before is not None:
                 try:
-                    kept.append(wire.decode(wire.encode([list(args), dict(kwargs), result])))
+                    after = wire.decode(wire.encode([result, list(args), dict(kwargs)]))
+                    kept.append(wire.decode(before) + after)
                 except wire.WireError:
                     pass
             return result
@@ -100,8 +106,8 @@ class _Deadline(Exception):
 
 
 def _call(fn, args, kwargs):
-    """fn(*args, **kwargs) on copies of the logged inputs, within CALL_DEADLINE, its output discarded:
-    ("ok", value) or ("failed", None). In this process: a fork per call costs too much for the thousands of
+    """fn(*args, **kwargs) on copies of the logged inputs, within CALL_DEADLINE, its printed output discarded:
+    ("ok", [value, args after, kwargs after]) or ("failed", None). In this process: a fork per call costs too much for the thousands of
     candidates (the machinery that starts processes or sandboxes its caller is not probed)."""
     import contextlib
     import io
@@ -117,7 +123,8 @@ def _call(fn, args, kwargs):
         with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()), \
                 warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            return "ok", fn(*args, **kwargs)
+            value = fn(*args, **kwargs)
+            return "ok", [value, list(args), dict(kwargs)]
     except BaseException:  # noqa: BLE001 - whatever a candidate raises, it did not reproduce the answer
         return "failed", None
     finally:
@@ -178,15 +185,15 @@ def _probe(calls: dict) -> list[dict]:
             if getattr(fn, "__module__", "").startswith("autograder.checks.") and _is_check(fn):
                 continue  # a check itself: it takes a Trial
             for stem, name, logged in exercises:
-                if _required(sig) != min(len(a) + len(k) for a, k, _ in logged):
+                if _required(sig) != min(len(a) + len(k) for a, k, *_ in logged):
                     continue
                 try:
-                    for args, kwargs, _ in logged:
+                    for args, kwargs, *_ in logged:
                         sig.bind(*args, **kwargs)
                 except TypeError:
                     continue
                 same = 0
-                for args, kwargs, expected in logged:
+                for args, kwargs, *expected in logged:
                     status, value = _call(fn, args, kwargs)
                     if status != "ok" or not _same(value, expected):
                         break

@@ -359,6 +359,21 @@ def test_probe_finds_answer_code_in_the_instructor_tree(tmp_path):
     assert any(f["function"] == "autograder.checks.l10_autoscaling.kpa_variant" for f in found), found
 
 
+def test_probe_judges_an_in_place_exercise_by_what_it_writes():
+    """fp8_kv_write answers by writing the cache (it returns None): a function that returns None and writes nothing
+    does not reproduce it (the CI failure: a check helper returning None was counted), the solution does."""
+    from solutions import l16_quantization as sol
+    from tests import answer_probe
+    logged = answer_probe.collect(5, ["l16_quantization"])["l16_quantization"]["fp8_kv_write"]
+    assert logged
+    for args, kwargs, *expected in logged:
+        assert expected[0] is None
+        status, value = answer_probe._call(lambda k, slots, cache, scales: None, args, kwargs)
+        assert status == "ok" and not answer_probe._same(value, expected)
+        status, value = answer_probe._call(sol.fp8_kv_write, args, kwargs)
+        assert status == "ok" and answer_probe._same(value, expected)
+
+
 def test_strip_answer_code_keeps_names_and_docstrings_and_drops_bodies():
     from autograder import reference
     src = '''import math
