@@ -20,6 +20,10 @@ GiB = 2**30
 # ---------------------------------------------------------------- case generators
 
 
+TWO_BYTE_WEIGHTS = ("uses 2 bytes per weight whatever weight_dtype (bf16's size): a weight takes "
+                    "DTYPE_BITS[weight_dtype] / 8 bytes")
+
+
 def _fmt_model(m: dict) -> str:
     return (f"{m['name']} (P={m['params']:.3g}, {m['layers']} layers, {m['heads']} heads / "
             f"{m['kv_heads']} KV heads, head_dim {m['head_dim']})")
@@ -164,6 +168,7 @@ def forward_bytes(t):
                              W + (cached + new) * _kv_per_token(t.ref.DTYPE_BITS, model, kd, "heads"),
                          "uses the weight dtype for the KV cache too": W + (cached + new) * _kv_per_token(t.ref.DTYPE_BITS, model, wd),
                          "uses bits instead of bytes (DTYPE_BITS / 8 is bytes)": 8 * expected,
+                         **({TWO_BYTE_WEIGHTS: 2 * model["params"] + (cached + new) * K} if wd != "bf16" else {}),
                      })
 
 
@@ -179,6 +184,10 @@ def _ridge(chip: dict) -> float:
 # A made-up chip whose ridge point is exactly 250 FLOP/byte in floating point (1e15 / 4e12), so that
 # a pass can sit exactly on it: the boundary between the two bounds.
 RIDGE_250 = {"name": "made-up chip", "dense_tflops": 1000.0, "sparse_tflops": 2000.0, "hbm_gb_per_s": 4000.0}
+# A toy whose KV for one token is large beside its weights (as in the course's tiny model): counting the new
+# token's own key with include_kv=False moves the answer (262, not 296 on an H100).
+TOY_32_LAYERS = {"name": "a 2M-parameter toy", "params": 2_000_000, "layers": 32, "heads": 8, "kv_heads": 8,
+                 "head_dim": 64}
 
 
 @check(points=1, section="2.1", timeout=10)
@@ -277,19 +286,21 @@ def decode_step_cost(t):
                 "leaves out the attention FLOPs": {"flops": batch * 2 * model["params"], "bytes": b},
                 "forgets to multiply the FLOPs by the batch size": {"flops": f / batch, "bytes": b},
                 "uses bits instead of bytes (DTYPE_BITS / 8 is bytes)": {"flops": f, "bytes": 8 * b},
+                **({TWO_BYTE_WEIGHTS: {"flops": f, "bytes": b - W + 2 * model["params"]}} if wd != "bf16" else {}),
             })
 
 
 @answer_code
 def _crossover(bits, model, chip, ctx, wd, kd, include_kv, *, flop_factor=2.0, peak_key="dense_tflops",
-               gb=1e9, byte_scale=1.0, per_seq_weights=False, rounding="ceil", kv_bytes_always=False):
+               gb=1e9, byte_scale=1.0, per_seq_weights=False, rounding="ceil", kv_bytes_always=False,
+               own_key_flops=False):
     """The crossover batch with one typical error put in (defaults: the right answer)."""
     ridge = chip[peak_key] * 1e12 / (chip["hbm_gb_per_s"] * gb)
     W = model["params"] * _nbytes(bits, wd) * byte_scale
     F = flop_factor * model["params"]
     K = 0.0
-    if include_kv:  # attention of one new token over ctx + 1 keys: 4 * layers * heads * head_dim per key
-        F += flop_factor / 2 * 4 * model["layers"] * model["heads"] * model["head_dim"] * (ctx + 1)
+    if include_kv or own_key_flops:  # attention of one new token over ctx + 1 keys: 4 * layers * heads * head_dim each
+        F += flop_factor / 2 * 4 * model["layers"] * model["heads"] * model["head_dim"] * (ctx + 1 if include_kv else 1)
     if include_kv or kv_bytes_always:
         K = (ctx + 1) * _kv_per_token(bits, model, kd) * byte_scale
     if per_seq_weights:
@@ -333,7 +344,9 @@ def _crossover_cases(t) -> list:
                ("2000 cached tokens per sequence, but include_kv=False: the approximation leaves them out",
                 (m8, h100, 2000, "bf16", "bf16", False)),
                ("ridge point 250, weights only: the crossover is exactly B = 250",
-                (m8, RIDGE_250, 0, "bf16", "bf16", False))]
+                (m8, RIDGE_250, 0, "bf16", "bf16", False)),
+               ("a toy model, weights only: one token's KV is not small beside its weights",
+                (TOY_32_LAYERS, h100, 0, "bf16", "bf16", False))]
     hidden = [_random_crossover(t, include_kv) for include_kv in (False, True, True, True)]
     hidden.append(_random_crossover(t, False, cached_without_kv=True))
     return [(f"{label}: {model['name']} on {_fmt_chip(chip)}, {wd} weights, {kd} KV, "
@@ -364,10 +377,19 @@ def decode_crossover_batch(t):
                 "whose intensity equals the ridge point is already compute-bound, so round up with math.ceil":
                     _crossover(*args, rounding="past"),
             }
+            if wd != "bf16":
+                wrong[TWO_BYTE_WEIGHTS] = _crossover(t.ref.DTYPE_BITS, model, chip, ctx, "bf16", kd, include_kv)
             if include_kv:
                 wrong["ignores the KV cache read (only right for very short contexts)"] = \
                     _crossover(t.ref.DTYPE_BITS, model, chip, ctx, wd, kd, False)
-            elif ctx:
+            else:
+                wrong["with include_kv=False still counts the new token's own key (its KV read and attention, as "
+                      "decode_step_cost at context 0 does): the weights-only approximation counts only the "
+                      "weights"] = _crossover(t.ref.DTYPE_BITS, model, chip, 0, wd, kd, True)
+                wrong["with include_kv=False still counts the attention FLOPs over the new token's own key: the "
+                      "weights-only approximation counts only the weight matmuls (2 x params)"] = \
+                    _crossover(*args, own_key_flops=True)
+            if not include_kv and ctx:
                 wrong["ignores include_kv=False: it counts the cached context's KV read and attention "
                       "anyway (the weights-only approximation leaves both out)"] = \
                     _crossover(t.ref.DTYPE_BITS, model, chip, ctx, wd, kd, True)
@@ -581,6 +603,7 @@ def moe_decode_cost(t):
             got, expected = t.both("moe_decode_cost", model, batch, ctx, wd, kd)
             args = (t.ref.DTYPE_BITS, model, batch, ctx, wd, kd)
             t.expect(got, expected, "moe_decode_cost(...)", rtol=1e-9, mistakes={
+                **({TWO_BYTE_WEIGHTS: _moe(t.ref.DTYPE_BITS, model, batch, ctx, "bf16", kd)} if wd != "bf16" else {}),
                 "reads only the top_k experts a token runs, whatever the batch (the batch's tokens pick "
                 "different experts)": _moe(*args, read="active"),
                 "reads every expert at any batch size (a batch of one reads only its top_k)": _moe(*args, read="all"),

@@ -78,13 +78,14 @@ def _ceil(x):
 def kpa_variant(samples, now, ready, cfg, state, no_panic=False, panic_scales_down=False, no_utilization=False,
                 no_rate_limits=False, quick_exit=False, no_delay=False, stable_threshold=False, plain_ceil=False,
                 up_floor=False, strict_threshold=False, want_threshold=False, exit_keeps_max=False,
-                exit_before_over=False, panic_ignores_stable=False, unrounded_threshold=False, panic_window=""):
+                exit_before_over=False, panic_ignores_stable=False, unrounded_threshold=False, panic_window="",
+                over_plain_ceil=False, tiny_ready=False):
     """kpa_decide with one usual mistake switched on (all off: the lesson's rule)."""
     per = cfg.target * (1.0 if no_utilization else cfg.utilization)
     stable = _avg(samples, now, cfg.stable_window)
     panic = _avg(samples, now, {"pct_seconds": cfg.panic_window_pct, "no_percent": cfg.stable_window
                                 * cfg.panic_window_pct}.get(panic_window, cfg.stable_window * cfg.panic_window_pct / 100))
-    r = max(ready, 1)
+    r = max(ready, 1e-12 if tiny_ready else 1)
     up = (math.floor if up_floor else math.ceil)(cfg.max_scale_up_rate * r)
     down = math.floor(r / cfg.max_scale_down_rate)
     if no_rate_limits:
@@ -97,7 +98,7 @@ def kpa_variant(samples, now, ready, cfg, state, no_panic=False, panic_scales_do
     if want_threshold:
         signal = want_panic
     elif not unrounded_threshold:
-        signal = rnd(signal)  # Knative: ceil(panic / target) first, then / ready
+        signal = (math.ceil if over_plain_ceil else rnd)(signal)  # Knative: ceil(panic / target) first, then / ready
     threshold = cfg.panic_threshold_pct / 100
     over = not no_panic and (signal / r > threshold if strict_threshold else signal / r >= threshold)
     expired = panic_since is not None and (quick_exit or panic_since + cfg.stable_window < now)
@@ -130,6 +131,11 @@ KPA_MISTAKES = {
     "tests the panic threshold on the stable average; it is the panic window's": dict(stable_threshold=True),
     "rounds with math.ceil: float noise (2.1 / (3 * 0.7) = 1.0000000000000002) buys a replica; round with ceil_count":
         dict(plain_ceil=True),
+    "rounds the panic test's count with math.ceil: float noise (2.1 / (3 * 0.7) = 1.0000000000000002) makes one "
+    "replica's load count as 2 and panic; round it with ceil_count too": dict(over_plain_ceil=True),
+    "divides by the ready replicas with no floor of 1 (a tiny epsilon instead): from zero ready replicas the "
+    "scale-up limit ceil(max_scale_up_rate x r) is 1 and any load panics; use r = max(ready, 1)":
+        dict(tiny_ready=True),
     "rounds max_scale_up_rate * ready down; the limit is ceil(max_scale_up_rate * max(ready, 1))": dict(up_floor=True),
     "panics only above the threshold; exactly at panic_threshold_pct / 100 (>=) is panic too":
         dict(strict_threshold=True),
@@ -179,6 +185,12 @@ KPA_CASES = [
     ("visible: a load of 4x, then 6x, what 2 ready replicas carry, scale-up rate 1.5x (target 10, utilization "
      "1): the rate limit caps the order at 3, yet the panic test counts the 4 the window wants",
      ([40] * 4 + [60] * 2 + [10] * 8, [2] * 6 + [1] * 6 + [3] * 2, _kpa_cfg(utilization=1.0, max_scale_up_rate=1.5))),
+    ("visible: three replicas' load 6.3 = 3 x 3 x 0.7, then one replica's 2.1, 2 then 3 ready (target 3): float noise "
+     "must not make the panic test count an extra replica",
+     ([6.3] * 3 + [2.1] * 4, [2, 2, 2, 3, 3, 3, 3], _kpa_cfg(target=3.0))),
+    ("visible: a burst of 30 with no replica ready (scale from zero; target 10, utilization 1): the scale-up "
+     "limit counts max(ready, 1)",
+     ([30] * 3 + [0] * 3, [0] * 3 + [3] * 3, _kpa_cfg(utilization=1.0))),
 ]
 
 

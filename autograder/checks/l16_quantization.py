@@ -10,7 +10,7 @@ import torch
 
 from autograder import compare as cmp
 from autograder.core import check
-from autograder.harnesses.l16_quantization import time_w4a16
+from autograder.harnesses.l16_quantization import call_without_saturation, time_w4a16
 from autograder.reference import answer_code
 
 FP8 = torch.float8_e4m3fn
@@ -219,9 +219,10 @@ def fp8_variant(x: torch.Tensor, per_token: bool, dtype=FP8, guard: bool = True,
     return (xf / scale).clamp(-fmax, fmax).to(dtype), scale
 
 
-NO_CLAMP = ("does not clamp x / scale to [-448, 448] before the cast: before PyTorch 2.12 the eager cast to "
-            "float8_e4m3fn gives NaN for |x / scale| >= 480 (pytorch#178817; from 2.12 it saturates), so only a "
-            "clamp gives the same answer on every version")
+NO_CLAMP = ("does not clamp x / scale to [-448, 448] before the cast: a cast without saturation (a GPU's conversion "
+            "without its saturating flag, PyTorch's eager cast before 2.12) turns a value past 448 into NaN, and the "
+            "grader casts that way for this case; PyTorch 2.12 and later saturate, so only a clamp gives the same "
+            "answer everywhere")
 FNUZ = ("scales to 240, the largest value of float8_e4m3fnuz (the E4M3 encoding AMD's MI300 uses, with no negative "
         "zero and its NaN moved to 0x80) or of an IEEE-style E4M3 that keeps its top exponent for inf/NaN; this "
         "lesson's float8_e4m3fn is OCP E4M3, whose only NaN is S.1111.111, so its largest finite value is 448")
@@ -229,7 +230,7 @@ FNUZ = ("scales to 240, the largest value of float8_e4m3fnuz (the E4M3 encoding 
 
 def _no_nan_where_finite(t, got_q, exp_q, what: str) -> None:
     """Fail, naming the missing clamp, when the learner's fp8 values hold NaN where the expected ones are finite
-    (what the cast of an unclamped x / scale gives before PyTorch 2.12); other differences are left to t.expect."""
+    (what a non-saturating cast of an unclamped x / scale gives); other differences are left to t.expect."""
     if isinstance(got_q, torch.Tensor) and got_q.shape == exp_q.shape and got_q.is_floating_point():
         nan = got_q.float().isnan() & ~exp_q.float().isnan()
         if nan.any():
@@ -268,7 +269,8 @@ def quantize_fp8(t):
                ("visible: 6 tokens x 32 in bfloat16, per token", (6, 32, True, "bf16")),
                ("visible: 6 tokens x 32, per tensor, a static scale of 2.0 (the outlier saturates)",
                 (6, 32, False, "static")),
-               ("visible: 5 tokens x 16, per token, static scales some rows exceed", (5, 16, True, "static"))]
+               ("visible: 5 tokens x 16, per token, static scales some rows exceed", (5, 16, True, "static")),
+               ("visible: 5 tokens x 16, per token, static scales given in float64", (5, 16, True, "static64"))]
 
     def hidden(rng):
         return rng.randint(2, 12), rng.choice([16, 64, 128]), rng.random() < 0.5, "random"
@@ -276,15 +278,21 @@ def quantize_fp8(t):
         data = "all zeros" if kind == "all_zero" else "with rows from 0.01 to 100 and one 3000 outlier"
         with t.case(f"{label}: x [{T}, {D}] {data}"):
             x = torch.zeros(T, D) if kind == "all_zero" else _activations(t.gen, T, D, kind)
-            static = _static_scale(x, per_token) if kind == "static" else None
+            static = _static_scale(x, per_token) if kind.startswith("static") else None
+            if kind == "static64":
+                static = static.double()
             args = (x, per_token) if static is None else (x, per_token, static)
             exp_q, exp_s = t.ref.quantize_fp8(*args)
-            got = t.call("quantize_fp8", *args)
+            # a static scale puts values past 448: the learner's casts into fp8 run without saturation there
+            got = t.call("quantize_fp8", *args) if static is None else \
+                t.run(call_without_saturation, t.learner("quantize_fp8"), *args, what="quantize_fp8")
             t.expect_true(isinstance(got, tuple) and len(got) == 2, "quantize_fp8 must return (xq, scales)")
             got_q, got_s = got
             if static is not None:
-                t.expect(got_s, exp_s, "scales (the static scale passed in, as float32)", mistakes={
-                    "ignores the static scale and computes amax / 448 anyway": fp8_variant(x, per_token)[1]})
+                t.expect(got_s, exp_s, "scales (the static scale passed in, as float32)", mistakes=_some({
+                    "ignores the static scale and computes amax / 448 anyway": fp8_variant(x, per_token)[1],
+                    f"returns the static scale in the dtype it was given ({static.dtype}); return it as float32 "
+                    "(scale.float())": static if static.dtype != torch.float32 else None}))
                 _no_nan_where_finite(t, got_q, exp_q, "quantized values (float8_e4m3fn)")
                 t.expect(got_q, exp_q, "quantized values (float8_e4m3fn)", mistakes={
                     "ignores the static scale and computes amax / 448 anyway": fp8_variant(x, per_token)[0]})

@@ -178,6 +178,21 @@ def _m_solve(model, chip, context, weight_dtype, kv_dtype, include_kv, *, flops_
     return None if margin <= 0 else max(1, finish(ridge * weights / margin))
 
 
+@mutant(check="decode_crossover_batch", message="with include_kv=False still counts the new token's own key")
+def decode_crossover_batch(model, chip, context, weight_dtype, kv_dtype, include_kv=True):  # noqa: F811
+    # the weights-only case as a whole step at context 0: its attention and KV read of the new token stay in
+    return _m_solve(model, chip, context if include_kv else 0, weight_dtype, kv_dtype, True)
+
+
+@mutant(check="decode_crossover_batch", message="still counts the attention FLOPs over the new token's own key")
+def decode_crossover_batch(model, chip, context, weight_dtype, kv_dtype, include_kv=True):  # noqa: F811
+    if include_kv:
+        return _m_solve(model, chip, context, weight_dtype, kv_dtype, True)
+    ridge = S.ridge_point(chip)
+    f = 2 * model["params"] + S.attention_flops(model, 1, 0)
+    return max(1, math.ceil(ridge * model["params"] * DTYPE_BITS[weight_dtype] / 8 / f))
+
+
 @mutant(check="decode_crossover_batch", message="forgets the factor 2 in the FLOPs")
 def decode_crossover_batch(model, chip, context, weight_dtype, kv_dtype, include_kv=True):
     return _m_solve(model, chip, context, weight_dtype, kv_dtype, include_kv, flops_per_param=1)
@@ -350,3 +365,25 @@ def step_kernels(model, chip, batch, context, weight_dtype, kv_dtype, chunk=0, c
     out = sol.step_kernels(model, chip, batch, context, weight_dtype, kv_dtype, chunk, chunk_context)
     out[4] = out.pop("lm_head")
     return out
+
+
+# -- weights taken as 2 bytes each whatever their dtype (bf16's size), in each function that sizes them ------------
+
+@mutant(check="forward_bytes", message="uses 2 bytes per weight whatever weight_dtype")
+def forward_bytes(model, new_tokens, cached, weight_dtype, kv_dtype):  # noqa: F811
+    return S.forward_bytes(model, new_tokens, cached, "bf16", kv_dtype)
+
+
+@mutant(check="decode_step_cost", message="uses 2 bytes per weight whatever weight_dtype")
+def decode_step_cost(model, batch, context, weight_dtype, kv_dtype):  # noqa: F811
+    return S.decode_step_cost(model, batch, context, "bf16", kv_dtype)
+
+
+@mutant(check="decode_crossover_batch", message="uses 2 bytes per weight whatever weight_dtype")
+def decode_crossover_batch(model, chip, context, weight_dtype, kv_dtype, include_kv=True):  # noqa: F811
+    return S.decode_crossover_batch(model, chip, context, "bf16", kv_dtype, include_kv)
+
+
+@mutant(check="moe_decode_cost", message="uses 2 bytes per weight whatever weight_dtype")
+def moe_decode_cost(model, batch, context, weight_dtype, kv_dtype):  # noqa: F811
+    return S.moe_decode_cost(model, batch, context, "bf16", kv_dtype)

@@ -10,16 +10,17 @@ from tests.mutants import mutant
 # -- 2.1 the KPA ------------------------------------------------------------------------------------
 
 
-def _m_kpa(samples, now, ready, cfg, state, hold_panic=True, use_utilization=True):
+def _m_kpa(samples, now, ready, cfg, state, hold_panic=True, use_utilization=True, want_ceil=ceil_count,
+           over_ceil=ceil_count, least_ready=1):
     per = cfg.target * (cfg.utilization if use_utilization else 1.0)
     stable = window_average(samples, now, cfg.stable_window)
     panic = window_average(samples, now, cfg.stable_window * cfg.panic_window_pct / 100)
-    r = max(ready, 1)
+    r = max(ready, least_ready)
     up, down = math.ceil(cfg.max_scale_up_rate * r), math.floor(r / cfg.max_scale_down_rate)
-    want_stable = min(max(ceil_count(stable / per), down), up)
-    want_panic = min(max(ceil_count(panic / per), down), up)
+    want_stable = min(max(want_ceil(stable / per), down), up)
+    want_panic = min(max(want_ceil(panic / per), down), up)
     panic_since, max_panic = state.panic_since, state.max_panic
-    if ceil_count(panic / per) / r >= cfg.panic_threshold_pct / 100:
+    if over_ceil(panic / per) / r >= cfg.panic_threshold_pct / 100:
         panic_since = now
     elif panic_since is not None and panic_since + cfg.stable_window < now:
         panic_since, max_panic = None, 0
@@ -52,6 +53,26 @@ def kpa_decide(samples, now, ready, cfg, state):  # noqa: F811
 @mutant(check="kpa_decide", message="divides by the target alone")
 def kpa_decide(samples, now, ready, cfg, state):  # noqa: F811
     return _m_kpa(samples, now, ready, cfg, state, use_utilization=False)  # a replica filled to 100%
+
+
+@mutant(check="kpa_decide", message="rounds with math.ceil")
+def kpa_decide(samples, now, ready, cfg, state):  # noqa: F811
+    return _m_kpa(samples, now, ready, cfg, state, want_ceil=math.ceil, over_ceil=math.ceil)
+
+
+@mutant(check="kpa_decide", message="rounds with math.ceil")
+def kpa_decide(samples, now, ready, cfg, state):  # noqa: F811
+    return _m_kpa(samples, now, ready, cfg, state, want_ceil=math.ceil)  # only the replicas wanted
+
+
+@mutant(check="kpa_decide", message="rounds the panic test's count with math.ceil")
+def kpa_decide(samples, now, ready, cfg, state):  # noqa: F811
+    return _m_kpa(samples, now, ready, cfg, state, over_ceil=math.ceil)  # only the panic test
+
+
+@mutant(check="kpa_decide", message="divides by the ready replicas with no floor of 1")
+def kpa_decide(samples, now, ready, cfg, state):  # noqa: F811
+    return _m_kpa(samples, now, ready, cfg, state, least_ready=1e-12)  # 0 ready: any load panics
 
 
 # -- 2.2 the utilization scaler -----------------------------------------------------------------------

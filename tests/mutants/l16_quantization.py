@@ -305,3 +305,18 @@ def choose_method(bottleneck, workload):  # noqa: F811
     if bottleneck == "compute" and workload.get("int8_tensor_cores"):
         return "w8a8-int8"
     return sol.choose_method(bottleneck, workload)  # noqa: F821
+
+
+@mutant(check="quantize_fp8", message="does not clamp x / scale")
+def quantize_fp8(x, per_token, scale=None):  # noqa: F811
+    xf = x.float()
+    if scale is None:
+        amax = xf.abs().amax(-1, keepdim=True) if per_token else xf.abs().amax().view(1, 1)
+        scale = torch.where(amax > 0, amax / 448.0, torch.ones_like(amax))
+    return (xf / scale.float()).to(torch.float8_e4m3fn), scale.float()  # saturates on PyTorch >= 2.12 only
+
+
+@mutant(check="quantize_fp8", message="returns the static scale in the dtype it was given")
+def quantize_fp8(x, per_token, scale=None):  # noqa: F811
+    q, s = sol.quantize_fp8(x, per_token, scale)  # noqa: F821
+    return q, s if scale is None else scale
