@@ -389,12 +389,14 @@ class Trial:
             return None, e
 
     def blame_upstream(self, what: str, upstream: str, calls: Iterable, *, rtol: float | None = 1e-6,
-                       show: Callable[[Any], str] = repr, shown: str | None = None) -> None:
+                       show: Callable[[Any], str] = repr, shown: str | None = None,
+                       normalize: Callable[[Any], Any] | None = None) -> None:
         """Asked once `what`'s answer is wrong: a check grades its own function, so when the learner's `upstream`
         (another exercise `what` calls) gives a wrong value on one of `calls` [(args, expected)], the case fails
         naming `upstream`, whose own check names the mistake. `expected` is the reference's value, computed up front
         whatever the answer (so that a student's copy has it recorded). A stub upstream blames nothing: `what` may
-        have been written without it. The arguments are shown with `show`, or as the text `shown`.
+        have been written without it. The arguments are shown with `show`, or as the text `shown`; `normalize`
+        puts the learner's value in the reference's form first (a list for any sequence, a bool for a truth value).
 
             if wrong: t.blame_upstream("cold_start_seconds", "hop_seconds", [((hop, nbytes), ref_hop)])
         """
@@ -403,6 +405,8 @@ class Trial:
                 got, raised = self.attempt(self.call, upstream, *args)
             except NotStarted:
                 return
+            if raised is None and normalize is not None:
+                got = normalize(got)
             if isinstance(got, (list, tuple)) and isinstance(exp, (list, tuple)):
                 got = type(exp)(got)
             wrong = f"raised {raised.type_name}" if raised is not None else cmp.compare(got, exp, rtol)

@@ -152,7 +152,7 @@ def rows_for(r, number: str) -> list[dict]:
     """Gradescope rows for one CheckResult: one for its visible cases, one (after_published) for its hidden ones;
     a check that stopped before its cases (not started, a crash, a time limit) is one visible row with 0."""
     from . import report
-    parts = [report._part(p) for p in r.parts]
+    parts = report.parts_of(r)
     total = sum(p["weight"] for p in parts if p["graded"])
     status = "passed" if r.status == "passed" else "failed"
     name = f"{r.lesson} {r.name}"
@@ -169,8 +169,7 @@ def rows_for(r, number: str) -> list[dict]:
             continue
         failed = [p for p in parts if p["graded"] and not p["passed"] and bool(p.get("hidden")) == hidden]
         if hidden:
-            output = ("; ".join(f"{p['hidden']}: {report._HIDDEN_ENDED.get(p['kind'], 'failed')}" for p in failed)
-                      + f" ({report.HIDDEN_NOTE})") if failed else "every hidden case passed"
+            output = report.hidden_failures(failed) if failed else "every hidden case passed"
         else:
             output = "\n".join(f"{p['label']}: {p['message']}" for p in failed) or "every visible case passed"
         rows.append({"name": f"{name} ({label})", "number": f"{number}{'h' if hidden else ''}",

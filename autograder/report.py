@@ -41,7 +41,7 @@ def check_table(results: list[CheckResult], verbose: bool = False, width: int = 
     lines = [f"{'check':<{name_w}}  {'points':>9}  {'status':<15}  message",
              "-" * min(width, name_w + 40)]
     for r in results:
-        parts = [_part(p) for p in r.parts]
+        parts = parts_of(r)
         pts = f"{_pts(r.earned)}/{_pts(r.points)}" if r.graded else f"-/{_pts(r.points)}"
         msg_lines = printable((student_message(r) if for_student else r.message) or "").splitlines() or [""]
         head = msg_lines[0]
@@ -80,15 +80,26 @@ def _part(p) -> dict:
     return p if isinstance(p, dict) else dataclasses.asdict(p)
 
 
+def parts_of(r: CheckResult) -> list[dict]:
+    """A check's cases (core.Part) as dicts: label, hidden (its "hidden N" label, or ""), graded, passed, kind,
+    weight, message."""
+    return [_part(p) for p in r.parts]
+
+
+def hidden_failures(failed: list[dict]) -> str:
+    """All a student is told of failed hidden cases: each by its own label and how it ended."""
+    return "; ".join(f"{p['hidden']}: {_HIDDEN_ENDED.get(p['kind'], 'failed')}" for p in failed) + f" ({HIDDEN_NOTE})"
+
+
 def ran_hidden(r: CheckResult) -> bool:
-    return bool(r.hidden_case) or any(_part(p).get("hidden") for p in r.parts)
+    return bool(r.hidden_case) or any(p.get("hidden") for p in parts_of(r))
 
 
 def student_message(r: CheckResult) -> str:
     """`r.message` as a student may see it: the same, unless a hidden case failed or the check stopped in one.
     Then: each such case by its own label and how it ended; the check's message only if it names no failed
     hidden case (when it does, the first failed visible case's instead); never a hidden case's message."""
-    failed = [p for p in map(_part, r.parts) if p["graded"] and not p["passed"]]
+    failed = [p for p in parts_of(r) if p["graded"] and not p["passed"]]
     secret = [p for p in failed if p.get("hidden")]
     if not secret and not r.hidden_case:
         return r.message
@@ -96,8 +107,7 @@ def student_message(r: CheckResult) -> str:
     if r.hidden_case:
         lines.append(f"{r.hidden_case}: {_HIDDEN_STOPPED.get(r.status, r.status)} ({HIDDEN_NOTE})")
     if secret:
-        lines.append("; ".join(f"{p['hidden']}: {_HIDDEN_ENDED.get(p['kind'], 'failed')}" for p in secret)
-                     + f" ({HIDDEN_NOTE})")
+        lines.append(hidden_failures(secret))
     names_secret = any(text and text in (r.message or "") for p in secret for text in (p["label"], p["message"]))
     if not r.hidden_case and not names_secret:
         lines.append(r.message)

@@ -17,12 +17,13 @@ visible cases.
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 import random
 
 from autograder import compare as cmp
 from autograder.checks._configs import non_default
-from autograder.core import CaseFailed, LearnerRaised, check
+from autograder.core import CaseFailed, check
 from autograder.reference import answer_code
 from autograder.wire import Record
 
@@ -118,22 +119,10 @@ class Upstream:
         self.expected = t.reference(_calls_on_ref, calls)  # up front: a student's copy replays it
 
     def blame(self):
-        """Fail the case naming the first upstream exercise whose answer is wrong here, if any; an upstream
-        stub is not blamed (the function judged may not call it)."""
+        """Fail the case naming the first upstream exercise whose answer is wrong here, if any (t.blame_upstream)."""
         for (name, args), expected in zip(self.calls, self.expected):
-            try:
-                got = _normalized(name, self.t.call(name, *args))
-            except LearnerRaised as e:
-                if e.not_implemented:
-                    continue
-                self.t.fail(f"{self.what} depends on {name}, which fails here: {name}({_show(args[0])}, ...) raised "
-                            f"{e.type_name}. Fix {name} first (its own check shows the error), "
-                            f"then run this check again.")
-            if cmp.compare(got, expected) is not None:
-                shown = ", ".join(_show(a) for a in args)
-                self.t.fail(f"{self.what} depends on {name}, which fails here: {name}({shown}) gave {_show(got)}, "
-                            f"expected {_show(expected)}. Fix {name} first (its own check names the mistake), "
-                            f"then run this check again.")
+            self.t.blame_upstream(self.what, name, [(args, expected)], rtol=None, show=_show,
+                                  normalize=functools.partial(_normalized, name))
 
     @contextlib.contextmanager
     def judging(self):

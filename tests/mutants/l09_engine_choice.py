@@ -211,7 +211,7 @@ def recommend(w):  # noqa: F811
     return r
 
 
-@mutant(check="recommend", message="depends on steady_step(), which fails on this workload")
+@mutant(check="recommend", message="recommend depends on steady_step, which fails here")
 def steady_step(w):  # noqa: F811
     """A wrong steady step (the context at the end of a request): recommend() is right, its input is not."""
     return {**sol.steady_step(w), "context": w.prompt_tokens + w.output_tokens}  # noqa: F821
