@@ -67,7 +67,8 @@ def _children_of(pid: int) -> list[int]:
 
 
 def _kill_all_children(keep: frozenset = frozenset()):
-    """SIGKILL every child (check processes and the orphans reparented to us) but `keep`, until none is left."""
+    """SIGKILL every child (check processes and the orphans reparented to us) but `keep`, until none is left.
+    Returns once those are reaped: the kept ones (a clone zygote) are not waited for."""
     me = os.getpid()
     for _ in range(50):
         kids = [pid for pid in _children_of(me) if pid not in keep]
@@ -79,37 +80,63 @@ def _kill_all_children(keep: frozenset = frozenset()):
                     kill(pid)
                 except OSError:
                     pass
-        _reap(block_for=0.2)
-    _reap(block_for=0)
+        deadline = time.monotonic() + 0.2
+        for pid in kids:
+            try:
+                _wait_exit(pid, deadline)
+            except ChildProcessError:  # (reaped already)
+                pass
+    _reap_ended()
 
 
-def _reap(block_for: float):
-    end = time.monotonic() + block_for
+def _reap_ended():
+    """Reap every child that has ended, without waiting."""
     while True:
         try:
             pid, _ = os.waitpid(-1, os.WNOHANG)
         except ChildProcessError:
             return
         if pid == 0:
-            if time.monotonic() >= end:
-                return
-            time.sleep(0.005)
+            return
+
+
+def _wait_exit(pid: int, deadline: float) -> tuple[int, int] | None:
+    """Reap child `pid` once it ends, waiting until `deadline` (time.monotonic()) at most: (pid, status), or None
+    while it runs; ChildProcessError if it is not (or no longer) our child. Blocks on a pidfd where Linux has one
+    (no polling: a check's process is reaped the moment it ends), else polls every millisecond."""
+    fd = None
+    try:
+        fd = os.pidfd_open(pid)
+    except (AttributeError, OSError):
+        pass
+    try:
+        while True:
+            got, status = os.waitpid(pid, os.WNOHANG)
+            if got:
+                return got, status
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return None
+            if fd is not None:
+                select.select([fd], [], [], left)
+            else:
+                time.sleep(min(0.001, left))
+    finally:
+        if fd is not None:
+            os.close(fd)
 
 
 def _status(pid: int, timeout: float) -> dict:
-    end = time.monotonic() + timeout
-    while True:
-        try:
-            got, status = os.waitpid(pid, os.WNOHANG)
-        except ChildProcessError:
-            return {"kind": "gone"}
-        if got:
-            if os.WIFSIGNALED(status):
-                return {"kind": "signal", "signal": os.WTERMSIG(status)}
-            return {"kind": "exit", "code": os.WEXITSTATUS(status)}
-        if time.monotonic() >= end:
-            return {"kind": "running"}
-        time.sleep(0.002)
+    try:
+        ended = _wait_exit(pid, time.monotonic() + timeout)
+    except ChildProcessError:
+        return {"kind": "gone"}
+    if ended is None:
+        return {"kind": "running"}
+    _, status = ended
+    if os.WIFSIGNALED(status):
+        return {"kind": "signal", "signal": os.WTERMSIG(status)}
+    return {"kind": "exit", "code": os.WEXITSTATUS(status)}
 
 
 def _send(sock, obj):
