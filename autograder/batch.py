@@ -77,6 +77,10 @@ def find_jobs(submissions: Path, stems: list[str] | None = None) -> list[Job]:
     return jobs
 
 
+# The gradebook is saved this often while grading (and at the end): a run that is stopped loses at most this much.
+SAVE_EVERY_S = 2.0
+
+
 def _found(folder: Path, stem: str) -> Path | None:
     from .gradescope import answer_file
     return answer_file(folder, stem)
@@ -145,12 +149,18 @@ def autograde(submissions: str | Path, out: str | Path | None = None, stems: lis
     if todo:
         # spawn: each worker a fresh interpreter (no torch or zygote state inherited from this process)
         ctx = multiprocessing.get_context("spawn")
-        with ctx.Pool(workers, initializer=_init_worker) as pool:
-            for entry in pool.imap_unordered(grade_job, todo):
-                book.setdefault(entry["student"], {})[entry["lesson"]] = entry
-                _write_json(book_path, book)
-                log(f"  {entry['student']:<20} {entry['lesson']:<28} {entry['score']:g}/{entry['max']:g} "
-                    f"({entry['seconds']:.1f} s)")
+        written = time.monotonic()
+        try:
+            with ctx.Pool(workers, initializer=_init_worker) as pool:
+                for entry in pool.imap_unordered(grade_job, todo):
+                    book.setdefault(entry["student"], {})[entry["lesson"]] = entry
+                    if time.monotonic() - written >= SAVE_EVERY_S:  # (the whole book: not after every entry)
+                        _write_json(book_path, book)
+                        written = time.monotonic()
+                    log(f"  {entry['student']:<20} {entry['lesson']:<28} {entry['score']:g}/{entry['max']:g} "
+                        f"({entry['seconds']:.1f} s)")
+        finally:  # stopped (Ctrl-C) or done: what was graded is kept, and a re-run grades only the rest
+            _write_json(book_path, book)
     seconds = time.perf_counter() - start
     export(book, out)
     return {"graded": len(todo), "skipped": len(jobs) - len(todo), "seconds": seconds, "book": book}
