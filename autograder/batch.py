@@ -28,6 +28,7 @@ import os
 import sys
 import tempfile
 import time
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -163,7 +164,53 @@ def autograde(submissions: str | Path, out: str | Path | None = None, stems: lis
             _write_json(book_path, book)
     seconds = time.perf_counter() - start
     export(book, out)
+    db = submissions / "gradebook.db"
+    if (submissions / "submitted").is_dir() and db.exists():  # an nbgrader course: its gradebook gets the grades too
+        log(to_nbgrader(book, db))
     return {"graded": len(todo), "skipped": len(jobs) - len(todo), "seconds": seconds, "book": book}
+
+
+def to_nbgrader(book: dict, db: Path) -> str:
+    """Each graded entry's check scores into nbgrader's gradebook (the auto_score of each test cell, grade id
+    check_<name>, of notebook <stem> in the entry's assignment), as `nbgrader autograde` would leave them: the
+    submission is added if nbgrader has none yet; a student who handed in nothing gets none. An assignment nbgrader does not know (never generated) is left
+    out, and said. Returns what was done, in a line."""
+    try:
+        from nbgrader.api import Gradebook, MissingEntry
+    except ImportError:
+        return f"not written to {db}: nbgrader is not installed (pip install -e \".[teach]\")"
+    written, unknown = 0, set()
+    with Gradebook(f"sqlite:///{db}") as gb:
+        for student, entries in sorted(book.items()):
+            for stem, e in sorted(entries.items()):
+                if not e["file"]:  # nothing handed in: nbgrader holds no submission for it either
+                    continue
+                try:
+                    gb.find_assignment(e["assignment"])
+                except MissingEntry:
+                    unknown.add(e["assignment"])
+                    continue
+                try:
+                    gb.find_student(student)
+                except MissingEntry:
+                    gb.add_student(student)
+                try:
+                    gb.find_submission(e["assignment"], student)
+                except MissingEntry:
+                    with warnings.catch_warnings():  # (nbgrader's own add_submission warns of SQLAlchemy's autoflush)
+                        warnings.simplefilter("ignore")
+                        gb.add_submission(e["assignment"], student)
+                for c in e["checks"]:
+                    try:
+                        grade = gb.find_grade(f"check_{c['name']}", stem, e["assignment"], student)
+                    except MissingEntry:
+                        continue
+                    grade.auto_score = c["earned"]
+                gb.db.commit()
+                written += 1
+    skipped = (f"; not in it (run nbgrader generate_assignment first): {', '.join(sorted(unknown))}"
+               if unknown else "")
+    return f"nbgrader's gradebook {db}: {written} submission(s) written{skipped}"
 
 
 def _write_json(path: Path, data) -> None:

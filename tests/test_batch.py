@@ -78,3 +78,32 @@ def test_without_the_sandbox_it_refuses(tmp_path, monkeypatch):
     monkeypatch.setattr(oslimits, "active", lambda: False)
     with pytest.raises(SystemExit, match="sandbox is not active"):
         batch.autograde(tmp_path / "c", tmp_path / "b", [STEM], workers=1)
+
+
+def test_an_nbgrader_course_gets_the_grades_in_its_gradebook(tmp_path):
+    """Graded in an nbgrader course (SUBMISSIONS/submitted and SUBMISSIONS/gradebook.db): each test cell's
+    auto_score is the check's points earned, so `nbgrader export` and formgrader show them."""
+    from nbgrader.api import Gradebook
+
+    from autograder.core import load_checks
+    course = tmp_path / "course"
+    make_class(course)
+    specs = load_checks(STEM)
+    with Gradebook(f"sqlite:///{course / 'gradebook.db'}") as gb:  # what `nbgrader generate_assignment` records
+        gb.add_assignment("kv-assignment")
+        gb.add_notebook(STEM, "kv-assignment")
+        for s in specs:
+            gb.add_grade_cell(f"check_{s.name}", STEM, "kv-assignment", max_score=s.points, cell_type="code")
+    lines = []
+    r = batch.autograde(course, tmp_path / "book", [STEM], workers=2, log=lines.append)
+    assert any(line.endswith("3 submission(s) written") for line in lines if isinstance(line, str)), lines
+    with Gradebook(f"sqlite:///{course / 'gradebook.db'}") as gb:
+        assert [s.student.id for s in gb.assignment_submissions("kv-assignment")] != []
+        for student, (score, full) in scores(r["book"]).items():
+            if student == "dee":  # handed in nothing: no submission, as nbgrader would have it
+                continue
+            sub = gb.find_submission("kv-assignment", student)
+            assert (sub.score, sub.max_score) == (pytest.approx(score), pytest.approx(full)), student
+        cells = {g.name: g.auto_score for nb in gb.find_submission("kv-assignment", "cy").notebooks for g in nb.grades}
+    cy = {f"check_{c['name']}": c["earned"] for c in r["book"]["cy"][STEM]["checks"]}
+    assert cells == pytest.approx(cy) and min(cells.values()) == 0 < max(cells.values())
