@@ -31,20 +31,21 @@ def both_accepting(t, name: str, args: tuple, refusals: dict) -> tuple:
 
 @answer_code
 def nvml_variant(kernels, period, t0, samples, union=True, clip=True, binary=False, from_zero=False,
-                 scale=1.0, tail=True, sort=True):
+                 scale=1.0, tail=True, sort=True, end_max=True):
     """NVML utilization with one convention changed: union=False adds overlapping kernels twice (capped at
     1, as a fraction cannot go higher); sort=False merges the intervals in the order given, as if they came
     sorted by start (a kernel that starts before the interval it overlaps leaves that interval's start where it
-    was, so its earlier part is lost); clip=False charges each kernel's whole duration to the sample it
-    starts in; tail=False counts a kernel only in the sample it starts in, clipped at that sample's end;
-    binary=True reads a sample as 1 when any kernel touched it; from_zero=True starts the windows at 0
-    instead of t0; scale=100 reports percent."""
+    was, so its earlier part is lost); end_max=False sets a merged interval's end to the new kernel's end, not
+    the larger of the two (a kernel nested inside a longer one cuts the union short); clip=False charges each
+    kernel's whole duration to the sample it starts in; tail=False counts a kernel only in the sample it starts
+    in, clipped at that sample's end; binary=True reads a sample as 1 when any kernel touched it;
+    from_zero=True starts the windows at 0 instead of t0; scale=100 reports percent."""
     ivs = sorted(kernels) if sort else [tuple(k) for k in kernels]
     if union:
         merged = []
         for s, e in ivs:
             if merged and s <= merged[-1][1]:
-                merged[-1][1] = max(merged[-1][1], e)
+                merged[-1][1] = max(merged[-1][1], e) if end_max else e
             else:
                 merged.append([s, e])
         ivs = merged
@@ -68,6 +69,9 @@ NVML_MISTAKES = {
     "(take the union of the intervals)": dict(union=False),
     "merges the intervals in the order they come, as if sorted by start: the kernels come in any order (two "
     "streams' records one after the other), so sort them by start before merging": dict(sort=False),
+    "sets a merged interval's end to the new kernel's end when merging: a kernel nested inside a longer one (a "
+    "short kernel on a second stream) then cuts the union short; the merged end is max(current end, e)":
+        dict(end_max=False),
     "charges each kernel's whole duration to the sample it starts in; clip every kernel to the sample window":
         dict(clip=False),
     "counts a kernel only in the sample it starts in: the part that crosses into the next sample is lost "
@@ -82,6 +86,8 @@ NVML_MISTAKES = {
 NVML_CASES = [
     ("visible: the docstring example", ([(0.0, 0.3), (0.2, 0.5), (0.9, 1.2)], 1.0, 0.0, 2)),
     ("visible: two streams overlapping", ([(0.00, 0.10), (0.05, 0.12), (0.11, 0.14), (0.20, 0.25)], 1 / 6, 0.0, 2)),
+    ("visible: short kernels on a second stream nested inside a long one",
+     ([(0.0, 0.6), (0.1, 0.2), (0.3, 0.4), (0.7, 0.9)], 0.5, 0.0, 2)),
     ("visible: a long kernel across three samples, an empty one after", ([(0.05, 0.42)], 0.125, 0.0, 5)),
     ("visible: decode steps with host gaps", ([(0.002 + 0.010 * i, 0.005 + 0.010 * i) for i in range(30)],
                                               0.1, 0.0, 3)),
@@ -142,8 +148,10 @@ def sm_variant(kernels, num_sms, period, share="waves", busy_only=False, mean=Fa
     runs, "uncapped" = blocks / SMs, "extra" = blocks // SMs + 1 waves, "last" = the last wave's fill alone.
     occupancy (for kernels given per_sm): "spread" (right: a wave holds SMs * per_sm blocks, the last one's
     spread one per SM first), "ignored" = per_sm taken as 1, "slots" = the share of block slots filled
-    (blocks / (SMs * per_sm * waves)), not of SMs holding a block. busy_only divides by the kernels' time; mean
-    averages the kernels' shares, unweighted."""
+    (blocks / (SMs * per_sm * waves)), not of SMs holding a block, "waves_only" = per_sm in the number of waves
+    only: the full waves take SMs blocks each, so the last wave holds blocks - (waves - 1) * SMs (the same values
+    as min(1, blocks / (SMs * waves))), "mod" = the last wave's blocks taken as blocks % SMs (or SMs), not capped
+    at SMs. busy_only divides by the kernels' time; mean averages the kernels' shares, unweighted."""
     def one(blocks, per):
         if occupancy == "ignored":
             per = 1
@@ -159,7 +167,9 @@ def sm_variant(kernels, num_sms, period, share="waves", busy_only=False, mean=Fa
         waves = blocks // cap + 1 if share == "extra" else math.ceil(blocks / cap)
         if occupancy == "slots":
             return blocks / (cap * waves)
-        last = blocks - (waves - 1) * cap
+        last = blocks - (waves - 1) * (num_sms if occupancy == "waves_only" else cap)
+        if occupancy == "mod":
+            return ((waves - 1) * num_sms + (blocks % num_sms or num_sms)) / (num_sms * waves)
         return ((waves - 1) * num_sms + min(last, num_sms)) / (num_sms * waves)
 
     def per_sm(k):
@@ -189,6 +199,13 @@ SM_MISTAKES = {
     "counts the block slots filled, not the SMs holding a block: SM active asks whether an SM holds at least "
     "one block; the last wave's r blocks are spread one per SM first, so min(r, num_sms) SMs are active":
         dict(occupancy="slots"),
+    "uses per_sm for the number of waves but not for the blocks the full waves hold: each full wave holds "
+    "num_sms * per_sm blocks, so the last one holds r = blocks - (waves - 1) * num_sms * per_sm, of which "
+    "min(r, num_sms) SMs hold one (blocks / (num_sms * waves) is the share at per_sm = 1 only)":
+        dict(occupancy="waves_only"),
+    "takes the last wave's blocks as blocks % num_sms: at per_sm > 1 a wave holds up to num_sms * per_sm blocks, "
+    "so the last one's r = blocks - (waves - 1) * num_sms * per_sm can be more than num_sms (then every SM holds "
+    "one: min(r, num_sms))": dict(occupancy="mod"),
 }
 
 SM_CASES = [
@@ -198,6 +215,8 @@ SM_CASES = [
     ("visible: one full wave and a one-block tail, then a half-empty grid", ([(0.5, 109), (0.25, 54)], 108, 1.0)),
     ("visible: two kernels that fill the period exactly", ([(0.25, 132), (0.75, 264)], 132, 1.0)),
     ("visible: kernels of 0.1 s and 0.2 s in a 0.3 s period", ([(0.1, 66), (0.2, 132)], 132, 0.3)),
+    ("visible: 2 blocks per SM with a tail wave, then one block per SM with a one-block tail",
+     ([(0.5, 300, 2), (0.25, 133)], 132, 1.0)),
     ("visible: the docstring's occupancy example, 2 blocks per SM", ([(0.5, 300, 2)], 132, 1.0)),
     ("visible: occupancy-limited grids (per_sm from registers and shared memory), some with one block per SM",
      ([(20e-6, 96, 2), (40e-6, 600, 4), (10e-6, 200), (30e-6, 140, 3)], 132, 120e-6)),

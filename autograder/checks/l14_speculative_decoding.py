@@ -245,11 +245,21 @@ def acceptance_mistakes(p, q) -> dict:
             "returns the rejection probability 1 - sum min(p, q)": 1 - both,
             "uses max(p, q) instead of min(p, q)": torch.maximum(p, q).sum(-1),
             "forgets to sum over the vocabulary (returns min(p, q) per token)": torch.minimum(p, q),
+            "computes 1 - sum |p - q|, without the 1/2 of the total variation distance: TV = 1/2 sum |p - q|, and "
+            "1 - TV = sum min(p, q)": 1 - (p - q).abs().sum(-1),
+            "returns whether the argmaxes of p and q agree (1 or 0): that is greedy verification's acceptance; a "
+            "sampled draft x ~ q is accepted with probability min(1, p(x) / q(x)), so E = sum min(p, q)":
+                (p.argmax(-1) == q.argmax(-1)).to(p.dtype),
             NAN_ACCEPT: (q * (p / q).clamp(max=1)).sum(-1)}
 
 
 NAN_ACCEPT = ("divides p by q at tokens where both are 0 (as in a one-hot row at temperature 0): 0/0 is NaN, and "
               "q * NaN stays NaN; such a token adds min(p, q) = 0, so sum torch.minimum(p, q) and divide nothing")
+
+ACCEPT_CASES = [  # first: a draft close to the target, where 1 - sum |p - q| and argmax agreement differ
+    ("visible: two rows, the draft close to the target (argmaxes differ, then agree)",
+     (_t([[0.45, 0.4, 0.15], [0.6, 0.3, 0.1]]), _t([[0.3, 0.5, 0.2], [0.5, 0.2, 0.3]]))),
+]
 
 ONE_HOT_CASES = [
     ("visible: one-hot rows, as at temperature 0 (same argmax, then different argmaxes; most tokens have p = q = 0)",
@@ -312,7 +322,7 @@ def _nan_only(t, got, mistakes: dict, nan_name: str) -> dict:
 def acceptance_rate(t):
     """The acceptance probability of a drafted token: sum over the vocabulary of min(p, q), also on rows with
     tokens where both are 0 (one-hot rows, as the temperature-0 measurement of section 2.4 builds)."""
-    for label, (p, q) in t.cases(visible=PAIR_CASES + ONE_HOT_CASES, hidden=random_accept_case, n=3):
+    for label, (p, q) in t.cases(visible=ACCEPT_CASES + PAIR_CASES + ONE_HOT_CASES, hidden=random_accept_case, n=3):
         with t.case(f"{label}: {p.shape[0] if p.dim() > 1 else 1} row(s) of V={p.shape[-1]}"):
             got, expected = t.both("acceptance_rate", p, q)
             t.expect(got, expected, "acceptance probability",
@@ -1147,8 +1157,8 @@ def tree_greedy_rule(logits, tokens: list, parents: list, kind: str = "") -> lis
     out, node = [], 0
     while True:
         t = best[node]
-        tried = kids[node][:1] if kind == "first_child" else kids[node]
-        nxt = next((c for c in tried if tokens[c] == t), None)
+        tried = {"first_child": kids[node][:1], "last_match": kids[node][::-1]}.get(kind, kids[node])
+        nxt = next((c for c in tried if tokens[c] == t), None)  # last_match: the last sibling holding t
         if kind == "own_row" and kids[node]:  # compares a child's token with the child's own row
             nxt = next((c for c in kids[node] if tokens[c] == best[c]), None)
             t = tokens[nxt] if nxt is not None else t
@@ -1165,6 +1175,8 @@ TREE_GREEDY_MISTAKES = {
         "first_child",
     "never emits the last token (the target's own, where no child matches or at a leaf)": "no_bonus",
     "compares a child's token with the child's own row; the parent's row predicts the child's token": "own_row",
+    "follows the last child holding the target's argmax; when siblings hold the same token, move to the first of "
+    "them in index order (their subtrees differ, so which one you follow changes what comes next)": "last_match",
 }
 
 TREE_GREEDY_CASES = [
@@ -1173,6 +1185,9 @@ TREE_GREEDY_CASES = [
     ("visible: no child matches at the root", ([[0, 9, 0, 0], [9, 0, 0, 0], [0, 0, 9, 0]], [0, 2, 3], [-1, 0, 0])),
     ("visible: a full path to a leaf (the bonus token)", ([[0, 0, 0, 9], [0, 9, 0, 0], [0, 0, 9, 0], [9, 0, 0, 0]],
                                                           [1, 3, 1, 0], [-1, 0, 1, 1])),
+    ("visible: two children hold the same token, with different subtrees (the first one's matches, the last one's "
+     "does not)", ([[0, 9, 0, 0], [0, 0, 0, 9], [9, 0, 0, 0], [0, 0, 9, 0], [9, 0, 0, 0], [0, 9, 0, 0]],
+                   [2, 1, 2, 1, 3, 0], [-1, 0, 0, 0, 1, 3])),
 ]
 
 
@@ -1225,17 +1240,14 @@ def tree_law(p: list, q: list, parents: list, kind: str = "") -> dict:
             if w == 0:
                 return
             if not rest:
-                final = p[node] if kind == "final_from_target" else pc
-                for y, py in enumerate(final):
-                    add(seq + (y,), w * py)
+                for tail, py in _tree_ends(p[node], q[node], pc, bool(kids[node]), kind):
+                    add(seq + tail, w * py)
                 return
             x = toks[rest[0]]
-            a = min(1.0, pc[x] / qc[x]) if qc[x] > 0 else 1.0
+            a, pc2, qc2 = _tree_try(pc, qc, x, kind)
             if a > 0:
                 at(rest[0], seq + (x,), w * a)
             if a < 1:
-                pc2 = pc if kind == "no_p_update" else _residual_row(pc, qc, "norm")
-                qc2 = qc if kind == "no_q_update" else _norm([0.0 if y == x else v for y, v in enumerate(qc)])
                 tries(node, rest[1:], pc2, qc2, seq, w * (1 - a))
 
         at(0, (), prob)
@@ -1254,6 +1266,34 @@ def tree_law(p: list, q: list, parents: list, kind: str = "") -> dict:
     return law
 
 
+@answer_code
+def _tree_try(pc: list, qc: list, x: int, kind: str) -> tuple:
+    """A try of a child holding token x against the current rows pc, qc: (the probability it is accepted, the
+    rows the next sibling is tried with after a rejection), for the right rule (kind "") or a mistake's."""
+    if kind == "inverse":
+        a = min(1.0, qc[x] / pc[x]) if pc[x] > 0 else 1.0
+    else:
+        a = min(1.0, pc[x] / qc[x]) if qc[x] > 0 else 1.0
+    pc2 = pc if kind in ("no_p_update", "fixed_rows") else _residual_row(pc, qc, "norm")
+    qc2 = qc if kind in ("no_q_update", "fixed_rows") else _norm([0.0 if y == x else v for y, v in enumerate(qc)])
+    return a, pc2, qc2
+
+
+@answer_code
+def _tree_ends(p_node: list, q_node: list, pc: list, rejected: bool, kind: str) -> list:
+    """How a call ends once a node has no child left to try, at a leaf (rejected False) or after all its children
+    were rejected: [(the tokens it emits last, their probability)], one token drawn from the current p (pc) for
+    the right rule, or nothing more for kind "no_final"."""
+    if rejected and kind == "no_final":
+        return [((), 1.0)]
+    row = pc
+    if rejected and kind == "fixed_rows":
+        row = _residual_row(p_node, q_node, "norm")
+    elif rejected and kind == "final_from_target":
+        row = p_node
+    return [((y,), py) for y, py in enumerate(row)]
+
+
 TREE_VERIFY_MISTAKES = {
     "tries only the first child and samples the residual when it is rejected; try every sibling in turn":
         dict(kind="first_only"),
@@ -1263,6 +1303,12 @@ TREE_VERIFY_MISTAKES = {
     "norm(max(0, p - q))": dict(kind="no_p_update"),
     "samples the last token from the node's target row after rejecting its children; sample from the residual "
     "left by the rejections": dict(kind="final_from_target"),
+    "judges every sibling against the node's own target_probs and draft_probs rows, as if each were the only "
+    "draft; after a rejection the next sibling is tried with p = norm(max(0, p - q)) and q without the rejected "
+    "token": dict(kind="fixed_rows"),
+    "accepts a child with min(1, q/p): the ratio is target over draft, p(x) / q(x)": dict(kind="inverse"),
+    "emits nothing more once every child of a node is rejected; the call still ends with one token of the "
+    "target's, drawn from the residual p the rejections left": dict(kind="no_final"),
 }
 
 TREE_VERIFY_CASES = [
@@ -1314,11 +1360,38 @@ def verify_tree(t):
             found = groups(wrong, lambda a, b: _law_distance(a, b) <= 1e-12, right)
             t.offered.update(name for names, _ in found for name in names)
             counts = Counter(tuple(o) for o in run["outputs"])
-            stat, df, pvalue = chi_square(counts, right, N_CALLS)
-            if pvalue >= FALSE_ALARM:
+            if chi_square(counts, right, N_CALLS)[2] >= FALSE_ALARM:
                 continue
-            first = _first_token_shares(counts, len(p[0]), N_CALLS)
             t.fail(f"over {N_CALLS} calls (node tokens drawn from draft_probs), the sequences verify_tree emits do "
-                   f"not follow the rule's exact law: chi-square {stat:.0f} on {df} degrees of freedom, p-value "
-                   f"{pvalue:.2g}.\n  first emitted token: yours {_fmt(first)}, target_probs[0] {_fmt(p[0])}",
+                   f"not follow the rule's exact law: {_tree_verdict(counts, right, p[0], N_CALLS)}",
                    named(counts, found, lambda c, law: chi_square(c, law, N_CALLS)[2] >= FALSE_ALARM))
+
+
+def _tree_verdict(counts: Counter, right: dict, p0: list, n: int) -> str:
+    """Why n calls' emitted sequences (counts) do not fit the rule's exact law, in words: a sequence the rule never
+    emits, or the chi-square test; then where they differ most: tokens per call, the first token against p_0 (which
+    the rule emits exactly), and the sequence furthest from its expected count."""
+    impossible = sorted((s for s in counts if s not in right), key=lambda s: -counts[s])
+    if impossible:
+        s = impossible[0]
+        why = (f"it emitted {list(s)} ({counts[s]} of {n} calls), which the rule can never emit"
+               + (": every call emits at least one token" if not s else ""))
+    else:
+        stat, df, pvalue = chi_square(counts, right, n)
+        shown = f"{pvalue:.2g}" if pvalue > 0 else "under 1e-300"
+        why = (f"chi-square {stat:.0f} on {df} degrees of freedom, p-value {shown} (a case fails below "
+               f"{FALSE_ALARM:g}: a right verify_tree fails it once in a million runs)")
+    lo, top = (0 if () in counts else 1), max(len(s) for s in [*right, *counts])
+    per_call = lambda law, m: [sum(w for s, w in law.items() if len(s) == k) / m for k in range(lo, top + 1)]
+    first = _first_token_shares(counts, len(p0), n)
+    y = max(range(len(p0)), key=lambda v: abs(first[v] - p0[v]))
+    off = abs(first[y] - p0[y]) > 4 * math.sqrt(p0[y] * (1 - p0[y]) / n) + 1e-12  # beyond sampling noise
+    seq = max(right, key=lambda s: abs(counts.get(s, 0) - n * right[s]) / math.sqrt(max(n * right[s], MIN_EXPECTED)))
+    return (f"{why}.\n"
+            f"  tokens emitted per call ({lo} .. {top}): yours {_fmt(per_call(counts, n))}, the rule's "
+            f"{_fmt(per_call(right, 1.0))}\n"
+            f"  first emitted token: yours {_fmt(first)}, target_probs[0] {_fmt(p0)} (the rule emits exactly p_0)"
+            + (f": token {y} comes first in {first[y]:.3f} of the calls, target_probs[0][{y}] is {p0[y]:.3f}" if off
+               else ": yours is within sampling noise of it") + "\n"
+            f"  furthest from the law: the sequence {list(seq)} came out {counts.get(seq, 0)} times in {n} calls; the "
+            f"rule emits it with probability {right[seq]:.3f} ({n * right[seq]:.0f} expected).")

@@ -69,6 +69,20 @@ def nvml_utilization(kernels, period, t0, samples):  # noqa: F811
     return sol.nvml_utilization(kernels, period, t0, samples)
 
 
+@mutant(check="nvml_utilization", message="sets a merged interval's end to the new kernel's end")
+def nvml_utilization(kernels, period, t0, samples):  # noqa: F811
+    if period <= 0 or samples < 0 or any(e < s for s, e in kernels):
+        raise ValueError("bad input")
+    merged = []
+    for s, e in sorted(kernels):
+        if merged and s <= merged[-1][1]:
+            merged[-1][1] = e  # not max(end, e): a kernel nested inside a longer one cuts the union short
+        else:
+            merged.append([s, e])
+    return [sum(max(0.0, min(e, t0 + (i + 1) * period) - max(s, t0 + i * period)) for s, e in merged) / period
+            for i in range(samples)]
+
+
 @mutant(check="nvml_utilization", message="a period of 0 s has no busy fraction")
 def nvml_utilization(kernels, period, t0, samples):  # noqa: F811
     if samples < 0 or any(e < s for s, e in kernels):
@@ -167,6 +181,37 @@ def sm_active(kernels, num_sms, period):  # noqa: F811
         cap = num_sms * (rest[0] if rest else 1)
         busy += d * b / (cap * math.ceil(b / cap))  # the last wave's blocks as a share of its slots
     return busy / period
+
+
+def _m_waves(kernels, num_sms, period, share):
+    """sm_active's loop with the busy share of one kernel given: share(blocks, waves)."""
+    if sum(k[0] for k in kernels) > period * (1 + 1e-9):
+        raise ValueError("kernels longer than the period")
+    busy = 0.0
+    for d, b, *rest in kernels:
+        busy += d * share(b, math.ceil(b / (num_sms * (rest[0] if rest else 1))))
+    return busy / period
+
+
+@mutant(check="sm_active", message="uses per_sm for the number of waves but not for the blocks the full waves hold")
+def sm_active(kernels, num_sms, period):  # noqa: F811
+    def share(b, waves):  # the full waves' blocks counted at one per SM
+        last = b - (waves - 1) * num_sms
+        return ((waves - 1) * num_sms + min(last, num_sms)) / (num_sms * waves)
+    return _m_waves(kernels, num_sms, period, share)
+
+
+@mutant(check="sm_active", message="takes the last wave's blocks as blocks % num_sms")
+def sm_active(kernels, num_sms, period):  # noqa: F811
+    def share(b, waves):  # the last wave's fill at one block per SM
+        return ((waves - 1) * num_sms + (b % num_sms or num_sms)) / (num_sms * waves)
+    return _m_waves(kernels, num_sms, period, share)
+
+
+@mutant(check="sm_active", message="uses per_sm for the number of waves but not for the blocks the full waves hold")
+def sm_active(kernels, num_sms, period):  # noqa: F811
+    # the per_sm = 1 share: the same values as the first of these
+    return _m_waves(kernels, num_sms, period, lambda b, waves: min(1.0, b / (num_sms * waves)))
 
 
 # -- 3.1 MFU and MBU --------------------------------------------------------------------------------

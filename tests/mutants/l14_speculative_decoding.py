@@ -117,6 +117,16 @@ def acceptance_rate(target_probs, draft_probs):  # noqa: F811
     return ratio.clamp(max=1).mean(dim=-1)
 
 
+@mutant(check="acceptance_rate", message="without the 1/2 of the total variation distance")
+def acceptance_rate(target_probs, draft_probs):  # noqa: F811
+    return 1 - (target_probs - draft_probs).abs().sum(dim=-1)  # 1 - TV distance, without TV's 1/2
+
+
+@mutant(check="acceptance_rate", message="returns whether the argmaxes of p and q agree")
+def acceptance_rate(target_probs, draft_probs):  # noqa: F811
+    return (target_probs.argmax(dim=-1) == draft_probs.argmax(dim=-1)).to(target_probs.dtype)  # greedy agreement
+
+
 @mutant(check="residual_distribution", message="does not normalize max(0, p - q)")
 def residual_distribution(target_probs, draft_probs):
     return (target_probs - draft_probs).clamp(min=0)
@@ -511,6 +521,18 @@ def verify_tree_greedy(target_logits, tokens, parents):  # noqa: F811
     return out[:-1] if len(out) > 1 else out
 
 
+@mutant(check="verify_tree_greedy", message="follows the last child holding the target's argmax")
+def verify_tree_greedy(target_logits, tokens, parents):  # noqa: F811
+    best, kids = target_logits.argmax(dim=-1).tolist(), sol.children_of(parents)
+    out, node = [], 0
+    while True:
+        out.append(best[node])
+        matches = [c for c in kids[node] if tokens[c] == best[node]]
+        if not matches:
+            return out
+        node = matches[-1]  # the last sibling holding the argmax, not the first
+
+
 def _m_tree(p, q, tokens, parents, gen, kind):
     kids = sol.children_of(parents)
     out, node, pc, qc = [], 0, p[0], q[0]
@@ -519,7 +541,8 @@ def _m_tree(p, q, tokens, parents, gen, kind):
         moved = False
         for c in tried:
             x = tokens[c]
-            if torch.rand((), generator=gen, dtype=p.dtype) < pc[x] / qc[x]:
+            ratio = qc[x] / pc[x] if kind == "inverse" else pc[x] / qc[x]
+            if torch.rand((), generator=gen, dtype=p.dtype) < ratio:
                 out.append(x)
                 node, pc, qc, moved = c, p[c], q[c], True
                 break
@@ -530,6 +553,8 @@ def _m_tree(p, q, tokens, parents, gen, kind):
                 qc[x] = 0
                 qc = qc / qc.sum()
         if not moved:
+            if kind == "no_final" and kids[node]:
+                return out  # every child rejected: no resampled token
             final = p[node] if kind == "final_from_target" else pc
             return out + [int(torch.multinomial(final, 1, generator=gen))]
 
@@ -552,3 +577,31 @@ def verify_tree(target_probs, draft_probs, tokens, parents, generator):  # noqa:
 @mutant(check="verify_tree", message="samples the last token from the node's target row")
 def verify_tree(target_probs, draft_probs, tokens, parents, generator):  # noqa: F811
     return _m_tree(target_probs, draft_probs, tokens, parents, generator, "final_from_target")
+
+
+
+@mutant(check="verify_tree", message="accepts a child with min(1, q/p)")
+def verify_tree(target_probs, draft_probs, tokens, parents, generator):  # noqa: F811
+    return _m_tree(target_probs, draft_probs, tokens, parents, generator, "inverse")
+
+
+@mutant(check="verify_tree", message="emits nothing more once every child of a node is rejected")
+def verify_tree(target_probs, draft_probs, tokens, parents, generator):  # noqa: F811
+    return _m_tree(target_probs, draft_probs, tokens, parents, generator, "no_final")
+
+
+@mutant(check="verify_tree", message="judges every sibling against the node's own target_probs and draft_probs rows")
+def verify_tree(target_probs, draft_probs, tokens, parents, generator):  # noqa: F811
+    kids = sol.children_of(parents)
+    out, node = [], 0
+    while True:
+        for c in kids[node]:
+            x = tokens[c]
+            p, q = target_probs[node], draft_probs[node]  # every sibling judged as if it were the only draft
+            if torch.rand((), generator=generator, dtype=p.dtype) < p[x] / q[x]:
+                out.append(x)
+                node = c
+                break
+        else:
+            p = sol.residual_distribution(target_probs[node], draft_probs[node]) if kids[node] else target_probs[node]
+            return out + [int(torch.multinomial(p, 1, generator=generator))]
