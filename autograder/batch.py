@@ -143,7 +143,7 @@ def autograde(submissions: str | Path, out: str | Path | None = None, stems: lis
     book_path = out / "gradebook.json"
     book = json.loads(book_path.read_text()) if book_path.exists() else {}
     jobs = find_jobs(submissions, stems)
-    todo = [j for j in jobs if book.get(j.student, {}).get(j.stem, {}).get("digest") != j.digest]
+    todo = longest_first([j for j in jobs if book.get(j.student, {}).get(j.stem, {}).get("digest") != j.digest], book)
     log(f"{len(jobs)} submission(s) of {len({j.student for j in jobs})} student(s) in {len({j.stem for j in jobs})} "
         f"lesson(s): {len(todo)} to grade, {len(jobs) - len(todo)} unchanged since the last run; {workers} worker(s)")
     start = time.perf_counter()
@@ -211,6 +211,23 @@ def to_nbgrader(book: dict, db: Path) -> str:
     skipped = (f"; not in it (run nbgrader generate_assignment first): {', '.join(sorted(unknown))}"
                if unknown else "")
     return f"nbgrader's gradebook {db}: {written} submission(s) written{skipped}"
+
+
+def longest_first(todo: list[Job], book: dict) -> list[Job]:
+    """The jobs, longest first (so the last ones to finish are short, and no worker waits long for another at the
+    end): by each lesson's mean seconds in the gradebook when every lesson has some, else by the sum of its checks'
+    time limits (set in proportion to the work each check does)."""
+    from .core import load_checks
+    stems = {j.stem for j in todo}
+    seen: dict[str, list[float]] = {}
+    for entries in book.values():
+        for stem, e in entries.items():
+            seen.setdefault(stem, []).append(e.get("seconds", 0.0))
+    if stems <= seen.keys():
+        weight = {stem: sum(seen[stem]) / len(seen[stem]) for stem in stems}
+    else:
+        weight = {stem: sum(s.timeout for s in load_checks(stem)) for stem in stems}
+    return sorted(todo, key=lambda j: -weight[j.stem])  # (stable: within a lesson, the students' order)
 
 
 def _write_json(path: Path, data) -> None:

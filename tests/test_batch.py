@@ -107,3 +107,13 @@ def test_an_nbgrader_course_gets_the_grades_in_its_gradebook(tmp_path):
         cells = {g.name: g.auto_score for nb in gb.find_submission("kv-assignment", "cy").notebooks for g in nb.grades}
     cy = {f"check_{c['name']}": c["earned"] for c in r["book"]["cy"][STEM]["checks"]}
     assert cells == pytest.approx(cy) and min(cells.values()) == 0 < max(cells.values())
+
+
+def test_jobs_run_longest_first():
+    """The heaviest lessons go first (no worker idles at the end behind a long job): by the gradebook's seconds
+    when it has every lesson, else by the checks' time limits."""
+    jobs = [batch.Job(s, stem, stem, "", "") for s in ("a", "b") for stem in ("l13_gpu_utilization", "l14_speculative_decoding")]
+    assert [j.stem for j in batch.longest_first(jobs, {})][:2] == ["l14_speculative_decoding"] * 2
+    book = {"a": {"l13_gpu_utilization": {"seconds": 9.0}, "l14_speculative_decoding": {"seconds": 1.0}}}
+    assert [(j.student, j.stem) for j in batch.longest_first(jobs, book)][:2] == [("a", "l13_gpu_utilization"),
+                                                                                 ("b", "l13_gpu_utilization")]
