@@ -329,7 +329,7 @@ def test_every_named_mistake_shows_in_a_visible_case():
     greedy = _exercised(checks.GREEDY_CASES, S.verify_greedy, lambda lg, d: {
         n: checks.greedy_rule(lg, d, kind) for n, kind in checks.GREEDY_MISTAKES.items()})
     assert greedy == set(checks.GREEDY_MISTAKES)
-    acc = _exercised(checks.PAIR_CASES + checks.ONE_HOT_CASES, S.acceptance_rate, checks.acceptance_mistakes)
+    acc = _exercised(checks.ACCEPT_CASES + checks.PAIR_CASES + checks.ONE_HOT_CASES, S.acceptance_rate, checks.acceptance_mistakes)
     assert acc == set(checks.acceptance_mistakes(*checks.PAIR_CASES[0][1]))
     res = _exercised(checks.PAIR_CASES, S.residual_distribution, checks.residual_mistakes)
     assert res == set(checks.residual_mistakes(*checks.PAIR_CASES[0][1]))
