@@ -173,8 +173,8 @@ def autograde(submissions: str | Path, out: str | Path | None = None, stems: lis
 def to_nbgrader(book: dict, db: Path) -> str:
     """Each graded entry's check scores into nbgrader's gradebook (the auto_score of each test cell, grade id
     check_<name>, of notebook <stem> in the entry's assignment), as `nbgrader autograde` would leave them: the
-    submission is added if nbgrader has none yet; a student who handed in nothing gets none. An assignment nbgrader does not know (never generated) is left
-    out, and said. Returns what was done, in a line."""
+    submission is added if nbgrader has none yet; a student who handed in nothing gets none. An assignment nbgrader
+    does not know (never generated) is left out, and said. Returns what was done, in a line."""
     try:
         from nbgrader.api import Gradebook, MissingEntry
     except ImportError:

@@ -49,13 +49,15 @@ class _Log:
 
         def logged(*args, **kwargs):
             from autograder import wire
-            try:
-                before = wire.encode([list(args), dict(kwargs)])
-            except wire.WireError:
-                before = None
-            result = value(*args, **kwargs)
             kept = calls.setdefault(name, [])
-            if len(kept) < PER_FUNCTION and before is not None:
+            before = None
+            if len(kept) < PER_FUNCTION:  # the inputs as they were before the call (it may write into them)
+                try:
+                    before = wire.encode([list(args), dict(kwargs)])
+                except wire.WireError:
+                    pass
+            result = value(*args, **kwargs)
+            if before is not None:
                 try:
                     after = wire.decode(wire.encode([result, list(args), dict(kwargs)]))
                     kept.append(wire.decode(before) + after)
@@ -107,8 +109,8 @@ class _Deadline(Exception):
 
 def _call(fn, args, kwargs):
     """fn(*args, **kwargs) on copies of the logged inputs, within CALL_DEADLINE, its printed output discarded:
-    ("ok", [value, args after, kwargs after]) or ("failed", None). In this process: a fork per call costs too much for the thousands of
-    candidates (the machinery that starts processes or sandboxes its caller is not probed)."""
+    ("ok", [value, args after, kwargs after]) or ("failed", None). In this process: a fork per call costs too much
+    for the thousands of candidates (the machinery that starts processes or sandboxes its caller is not probed)."""
     import contextlib
     import io
 
