@@ -10,7 +10,9 @@ baseline): no network, no install. Within a few minutes it
   3. grades every ready lesson with the solutions; on CUDA the GPU-only cases are graded too;
   4. times the engine's paged decode kernel on a Llama-3-8B-shaped decode batch and reports the bandwidth
      it reaches as a share of the chip's HBM peak (CUDA only);
-  5. prints the modeled-vs-measured kernel table of `reference_engine.sim.gpu_model` (CUDA only);
+  5. measures the chip's HBM bandwidth and writes it, with its provenance, as a record for the calibrated
+     clock's table (`reference_engine.sim.measured`), then prints the modeled-vs-measured kernel table of
+     `reference_engine.sim.gpu_model` (CUDA only);
   6. runs the engine benchmark (`reference_engine.tools.bench`) on CUDA (CUDA only);
 and writes `gpu-check.json` and `gpu-check.txt` to DIR. Each part is "passed", "failed" or "skipped"
 (with the reason); a part that needs a GPU is "skipped" on a CPU, never "passed". Exit code 0 when no
@@ -213,7 +215,26 @@ def paged_decode_bandwidth(device: str, quick: bool) -> tuple[str, str, dict]:
                     f"{chip.bandwidth / 1e9:.0f} GB/s): {text}"), {"chip": chip.name, "rows": rows}
 
 
-# ---------------------------------------------------------------- 5. the modeled clock vs measured kernels
+# ---------------------------------------------------------------- 5. HBM bandwidth, and the modeled clock vs measured kernels
+
+
+def memory_bandwidth(device: str, out_dir: Path) -> tuple[str, str, dict]:
+    """The chip's achievable HBM bandwidth (reference_engine.sim.measured.measure), written as a record with its
+    provenance to DIR/measured-memory.json for the calibrated clock's table."""
+    if device != "cuda":
+        return SKIPPED, "needs a CUDA GPU (the calibrated clock's memory fraction is measured on the chip itself)", {}
+    import torch
+
+    from reference_engine.sim import gpu_model as gm
+    from reference_engine.sim import measured
+    chip = gm._chip_of_device(torch.cuda.get_device_name(0), gm.H100)
+    record = measured.measure(chip)
+    path = out_dir / "measured-memory.json"
+    path.write_text(json.dumps(record, indent=1) + "\n")
+    return PASSED, (f"{record['read_GB_s']:.0f} GB/s read, {record['copy_GB_s']:.0f} GB/s copy = "
+                    f"{measured.mem_eff(record):.3f} of {chip.name}'s {record['peak_GB_s']:.0f} GB/s; add it to the "
+                    f"calibrated clock's table: python -m reference_engine.sim.measured --add {path}"), record
+
 
 
 def calibration(device: str, quick: bool) -> tuple[str, str, dict]:
@@ -279,6 +300,7 @@ def main(argv=None) -> int:
     plan = [("doctor", doctor), ("triton kernels", kernels, device)] + \
         ([] if args.perf else [("lessons with the solutions", lessons_part, stems, args.seed)]) + [
             ("paged decode bandwidth", paged_decode_bandwidth, device, args.quick),
+            ("HBM bandwidth (measured table)", memory_bandwidth, device, out_dir),
             ("modeled clock vs measured kernels", calibration, device, args.quick),
             ("engine benchmark", engine_bench, device, args.quick, out_dir)]
     for name, fn, *fn_args in plan:

@@ -10,6 +10,7 @@ import itertools
 import time
 from collections.abc import Iterator
 from dataclasses import replace
+from typing import NamedTuple
 
 import torch
 
@@ -25,6 +26,12 @@ from .sampling import SamplingParams, StopStrings, make_generator, process_logit
 from .scheduler import SampledTokens, SamplerOutput, ScheduledSeq, Scheduler, SchedulerOutput
 from .sequence import RequestMetrics, RequestOutput, Sequence, Status, StepOutput, StepStats, request_output
 from .spec_decode import SpecDecoder
+
+
+class _Rows(NamedTuple):
+    """A forward's logits [rows, vocab] and the same split per scheduled chunk (views, one per chunk)."""
+    logits: torch.Tensor
+    split: tuple[torch.Tensor, ...]
 
 
 def cuda_graph_class(cfg: EngineConfig, backend):
@@ -79,6 +86,7 @@ class LLMEngine:
         self.device, self.dtype, self.quantization = cfg.model.device, cfg.model.dtype, cfg.model.quantization
         self.kv_cache_dtype, self.tensor_parallel_size = cfg.kv_cache_dtype, cfg.parallel.tensor_parallel_size
         self.clock, self.block_size, self.num_blocks = cfg.clock, cfg.cache.block_size, cfg.cache.num_blocks
+        self._checked_clock, self._step_clock = None, False  # see _is_step_clock
         self.max_model_len, self.max_num_seqs = cfg.model.max_model_len, cfg.scheduler.max_num_seqs
         self.max_num_batched_tokens = cfg.scheduler.max_num_batched_tokens
         c = cfg.cache
@@ -342,15 +350,23 @@ class LLMEngine:
                 self.spec.discard(seq)  # it recomputes; the drafts go
         return so
 
-    def _execute(self, so: SchedulerOutput) -> tuple[tuple[torch.Tensor, ...], float | None]:
+    def _execute(self, so: SchedulerOutput) -> tuple[_Rows, float | None]:
         """The forward over every scheduled token: per chunk its logit rows, and the forward's seconds (on a
         StepClock that models time, the modeled kernels rather than this CPU's forward)."""
         if so.block_copies:
             self.runner.copy_blocks(so.block_copies)
         # the modeled step's cost is read from the schedule here, before num_computed_tokens moves on
-        modeled = self.clock.advance(so) if isinstance(self.clock, StepClock) else None
-        rows = self.runner.execute(so).split([s.num_logits for s in so.scheduled])
+        modeled = self.clock.advance(so) if self._is_step_clock() else None
+        logits = self.runner.execute(so)
+        rows = _Rows(logits, logits.split([s.num_logits for s in so.scheduled]))
         return rows, self.runner.last_forward_time if modeled is None else modeled.time_s - modeled.overhead_s
+
+    def _is_step_clock(self) -> bool:
+        """isinstance(self.clock, StepClock), checked once per clock (a runtime protocol check walks the
+        protocol's attributes: host time on every step)."""
+        if self._checked_clock is not self.clock:
+            self._checked_clock, self._step_clock = self.clock, isinstance(self.clock, StepClock)
+        return self._step_clock
 
     # ---- sampling and verification ----------------------------------------------------------------
     def _sample(self, so: SchedulerOutput, rows) -> SamplerOutput:
@@ -358,8 +374,10 @@ class LLMEngine:
         sequence asking for num_logits > 1 are kept across its chunks until then, and returned with its token.
         Sequences with drafts get the verifier's tokens instead; a prompt just computed with n > 1 forks first."""
         out, chunks, verify = SamplerOutput(), [], []
-        for s, r in zip(so.scheduled, rows):
+        last = -1  # the row in rows.logits of s's last token
+        for s, r in zip(so.scheduled, rows.split):
             seq = s.seq
+            last += s.num_logits
             if not s.num_logits:
                 continue
             if seq.num_logits > 1:
@@ -374,16 +392,19 @@ class LLMEngine:
             if seq.pending_forks:
                 group += self._fork(seq)
                 out.forks.append((seq, group[1:]))
-            chunks += [(g, r) for g in group]
+            chunks += [(g, r, last) for g in group]
         if chunks:
-            self._sample_tokens(chunks, out)
+            self._sample_tokens(chunks, rows.logits, out)
         out.verified = [self._verify(seq, r) for seq, r in verify]  # after sampling: the global RNG's order
         return out
 
-    def _sample_tokens(self, chunks: list[tuple[Sequence, torch.Tensor]], out: SamplerOutput) -> None:
-        """Sample each (sequence, its rows) from its last row, a failing row ending its request alone."""
-        seqs = [seq for seq, _ in chunks]
-        logits = torch.stack([r[-1] for _, r in chunks])
+    def _sample_tokens(self, chunks: list[tuple[Sequence, torch.Tensor, int]], all_logits: torch.Tensor,
+                       out: SamplerOutput) -> None:
+        """Sample each (sequence, its rows, the index of its last row in all_logits) from that last row, a
+        failing row ending its request alone."""
+        seqs = [seq for seq, _, _ in chunks]
+        last_rows = [i for _, _, i in chunks]
+        logits = all_logits.index_select(0, torch.tensor(last_rows, device=all_logits.device))
         params = [s.params for s in seqs]
         failed: dict[int, Exception] = {}
         try:
@@ -400,23 +421,23 @@ class LLMEngine:
                 self.step_errors[rid] = e
                 out.failed[rid] = (e, self.requests[rid])
         prompt_lps: dict[str, list] = {}  # request id -> its prompt logprobs (computed once for n samples)
-        for i, ((seq, rows), tok) in enumerate(zip(chunks, tokens.tolist())):
+        for (seq, rows, i), tok in zip(chunks, tokens.tolist()):
             if seq.request_id not in self.step_errors:
-                out.sampled.append(self._sampled(seq, rows, logits[i], tok, prompt_lps))
+                out.sampled.append(self._sampled(seq, rows, all_logits, i, tok, prompt_lps))
 
-    def _sampled(self, seq: Sequence, rows: torch.Tensor, last: torch.Tensor, token: int,
+    def _sampled(self, seq: Sequence, rows: torch.Tensor, all_logits: torch.Tensor, i: int, token: int,
                  prompt_lps: dict[str, list]) -> SampledTokens:
         """seq's sampled token with what the request asks for beside it: its raw logprobs, its prompt's
-        (prompt_lps caches them per request), the rows it asked for."""
-        t = SampledTokens(seq, [token], logits=rows if len(rows) > 1 else None)
+        (prompt_lps caches them per request), the rows it asked for. all_logits[i] is its last row."""
+        t = SampledTokens(seq, [token], logits=rows if rows.shape[0] > 1 else None)
         if seq.params.prompt_logprobs is not None and seq.prompt_logprobs is None:
             if seq.request_id not in prompt_lps:
-                prompt_lps[seq.request_id] = _prompt_logprobs(rows if len(rows) > 1 else last[None],
+                prompt_lps[seq.request_id] = _prompt_logprobs(rows if rows.shape[0] > 1 else all_logits[i:i + 1],
                                                               seq.token_ids[:seq.num_prompt_tokens],
                                                               seq.params.prompt_logprobs)
             t.prompt_logprobs = prompt_lps[seq.request_id]
         if seq.logprobs is not None:
-            t.logprobs = [_logprobs(last, token, seq.params.logprobs)]  # raw: before processing and temperature
+            t.logprobs = [_logprobs(all_logits[i], token, seq.params.logprobs)]  # raw: before processing and temperature
         return t
 
     def _verify(self, seq: Sequence, rows: torch.Tensor) -> SampledTokens:

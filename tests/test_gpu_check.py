@@ -6,7 +6,8 @@ import torch
 
 from autograder import gpu_check
 
-GPU_PARTS = ("paged decode bandwidth", "modeled clock vs measured kernels", "engine benchmark")
+GPU_PARTS = ("paged decode bandwidth", "HBM bandwidth (measured table)", "modeled clock vs measured kernels",
+             "engine benchmark")
 
 
 def test_gpu_check_on_this_machine_writes_its_reports(tmp_path, capsys):
@@ -60,5 +61,5 @@ def test_perf_runs_the_performance_parts_only(tmp_path):
     report = json.loads((tmp_path / "gpu-check.json").read_text())
     names = [p["part"] for p in report["parts"]]
     assert code == 0 and "lessons with the solutions" not in names
-    assert names[-3:] == ["paged decode bandwidth", "modeled clock vs measured kernels", "engine benchmark"]
-    assert all(p["status"] == "skipped" for p in report["parts"][-3:])  # a CPU: skipped, never passed
+    assert names[-4:] == list(GPU_PARTS)
+    assert all(p["status"] == "skipped" for p in report["parts"][-4:])  # a CPU: skipped, never passed

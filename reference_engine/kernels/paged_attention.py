@@ -28,5 +28,7 @@ def paged_decode_torch(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Te
     v = gather_kv(v_cache, block_tables).transpose(1, 2)
     valid = torch.arange(k.shape[2], device=q.device)[None, :] < context_lens[:, None]  # [B, L]
     qg = q.view(B, kv_heads, H // kv_heads, D)
-    out = F.scaled_dot_product_attention(qg, k.to(q.dtype), v.to(q.dtype), attn_mask=valid[:, None, None, :], scale=scale)
+    if k.dtype != q.dtype:  # an fp8 cache
+        k, v = k.to(q.dtype), v.to(q.dtype)
+    out = F.scaled_dot_product_attention(qg, k, v, attn_mask=valid[:, None, None, :], scale=scale)
     return out.reshape(B, H, D)

@@ -32,10 +32,13 @@ gpu_model.step_time; this is opt-in:
 """
 from __future__ import annotations
 
+import functools
 import math
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from pathlib import Path
 
+from reference_engine.sim import measured
 from reference_engine.sim.gpu_model import (
     A100,
     H100,
@@ -63,6 +66,7 @@ class ChipCalibration:
     sms: int
     fp8_tflops: float
     mem_eff: float
+    mem_eff_source: str = ""
 
 
 # SM counts, CITED: NVIDIA A100 Tensor Core GPU Architecture whitepaper (A100: 108 SMs); NVIDIA H100 Tensor Core GPU
@@ -71,10 +75,13 @@ class ChipCalibration:
 # FP8 peak, CITED: H100 SXM datasheet, dense FP8 tensor 1,979 TFLOP/s = 2 x the 989 bf16 figure; H200 the same.
 # mem_eff: A100 CITED (gpt-fast README, 1700 of 2039 GB/s, as gpu_model.MEM_EFF_GPT_FAST). H100 and H200: the same
 # 0.834 is an ASSUMPTION; no measurement of either chip's achievable bandwidth was found to cite.
+# A chip measured by gpu_check (measured.py's table, with its provenance) takes the measured fraction instead.
+_GPT_FAST = "CITED for A100: gpt-fast README, 1700 of 2039 GB/s"
+_ASSUMED = "ASSUMPTION: A100's cited fraction (gpt-fast); not measured on this chip yet"
 CALIBRATIONS = {
-    A100.name: ChipCalibration(sms=108, fp8_tflops=0.0, mem_eff=MEM_EFF_GPT_FAST),
-    H100.name: ChipCalibration(sms=132, fp8_tflops=1979.0, mem_eff=MEM_EFF_GPT_FAST),
-    H200.name: ChipCalibration(sms=132, fp8_tflops=1979.0, mem_eff=MEM_EFF_GPT_FAST),
+    A100.name: ChipCalibration(sms=108, fp8_tflops=0.0, mem_eff=MEM_EFF_GPT_FAST, mem_eff_source=_GPT_FAST),
+    H100.name: ChipCalibration(sms=132, fp8_tflops=1979.0, mem_eff=MEM_EFF_GPT_FAST, mem_eff_source=_ASSUMED),
+    H200.name: ChipCalibration(sms=132, fp8_tflops=1979.0, mem_eff=MEM_EFF_GPT_FAST, mem_eff_source=_ASSUMED),
 }
 
 # FP8 GEMM best-shape fraction, CITED: DeepGEMM (deepseek-ai/DeepGEMM README) first release, "up to 1350+ FP8 TFLOPS"
@@ -120,13 +127,23 @@ ACT_BYTES = 2
 LOGIT_BYTES, SAMPLING_PASSES, SAMPLING_KERNELS = 4, 3, 2
 
 
-def calibration_for(chip: Chip) -> ChipCalibration:
-    """The ChipCalibration of one of gpu_model's chips (at_peak() copies included: same name). Raises KeyError for
-    another chip: pass step_time(..., calibration=ChipCalibration(...)) for it."""
+def calibration_for(chip: Chip, table: Path = measured.TABLE) -> ChipCalibration:
+    """The ChipCalibration of one of gpu_model's chips (at_peak() copies included: same name), its memory fraction
+    the newest measurement of that chip in measured.py's table if there is one. Raises KeyError for another chip:
+    pass step_time(..., calibration=ChipCalibration(...)) for it."""
     try:
-        return CALIBRATIONS[chip.name]
+        cal = CALIBRATIONS[chip.name]
     except KeyError:
         raise KeyError(f"no calibration for {chip.name!r}: pass calibration=ChipCalibration(...)") from None
+    record = _measured(table).get(chip.name)
+    if record is None:
+        return cal
+    return replace(cal, mem_eff=measured.mem_eff(record), mem_eff_source=measured.source(record))
+
+
+@functools.lru_cache(maxsize=4)
+def _measured(table: Path) -> dict[str, dict]:
+    return measured.load(table)
 
 # ---------------------------------------------------------------- GEMMs
 

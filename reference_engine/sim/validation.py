@@ -43,6 +43,7 @@ from dataclasses import dataclass, replace
 from reference_engine.sim import calibration
 from reference_engine.sim.gpu_model import (
     A100,
+    CHIPS,
     H100,
     H200,
     LLAMA_3_8B,
@@ -213,6 +214,9 @@ def table(rows: list[dict]) -> str:
                      f"{r['ratio']:>7.2f}  [{sources.index(r['source']) + 1}]{flag}")
     lines += ["", f"ratio = modeled / published; band {BAND[0]}-{BAND[1]}. Sources:"]
     lines += [f"[{i + 1}] {s}" for i, s in enumerate(sources)]
+    lines += ["", "Achievable HBM fraction per chip (reference_engine/sim/measured.py adds a chip measured by gpu_check):"]
+    lines += [f"  {name}: {calibration.calibration_for(c).mem_eff:.3f}, {calibration.calibration_for(c).mem_eff_source}"
+              for name, c in CHIPS.items()]
     return "\n".join(lines)
 
 
