@@ -10,6 +10,7 @@ baseline): no network, no install. Within a few minutes it
   3. grades every ready lesson with the solutions; on CUDA the GPU-only cases are graded too;
   4. times the engine's paged decode kernel on a Llama-3-8B-shaped decode batch and reports the bandwidth
      it reaches as a share of the chip's HBM peak (CUDA only);
+     and times lesson 16's W4A16 kernel against the bf16 matmul at 1, 4 and 16 rows (CUDA only);
   5. measures the chip's HBM bandwidth and writes it, with its provenance, as a record for the calibrated
      clock's table (`reference_engine.sim.measured`), then prints the modeled-vs-measured kernel table of
      `reference_engine.sim.gpu_model` (CUDA only);
@@ -215,6 +216,38 @@ def paged_decode_bandwidth(device: str, quick: bool) -> tuple[str, str, dict]:
                     f"{chip.bandwidth / 1e9:.0f} GB/s): {text}"), {"chip": chip.name, "rows": rows}
 
 
+def w4a16_speed(device: str, quick: bool) -> tuple[str, str, dict]:
+    """Lesson 16's W4A16 kernel (the solution's) against the bf16 matmul of the same weight, on Llama-3-8B's MLP
+    shapes (gate_up [28672, 4096], down [4096, 14336]; int4, groups of 128, asymmetric) at 1, 4 and 16 rows, each
+    timed as the lesson's check times it (autograder.harnesses.timing: CUDA events, L2 flushed before each call).
+    The goal is at least 2x at these batches (a measurement: reported, not judged)."""
+    if device != "cuda":
+        return SKIPPED, "needs a CUDA GPU (the interpreter's time says nothing about a kernel's speed)", {}
+    import torch
+
+    from autograder.harnesses.timing import seconds_per_call
+    from reference_engine.quantization import pack_int4, quantize_groups
+    from solutions import l16_quantization as l16
+    rows = []
+    for name, n, k in [("gate_up", 28672, 4096), ("down", 4096, 14336)][: 1 if quick else 2]:
+        g = torch.Generator().manual_seed(0)
+        w = torch.randn(n, k, generator=g) * 0.02
+        q, scales, zeros = quantize_groups(w, 4, 128, symmetric=False)
+        qw = l16.Int4Weight(pack_int4(q).cuda(), scales.cuda(), zeros.cuda(), 128)
+        wb = w.to("cuda", torch.bfloat16)
+        for m in (1, 4, 16):
+            x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+            mine = seconds_per_call(lambda x=x, qw=qw: l16.w4a16_matmul(x, qw), 50)
+            bf16 = seconds_per_call(lambda x=x, wb=wb: x @ wb.T, 50)
+            rows.append({"weight": name, "N": n, "K": k, "M": m, "w4a16_us": mine * 1e6, "bf16_us": bf16 * 1e6,
+                         "speedup": bf16 / mine, "w4a16_GB_s": (n * k / 2 + 3 * n * k / 128) / mine / 1e9})  # fp16 scale, uint8 zero
+    text = "; ".join(f"{r['weight']} M={r['M']}: {r['w4a16_us']:.1f} vs {r['bf16_us']:.1f} us = {r['speedup']:.2f}x"
+                     for r in rows)
+    low = [r for r in rows if r["speedup"] < 2]
+    return PASSED, (f"{text} (goal >= 2x at these batches: {'met' if not low else f'not met in {len(low)} of {len(rows)}'})"), \
+        {"rows": rows}
+
+
 # ---------------------------------------------------------------- 5. HBM bandwidth, and the modeled clock vs measured kernels
 
 
@@ -300,6 +333,7 @@ def main(argv=None) -> int:
     plan = [("doctor", doctor), ("triton kernels", kernels, device)] + \
         ([] if args.perf else [("lessons with the solutions", lessons_part, stems, args.seed)]) + [
             ("paged decode bandwidth", paged_decode_bandwidth, device, args.quick),
+            ("W4A16 vs bf16 (lesson 16's kernel)", w4a16_speed, device, args.quick),
             ("HBM bandwidth (measured table)", memory_bandwidth, device, out_dir),
             ("modeled clock vs measured kernels", calibration, device, args.quick),
             ("engine benchmark", engine_bench, device, args.quick, out_dir)]

@@ -6,7 +6,7 @@ import torch
 
 from autograder import gpu_check
 
-GPU_PARTS = ("paged decode bandwidth", "HBM bandwidth (measured table)", "modeled clock vs measured kernels",
+GPU_PARTS = ("paged decode bandwidth", "W4A16 vs bf16 (lesson 16's kernel)", "HBM bandwidth (measured table)", "modeled clock vs measured kernels",
              "engine benchmark")
 
 
@@ -61,5 +61,5 @@ def test_perf_runs_the_performance_parts_only(tmp_path):
     report = json.loads((tmp_path / "gpu-check.json").read_text())
     names = [p["part"] for p in report["parts"]]
     assert code == 0 and "lessons with the solutions" not in names
-    assert names[-4:] == list(GPU_PARTS)
-    assert all(p["status"] == "skipped" for p in report["parts"][-4:])  # a CPU: skipped, never passed
+    assert names[-5:] == list(GPU_PARTS)
+    assert all(p["status"] == "skipped" for p in report["parts"][-5:])  # a CPU: skipped, never passed

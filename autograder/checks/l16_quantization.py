@@ -442,18 +442,27 @@ def w4a16_kernel(t):
                     hint="It matched with float32 activations on this case, so what differs is the fp16 path: the "
                          "docstring casts the dequantized W tile to x's dtype, accumulates tl.dot in float32 and casts "
                          "only the stored result." if dtype == torch.float16 else "")
-    with t.case("speed: bf16, x [16, 4096] @ W [14336, 4096].T, within 2x of a bf16 matmul (reads 4x the bytes)",
-                requires_cuda=True) as on:
+    with t.case(f"speed: bf16, x [16, 4096] @ W [14336, 4096].T, within {W4A16_SLOWEST}x of a bf16 matmul "
+                "(CUDA events, L2 flushed before each call)", requires_cuda=True) as on:
         if on:
             got = t.run(time_w4a16, t.learner("w4a16_matmul"), t.rng.randrange(2**31), what="w4a16_matmul, timed,")
             mine, ref = got["mine"], got["bf16"]
             if not (type(mine) is float and type(ref) is float and mine > 0 and ref > 0):
                 t.fail(f"the timing of your kernel came back as {mine!r} s per call: it must be a positive time")
-            t.expect_true(mine <= 2 * ref, f"your W4A16 matmul takes {mine * 1e6:.1f} us, the bf16 matmul {ref * 1e6:.1f} us: "
-                          "a decode GEMM is memory-bound, so reading a quarter of the weight bytes should not be slower "
-                          "than twice bf16. Load each group's packed bytes once, as a [BLOCK_N, GROUP_SIZE // 2] tile along the row "
-                          "(gathering byte k // 2 into a [GROUP_SIZE, BLOCK_N] tile reads every byte twice, strided across "
-                          "lanes), and keep the dequantization in registers")
+            t.expect_true(mine <= W4A16_SLOWEST * ref,
+                          f"your W4A16 matmul takes {mine * 1e6:.1f} us, the bf16 matmul {ref * 1e6:.1f} us: at 16 "
+                          "rows this GEMM is memory-bound and int4 weights with their scales and zeros are about 27% "
+                          "of bf16's bytes, so it should not be slower. Load each group's packed bytes once, as a "
+                          "[BLOCK_N, GROUP_SIZE // 2] tile along the row (gathering byte k // 2 into a "
+                          "[GROUP_SIZE, BLOCK_N] tile reads every byte twice, strided across lanes), and keep the "
+                          "dequantization in registers")
+
+
+# How much slower than the bf16 matmul the learner's kernel may be at batch 16. The bar the lesson aims at is a
+# speedup (Marlin, Frantar et al., PPoPP 2025, is near the ideal 4x over FP16 up to batch 16-32, reference-facts.md),
+# but the solution's kernel measured 33 us against bf16's 34 us on an H200 (2026-12-04, L2 not flushed): a bar above
+# parity waits until a reference kernel is shown to clear it on a GPU (gpu_check --perf times it at 1, 4 and 16 rows).
+W4A16_SLOWEST = 2.0
 
 
 # ---------------------------------------------------------------- 5. which method
