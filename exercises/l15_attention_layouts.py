@@ -53,7 +53,8 @@ DEEPSEEK_V3 = {"name": "DeepSeek-V3", "num_hidden_layers": 61, "hidden_size": 71
 MODELS = [LLAMA_3_8B, MISTRAL_7B, LLAMA_3_70B, LLAMA_3_70B_MHA, DEEPSEEK_V2, DEEPSEEK_V3]
 # Layouts where most layers attend only to a sliding window of recent tokens (section 3.4). Gemma 3 27B
 # (google/gemma-3-27b-it config.json; Gemma 3 technical report, 2025: 5 local layers per global one, a
-# 1,024-token window): layer i is global when (i + 1) % sliding_window_pattern == 0. gpt-oss-120b
+# 1,024-token window): layer i is global when (i + 1) % sliding_window_pattern == 0 (6 is transformers'
+# Gemma3TextConfig default, which the checkpoint's config leaves to it). gpt-oss-120b
 # (openai/gpt-oss-120b config.json; its model card, 2025: dense and 128-token banded layers alternate).
 GEMMA_3_27B = {"name": "Gemma-3-27B", "num_hidden_layers": 62, "hidden_size": 5376, "num_attention_heads": 32,
                "num_key_value_heads": 16, "head_dim": 128, "sliding_window": 1024, "sliding_window_pattern": 6}

@@ -209,5 +209,5 @@ def should_we(rng, ref):
          "break-even: transfer time vs the stall the prefill causes; overlap the transfer with prefill layer by layer",
          "size pools per SLO (DistServe): prefill for TTFT with queueing, decode for TPOT within KV memory",
          "no for short prompts, small fleets, slow links, or when a colocated engine with chunked prefill meets the SLO",
-         "DistServe (OSDI 2024) 7.4x goodput; Splitwise (ISCA 2024) 1.4x throughput at 20% lower cost"],
+         "DistServe (OSDI 2024) up to 7.4x goodput; Splitwise (ISCA 2024) up to 1.4x throughput at 20% lower cost"],
         "Disaggregation trades network bytes for decode isolation; it pays when the stall costs more than the bytes.")
