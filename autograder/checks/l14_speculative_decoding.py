@@ -1312,9 +1312,14 @@ TREE_VERIFY_MISTAKES = {
 }
 
 TREE_VERIFY_CASES = [
+    # The root's draft row puts most of its mass where the target puts little, so siblings are often rejected and
+    # what each rule does after a rejection shows: over 1,000 calls every named mistake's law is a chi-square
+    # noncentrality of 900+ away from the right one and 180+ from every other mistake's (at least 62 and 68 with
+    # the draft row [0.1, 0.2, 0.3, 0.4] this case had, which let "does not remove a rejected sibling's token from
+    # q" pass about one run in ten).
     ("visible: root with 3 children, V=4", ([-1, 0, 0, 0],
-     [[0.4, 0.3, 0.2, 0.1], [0.25, 0.25, 0.25, 0.25], [0.1, 0.2, 0.3, 0.4], [0.7, 0.1, 0.1, 0.1]],
-     [[0.1, 0.2, 0.3, 0.4], [0.25, 0.25, 0.25, 0.25], [0.25, 0.25, 0.25, 0.25], [0.25, 0.25, 0.25, 0.25]])),
+     [[0.5, 0.2, 0.2, 0.1], [0.25, 0.25, 0.25, 0.25], [0.1, 0.2, 0.3, 0.4], [0.7, 0.1, 0.1, 0.1]],
+     [[0.05, 0.2, 0.1, 0.65], [0.25, 0.25, 0.25, 0.25], [0.25, 0.25, 0.25, 0.25], [0.25, 0.25, 0.25, 0.25]])),
     ("visible: two children, the first with two of its own, V=4", ([-1, 0, 0, 1, 1],
      [[0.5, 0.2, 0.2, 0.1], [0.1, 0.6, 0.2, 0.1], [0.3, 0.3, 0.2, 0.2], [0.2, 0.2, 0.3, 0.3], [0.4, 0.1, 0.1, 0.4]],
      [[0.2, 0.5, 0.2, 0.1], [0.3, 0.3, 0.3, 0.1], [0.25, 0.25, 0.25, 0.25], [0.25, 0.25, 0.25, 0.25],
