@@ -87,6 +87,8 @@ def compare_number(got, expected, rtol: float = 1e-9, atol: float = 0.0) -> str 
         return None if got == expected else f"got {fmt(got)}, expected {fmt(expected)}"
     if abs(got - expected) <= atol + rtol * abs(expected):
         return None
+    if fmt(got) == fmt(expected):  # equal to 6 digits: show all of them, and by how much they differ
+        return f"got {got!r}, expected {expected!r} (they differ by {abs(got - expected):.3g})"
     return f"got {fmt(got)}, expected {fmt(expected)}"
 
 

@@ -196,8 +196,10 @@ def _named_alone(mistakes: dict, expected) -> set:
 # queued; a big queue with preemptions named preemption at once differs from the right order only where
 # ruling out preemption before prefill interference does too; E2E > the cut keeps the same requests as the
 # int(n * (1 - q/100)) slowest whenever the cut is a request's E2E.
+# (a fleet-wide preemption guard answers as "checks the replicas last" wherever it is wrong: a preemption anywhere
+# makes the later suspects end at preemption before a replicas-last order reaches bad_replica)
 INSEPARABLE = {"asks whether a request was preempted of the tail only", "names preemption as soon as a big queue",
-               "takes the tail as E2E > the cut"}
+               "takes the tail as E2E > the cut", "rules out bad_replica when any request in the fleet"}
 
 
 def test_the_new_visible_cases_name_each_mistake_alone():

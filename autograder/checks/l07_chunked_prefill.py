@@ -471,7 +471,7 @@ def step_time(t):
 
 @answer_code
 def wrong_choice(cost, slo, P, d, ctx, floor=False, mean=False, no_decodes=False, smallest=False,
-                 strict=False, first_only=False, start0=False, ttft_max=False, no_top=False):
+                 strict=False, first_only=False, start0=False, ttft_max=False, no_top=False, uncapped=False):
     """choose_budget with one usual mistake (None where that version would raise)."""
     top = d + P - 1 if no_top else d + P
     for budget in (range(d + 1, top + 1) if smallest else range(top, d, -1)):
@@ -479,7 +479,8 @@ def wrong_choice(cost, slo, P, d, ctx, floor=False, mean=False, no_decodes=False
         if share > P:
             continue
         starts = range(0, share * (P // share), share) if floor else range(0, P, share)
-        times = [cost_model(cost, d, ctx, min(share, P - s), 0 if start0 else s) for s in starts]
+        times = [cost_model(cost, d, ctx, share if uncapped else min(share, P - s), 0 if start0 else s)
+                 for s in starts]
         if not times:
             continue
         worst = times[0] if first_only else sum(times) / len(times) if mean else max(times)
@@ -501,6 +502,8 @@ BUDGET_MISTAKES = {
         dict(start0=True),
     "takes the TTFT as num_steps times the slowest step; it is the sum of the steps' times": dict(ttft_max=True),
     "never tries the largest budget, num_decodes + prompt_len (the whole prompt in one step)": dict(no_top=True),
+    "times the last chunk as a full chunk; it is what remains of the prompt, min(chunk, prompt_len - start)":
+        dict(uncapped=True),
 }
 
 

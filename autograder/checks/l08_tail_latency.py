@@ -548,9 +548,11 @@ SHARES_MISTAKES = {
     "takes the tail as E2E > the cut; a request exactly at the q-th percentile belongs to it (>=)":
         dict(strict=True),
     "takes the int(n * (1 - q/100)) slowest requests; the tail is every request with E2E >= "
-    "np.percentile(E2Es, q) (in floats 150 * (1 - 0.9) is 14.999999999999996)": dict(top_k="floor"),
+    "np.percentile(E2Es, q) (a count from floats rounds badly: for example 150 * (1 - 0.9) is 14.999999999999996, "
+    "so int() gives 14)": dict(top_k="floor"),
     "takes the ceil(n * (1 - q/100)) slowest requests; the tail is every request with E2E >= "
-    "np.percentile(E2Es, q) (in floats 20 * (1 - 0.85) is 3.0000000000000004)": dict(top_k="ceil"),
+    "np.percentile(E2Es, q) (a count from floats rounds badly: for example 20 * (1 - 0.85) is 3.0000000000000004, "
+    "so ceil() gives 4)": dict(top_k="ceil"),
     "chooses the tail by TTFT; the tail is the requests slowest end to end (E2E >= its q-th percentile)":
         dict(by_ttft=True),
 }
@@ -705,12 +707,13 @@ def straggler_replica(t):
 @answer_code
 def suspect_variant(requests, steps_by_replica, q=90, min_share=0.06, ratio=1.5, order=None, guard=True,
                     count_preempted=True, largest=False, tail_only=False, raw_e2e=False, strict=False,
-                    queue_is_preemption=False, replica_guard=True):
+                    queue_is_preemption=False, replica_guard=True, fleet_guard=False):
     """first_suspect with one thing changed: another order of the suspects, no preemption guard on
     queueing, preemption judged by its share only, the largest share named whatever the order, "was any
     request preempted" asked of the tail only, the replicas compared by raw E2E (not per output token),
-    shares tested with > min_share, a big queue with preemptions named preemption at once, or a straggler
-    named bad_replica although its own requests were preempted (replica_guard=False)."""
+    shares tested with > min_share, a big queue with preemptions named preemption at once, a straggler
+    named bad_replica although its own requests were preempted (replica_guard=False), or a straggler not named
+    because a request on any replica was preempted (fleet_guard=True)."""
     shares = shares_variant(requests, steps_by_replica, q)
     e2e = [r["finish"] - r["arrival"] for r in requests]
     cut = np.percentile(e2e, q)
@@ -725,7 +728,8 @@ def suspect_variant(requests, steps_by_replica, q=90, min_share=0.06, ratio=1.5,
              if r["replica"] == i] for i in range(n)]
     slow = straggler_variant(lats, ratio)
     tests["bad_replica"] = slow is not None and not (
-        replica_guard and any(r["num_preemptions"] > 0 for r in requests if r["replica"] == slow))
+        replica_guard and any(r["num_preemptions"] > 0 for r in requests
+                              if fleet_guard or r["replica"] == slow))
     if largest:
         k = max(COMPONENTS, key=lambda c: shares[c])
         return {"queue_s": "queueing", "prefill_stall_s": "prefill_interference", "preempted_s": "preemption",
@@ -751,6 +755,10 @@ SUSPECT_MISTAKES = {
     "which is preemption": dict(replica_guard=False),
     "asks whether a request was preempted of the tail only; any preempted request, in the tail or not, means "
     "the KV pool ran out": dict(tail_only=True),
+    "rules out bad_replica when any request in the fleet was preempted; only the slow replica's own requests "
+    "tell whether its KV pool ran out": dict(fleet_guard=True),
+    f"tests prefill interference before queueing; the order is {ORDER_TEXT}":
+        dict(order=("bad_replica", "prefill_interference", "queueing", "preemption", "host_stall")),
     "compares the replicas by raw E2E; a replica that got longer outputs is not slower: compare "
     "per_token_latency": dict(raw_e2e=True),
     "tests the shares with > min_share; a share equal to min_share passes (>=)": dict(strict=True),
@@ -798,6 +806,10 @@ SUSPECT_CASES = [
     ("a tail request sat out 5 steps (preempted) and the host paused 2 steps' time",
      dict(sat_out={T0: (32, 5)}, host={(0, 34): 2, (1, 34): 2}), (90, 0.06, 1.5)),
     ("replica 1 runs 2x slower and the tail queued", dict(slow={1: 2}, queue={T0: 4, T1: 4}), (90, 0.06, 1.5)),
+    ("replica 1 runs 2x slower; a request on replica 0 was preempted",
+     dict(slow={1: 2}, preempted=[(0, 2)]), (90, 0.06, 1.5)),
+    ("the tail queued and was stalled by a prefill flood; nothing was preempted",
+     dict(queue={T0: 4, T1: 4}, flood={(0, 30): 3, (1, 30): 3}), (90, 0.06, 1.5)),
 ]
 
 

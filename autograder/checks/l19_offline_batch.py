@@ -199,8 +199,8 @@ def packed_attention(t):
                ("GQA, a one-token sequence", ([1, 4, 2], 8, 2, 16, None)),
                ("explicit scale", ([2, 3], 2, 1, 8, 0.3))]
 
-    def hidden(rng):
-        H_kv, group = rng.choice([1, 2, 4]), rng.choice([1, 2, 4])
+    def hidden(rng):  # grouped-query heads every time (the visible cases hold MHA and MQA): the pairing shows
+        H_kv, group = rng.choice([2, 4]), rng.choice([2, 4])
         return random_lengths(rng, 5, 10), H_kv * group, H_kv, rng.choice([8, 16, 32]), None
     for label, (lengths, H, H_kv, D, scale) in t.cases(visible, hidden, n=2):
         with t.case(f"{label}: lengths {lengths}, heads {H}, kv heads {H_kv}, head_dim {D}"

@@ -435,6 +435,17 @@ def choose_budget(cost, itl_slo_s, prompt_len, num_decodes, decode_context):  # 
     return _m_choose(cost, itl_slo_s, prompt_len, num_decodes, decode_context, ttft=lambda ts: len(ts) * max(ts))
 
 
+@mutant(check="choose_budget", message="times the last chunk as a full chunk")
+def choose_budget(cost, itl_slo_s, prompt_len, num_decodes, decode_context):  # noqa: F811
+    """The last chunk charged as a whole chunk, not what remains of the prompt."""
+    for budget in range(num_decodes + prompt_len, num_decodes, -1):
+        share = budget - num_decodes
+        times = [sol.step_time(cost, num_decodes, decode_context, share, start) for start in range(0, prompt_len, share)]
+        if max(times) <= itl_slo_s:
+            return {"budget": budget, "num_steps": len(times), "ttft_s": sum(times), "max_step_s": max(times)}
+    raise ValueError("no budget meets the SLO")
+
+
 @mutant(check="choose_budget", message="never tries the largest budget")
 def choose_budget(cost, itl_slo_s, prompt_len, num_decodes, decode_context):  # noqa: F811
     return _m_choose(cost, itl_slo_s, prompt_len, num_decodes, decode_context,

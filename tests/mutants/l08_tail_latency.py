@@ -87,6 +87,24 @@ def first_suspect(requests, steps_by_replica, q=90, min_share=0.06, ratio=1.5): 
     return _m_suspect(requests, steps_by_replica, q, min_share, ratio, order=sol.CAUSES)
 
 
+@mutant(check="first_suspect", message="rules out bad_replica when any request in the fleet was preempted")
+def first_suspect(requests, steps_by_replica, q=90, min_share=0.06, ratio=1.5):  # noqa: F811
+    """The preemption guard asked of the whole fleet, not of the slow replica's own requests."""
+    n = 1 + max(r["replica"] for r in requests)
+    per_replica = [[sol.per_token_latency(r) for r in requests if r["replica"] == i] for i in range(n)]
+    slow = sol.straggler_replica(per_replica, ratio)
+    if slow is not None and not any(r["num_preemptions"] > 0 for r in requests):
+        return "bad_replica"
+    rest = [c for c in sol.SUSPECT_ORDER if c != "bad_replica"]
+    return _m_suspect(requests, steps_by_replica, q, min_share, ratio, order=rest)
+
+
+@mutant(check="first_suspect", message="tests prefill interference before queueing")
+def first_suspect(requests, steps_by_replica, q=90, min_share=0.06, ratio=1.5):  # noqa: F811
+    return _m_suspect(requests, steps_by_replica, q, min_share, ratio,
+                      order=("bad_replica", "prefill_interference", "queueing", "preemption", "host_stall"))
+
+
 # -- edge cases: arguments passed on, empty replicas, ties, exact cuts, host gaps clipped at arrival ---------
 
 @mutant(check="tail_summary", message="on requests of one token each")
