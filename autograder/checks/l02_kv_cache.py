@@ -15,6 +15,7 @@ import torch.nn.functional as F
 
 from autograder.checks import _attention
 from autograder.checks._configs import NULL_FIELDS_7B, call, describe, non_default, random_config, shape
+from autograder.compare import compare
 from autograder.core import LearnerRaised, check
 from autograder.reference import answer_code
 
@@ -87,7 +88,9 @@ def _refused(t, spec, why: str):
 @check(points=1, section="2.1")
 def dtype_bytes(t):
     """Bytes per element from a dtype name, a byte width or a torch.dtype; anything else refused."""
-    visible = ["bfloat16", "float16", "float32", "fp8_e4m3", "float8", "FP8_E4M3", "BFloat16", 2, torch.bfloat16]
+    # every short name and torch.dtypes of each width (fp8 and float64 too), on every seed
+    visible = ["bfloat16", "float16", "float32", "fp8_e4m3", "float8", "FP8_E4M3", "BFloat16", "bf16", "fp16", "fp8",
+               "fp32", 2, torch.bfloat16, torch.float32, torch.float8_e4m3fn, torch.float64]
     names = ["bf16", "fp16", "fp8", "fp8_e5m2", "fp32", "bfloat16", "float8"]
     for spec in t.cases(visible, lambda rng: rng_case(rng, rng.choice(names)), n=3):
         with t.case(f"dtype_bytes({spec!r})"):
@@ -115,6 +118,15 @@ def _config_cases(t, visible: list, hidden, n: int) -> list:
             for label, case in t.cases([(v[0], v[1:]) for v in visible], hidden, n=n)]
 
 
+def blame_upstream(t, what: str, got, expected, upstream: list[tuple[str, tuple, object]]) -> None:
+    """Before `what`'s wrong answer is judged: the first exercise it builds on (upstream: (name, the arguments the
+    reference passes it here, the reference's value), in call order) that is wrong on those arguments fails the
+    case, named (t.blame_upstream): each check judges its own function."""
+    if compare(got, expected) is not None:
+        for name, args, value in upstream:
+            t.blame_upstream(what, name, [(args, value)], rtol=None)
+
+
 @check(points=3, section="2.1")
 def kv_bytes_per_token(t):
     """2 x layers x kv_heads x head_dim x bytes, with config.json's defaults."""
@@ -126,9 +138,10 @@ def kv_bytes_per_token(t):
     hidden = lambda rng: (random_config(rng), rng.choice(DTYPE_SPECS))  # noqa: E731
     for label, cfg, dtype in _config_cases(t, visible, hidden, n=4):
         with t.case(f"{label}, dtype={dtype!r}"):
-            expected = t.ref.kv_bytes_per_token(cfg, dtype)
+            expected, width = t.ref.kv_bytes_per_token(cfg, dtype), t.ref.dtype_bytes(dtype)
             got = call(t, "kv_bytes_per_token", cfg, dtype)
-            t.expect(got, expected, "KV bytes per token", mistakes=kv_mistakes(cfg, t.ref.dtype_bytes(dtype)))
+            blame_upstream(t, "kv_bytes_per_token", got, expected, [("dtype_bytes", (dtype,), width)])
+            t.expect(got, expected, "KV bytes per token", mistakes=kv_mistakes(cfg, width), count=True)
 
 
 # -- 2.2 users and bytes ----------------------------------------------------------------------
@@ -143,7 +156,9 @@ def kv_cache_bytes(t):
         with t.case(f"{users} users x {ctx} tokens, {label}, dtype={dtype!r}"):
             expected = t.ref.kv_cache_bytes(cfg, dtype, users, ctx)
             per_token = t.ref.kv_bytes_per_token(cfg, dtype)
-            t.expect(call(t, "kv_cache_bytes", cfg, dtype, users, ctx), expected, "cache bytes",
+            got = call(t, "kv_cache_bytes", cfg, dtype, users, ctx)
+            blame_upstream(t, "kv_cache_bytes", got, expected, [("kv_bytes_per_token", (cfg, dtype), per_token)])
+            t.expect(got, expected, "cache bytes", count=True,
                      mistakes={"forgets to multiply by the number of users": per_token * ctx,
                                "forgets the context length": per_token * users,
                                "counts only K, not K and V": expected // 2})
@@ -185,8 +200,9 @@ def max_users(t):
             wrong = _rounding_mistakes(free, per_user)
             wrong["counts tokens that fit, not sequences of context_len tokens"] = int(free // per_token)
             wrong["returns a negative number of users when nothing fits"] = int(free // per_user)
-            t.expect(call(t, "max_users", cfg, dtype, ctx, free), expected, "users that fit", mistakes=wrong,
-                     count=True)
+            got = call(t, "max_users", cfg, dtype, ctx, free)
+            blame_upstream(t, "max_users", got, expected, [("kv_cache_bytes", (cfg, dtype, 1, ctx), per_user)])
+            t.expect(got, expected, "users that fit", mistakes=wrong, count=True)
 
 
 @check(points=2, section="2.3")
@@ -217,6 +233,9 @@ def users_per_gpu(t):
             # bf16 weights and cache are the defaults: leave them out, as a caller would
             got = call(t, "users_per_gpu", cfg, params, ctx, gpu,
                        **non_default(weight_dtype=(w_dt, "bfloat16"), kv_dtype=(kv_dt, "bfloat16")))
+            blame_upstream(t, "users_per_gpu", got, expected,
+                           [("dtype_bytes", (w_dt,), t.ref.dtype_bytes(w_dt)),
+                            ("max_users", (cfg, kv_dt, ctx, free), t.ref.max_users(cfg, kv_dt, ctx, free))])
             t.expect(got, expected, "users per GPU", mistakes=wrong, count=True)
 
 

@@ -99,14 +99,17 @@ def _int4_mistakes(out_f, in_f, g, zp) -> dict:
             "stores the zero point in 2 bytes; it is packed in 4 bits": weights + groups * (2 + 2 * zp),
             "ignores zero_point": weights + groups * 2,
             "rounds the groups per row down, dropping the short last group":
-                weights + out_f * (in_f // g) * (2 + zero)}
+                weights + out_f * (in_f // g) * (2 + zero),
+            "floor-divides the bits by 8, dropping a half byte: an odd count of 4-bit values (weights and zero "
+            "points) takes a half byte, so the bytes may be fractional": (out_f * in_f * 4 + groups * (16 + 4 * zp)) // 8}
 
 
 @check(points=2, section="2.1")
 def quantized_linear_bytes(t):
     """Bytes of one int4 matrix with its group scales."""
     visible = [("a square matrix", (8192, 8192, 128, False)), ("an MLP matrix", (8192, 28672, 128, False)),
-               ("groups of 64 with zero points", (1024, 8192, 64, True)), ("a short last group", (1000, 1000, 128, False))]
+               ("groups of 64 with zero points", (1024, 8192, 64, True)), ("a short last group", (1000, 1000, 128, False)),
+               ("one row of 100 weights with a zero point (a half byte)", (1, 100, 128, True))]
 
     def hidden(rng):
         return (rng.randint(1, 64) * 128, rng.randint(1, 400) * 64 + rng.choice([0, 0, 17]),
@@ -123,7 +126,8 @@ def weight_bytes(t):
     """Bytes of a parameter count in bf16, fp8, int8, int4 (with scales)."""
     n70 = t.ref.param_count(t.ref.LLAMA_3_70B)
     visible = [("Llama-3-70B", (n70, "bf16", 128, False)), ("Llama-3-70B", (n70, "fp8", 128, False)),
-               ("Llama-3-70B", (n70, "int4", 128, False)), ("Llama-3-8B", (8_030_261_248, "int4", 64, True))]
+               ("Llama-3-70B", (n70, "int4", 128, False)), ("Llama-3-8B", (8_030_261_248, "int4", 64, True)),
+               ("a small count with a short last group", (1000, "int4", 128, False))]
 
     def hidden(rng):
         return (rng.randint(10**8, 4 * 10**11), rng.choice(["fp32", "bf16", "fp16", "fp8", "int8", "int4", "int4"]),
@@ -180,7 +184,7 @@ def kv_bytes_per_token_per_gpu(t):
             expected = t.ref.kv_bytes_per_token_per_gpu(cfg, dtype, tp)
             got = call(t, "kv_bytes_per_token_per_gpu", cfg, **non_default(kv_dtype=(dtype, "bf16"), tp=(tp, 1)))
             t.expect(got, expected, "KV bytes per token per GPU",
-                     mistakes=_kv_mistakes(cfg, tp, t.ref.kv_bytes_per_token(cfg, dtype)))
+                     mistakes=_kv_mistakes(cfg, tp, t.ref.kv_bytes_per_token(cfg, dtype)), count=True)
 
 
 # ---------------------------------------------------------------- 4.1

@@ -115,7 +115,8 @@ def kv_bytes_per_token(t):
             expected = R.kv_bytes_per_token(cfg, b)
             got = _call_on_nulls(t, "kv_bytes_per_token", cfg, b)
             gqa = R.gqa_kv_bytes_per_token(cfg, b) if cfg.get("kv_lora_rank") else None
-            t.expect(got, expected, f"bytes per token for {_cfg_repr(cfg)}", mistakes=_kv_mistakes(cfg, b, gqa))
+            t.expect(got, expected, f"bytes per token for {_cfg_repr(cfg)}", mistakes=_kv_mistakes(cfg, b, gqa),
+                     count=True)
 
 
 def _call_on_nulls(t, name: str, cfg: dict, *args):
@@ -148,7 +149,9 @@ def _capacity_mistakes(per: int, params, wb, gpus, gpu_bytes, copies, default: b
            "ignores kv_copies (a replicated cache takes its bytes once per copy)": max(0, int(free // per)),
            "subtracts the whole model from every GPU (the weights are split across them)":
                max(0, int(gpus * (gpu_bytes - params * wb) // (per * copies))),
-           "rounds to the nearest token (whole tokens only: round down)": max(0, round(free / (per * copies)))}
+           "rounds to the nearest token (whole tokens only: round down)": max(0, round(free / (per * copies))),
+           "counts one GPU's memory, not num_gpus x gpu_bytes (the cache spreads over every GPU)":
+               max(0, int((gpu_bytes - params * wb) // (per * copies)))}
     if default:
         out["stores a copy per GPU when kv_copies is not given (its default is 1: each token once)"] = \
             max(0, int(free // (per * gpus)))
@@ -183,7 +186,8 @@ def kv_capacity_tokens(t):
                 t.blame_upstream("kv_capacity_tokens", "kv_bytes_per_token", [((cfg, kvb), per)], rtol=None,
                                  shown=f"{cfg['name']}, {kvb}")
             t.expect(got, expected, "tokens", mistakes=_capacity_mistakes(per, params, wb, gpus, gpu_bytes,
-                                                                          copies or 1, default=copies is None))
+                                                                          copies or 1, default=copies is None),
+                     count=True)
 
 
 # ---------------------------------------------------------------- 2. GQA decode

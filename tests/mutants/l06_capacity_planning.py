@@ -71,7 +71,20 @@ def quantized_linear_bytes(out_features, in_features, group_size=128, zero_point
     return out_features * in_features / 2 + groups * (2.5 if zero_point else 2)
 
 
+@mutant(check="quantized_linear_bytes", message="floor-divides the bits by 8")
+def quantized_linear_bytes(out_features, in_features, group_size=128, zero_point=False):  # noqa: F811
+    groups = out_features * math.ceil(in_features / group_size)
+    return (out_features * in_features * 4 + groups * (16 + (4 if zero_point else 0))) // 8
+
+
 # ---------------------------------------------------------------- 2.2 weight_bytes
+
+@mutant(check="weight_bytes", message="dropping the short last group")
+def weight_bytes(n_params, dtype, group_size=128, zero_point=False):  # noqa: F811
+    if dtype != "int4":
+        return _m_wb(n_params, dtype, group_size, zero_point)
+    return n_params / 2 + (n_params // group_size) * (2.5 if zero_point else 2)
+
 
 @mutant(check="weight_bytes", message="forgets the fp16 group scales")
 def weight_bytes(n_params, dtype, group_size=128, zero_point=False):
@@ -88,7 +101,7 @@ def weight_bytes(n_params, dtype, group_size=128, zero_point=False):  # noqa: F8
 
 @mutant(check="kv_bytes_per_token_per_gpu", message="divides the whole model's bytes by TP")
 def kv_bytes_per_token_per_gpu(config, kv_dtype="bf16", tp=1):
-    return _m_whole(config, kv_dtype) / tp
+    return _m_whole(config, kv_dtype) // tp  # (with / it is a float as well: the check names that first)
 
 
 @mutant(check="kv_bytes_per_token_per_gpu", message="does not divide the KV heads across the TP ranks")
