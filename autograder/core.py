@@ -431,11 +431,11 @@ class Trial:
         if inplace:
             return value, args_after
         for i, (orig, used) in enumerate(zip(args, args_after or [])):
-            if cmp.compare(used, orig, rtol=0, atol=0) is not None:
+            if _changed(used, orig):
                 self.fail(f"{what}() modified its argument #{i + 1} in place; "
                           "callers (the engine, the scheduler) still need the original: work on a copy")
         for k in kwargs:
-            if cmp.compare((kw_after or {}).get(k), kwargs[k], rtol=0, atol=0) is not None:
+            if _changed((kw_after or {}).get(k), kwargs[k]):
                 self.fail(f"{what}() modified its argument `{k}` in place; work on a copy")
         return self._wrap(value)
 
@@ -564,6 +564,20 @@ class Trial:
                 self.fail(f"{what}() raised {raised.type_name}, expected {exc_type.__name__}: {why}")
             return
         self.fail(f"{what}() returned {cmp.fmt(got)[:60]} instead of raising {exc_type.__name__}: {why}")
+
+
+def _changed(after, before) -> bool:
+    """Whether an argument came back changed: different at zero tolerance, or a dict (at any depth) with keys
+    added (compare() lets an answer carry extra keys; an argument must come back as it went)."""
+    return cmp.compare(after, before, rtol=0, atol=0) is not None or _keys_added(after, before)
+
+
+def _keys_added(after, before) -> bool:
+    if isinstance(before, dict) and isinstance(after, dict):
+        return set(after) != set(before) or any(_keys_added(after[k], before[k]) for k in before)
+    if isinstance(before, (list, tuple)) and isinstance(after, (list, tuple)):
+        return any(_keys_added(a, b) for a, b in zip(after, before))
+    return False
 
 
 def _harness_name(harness: Callable) -> str:

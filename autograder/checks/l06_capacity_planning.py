@@ -234,13 +234,18 @@ def _users_case(t, label, cfg, mem, n, ctx, wd, kd, util, reserve):
                       f"max_users should return a dict with keys {list(KEYS)}; got {type(got).__name__}"
                       + (f" with keys {sorted(got)}" if isinstance(got, dict) else ""))
         w_all = t.ref.weight_bytes(t.ref.param_count(cfg), wd)
-        t.expect(got["weight_bytes_per_gpu"], exp["weight_bytes_per_gpu"], "weight_bytes_per_gpu",
-                 mistakes={"puts the whole model's weights on every GPU; TP splits them": w_all})
+        w_mistakes = {"puts the whole model's weights on every GPU; TP splits them": w_all}
+        if wd != "bf16":
+            w_mistakes["ignores weight_dtype (sizes the weights in bf16)"] = \
+                t.ref.weight_bytes(t.ref.param_count(cfg), "bf16") / n
+        t.expect(got["weight_bytes_per_gpu"], exp["weight_bytes_per_gpu"], "weight_bytes_per_gpu", mistakes=w_mistakes)
         kv_tp1 = t.ref.kv_bytes_per_token_per_gpu(cfg, kd, 1)
+        kv_mistakes = {"counts the KV per token of the whole model on every GPU": kv_tp1,
+                       "splits the KV heads into fractions of a head": kv_tp1 / n}
+        if kd != "bf16":
+            kv_mistakes["ignores kv_dtype (sizes the cache in bf16)"] = t.ref.kv_bytes_per_token_per_gpu(cfg, "bf16", n)
         t.expect(got["kv_bytes_per_token_per_gpu"], exp["kv_bytes_per_token_per_gpu"],
-                 "kv_bytes_per_token_per_gpu",
-                 mistakes={"counts the KV per token of the whole model on every GPU": kv_tp1,
-                           "splits the KV heads into fractions of a head": kv_tp1 / n})
+                 "kv_bytes_per_token_per_gpu", mistakes=kv_mistakes)
         t.expect(got["free_kv_bytes_per_gpu"], exp["free_kv_bytes_per_gpu"], "free_kv_bytes_per_gpu",
                  mistakes=_free_mistakes(mem, util, exp["weight_bytes_per_gpu"], reserve))
         exact = exp["free_kv_bytes_per_gpu"] / (exp["kv_bytes_per_token_per_gpu"] * ctx)

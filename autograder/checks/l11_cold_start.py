@@ -426,7 +426,8 @@ def _header_call(t, path: Path, ends_at_header: bool):
         if ends_at_header and not e.not_implemented and e.is_a(ValueError):
             t.fail(f"safetensors_header() raised ValueError on a valid file that ends exactly where its header "
                    f"does ({path.stat().st_size} bytes = 8 + N: a checkpoint with no tensors). Only a file shorter "
-                   "than 8 + N bytes is truncated")
+                   "than 8 + N bytes is truncated; if your test is N > size - 8, check how N is read: all 8 bytes, "
+                   "one little-endian unsigned 64-bit integer (struct '<Q'), and the JSON at bytes [8, 8 + N)")
         raise
 
 
