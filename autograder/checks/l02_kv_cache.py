@@ -121,10 +121,12 @@ def _config_cases(t, visible: list, hidden, n: int) -> list:
 def blame_upstream(t, what: str, got, expected, upstream: list[tuple[str, tuple, object]]) -> None:
     """Before `what`'s wrong answer is judged: the first exercise it builds on (upstream: (name, the arguments the
     reference passes it here, the reference's value), in call order) that is wrong on those arguments fails the
-    case, named (t.blame_upstream): each check judges its own function."""
+    case, named (t.blame_upstream): each check judges its own function. A config is shown as the case labels show
+    it."""
     if compare(got, expected) is not None:
         for name, args, value in upstream:
-            t.blame_upstream(what, name, [(args, value)], rtol=None)
+            shown = ", ".join(f"{{{describe(a)}}}" if isinstance(a, dict) else repr(a) for a in args)
+            t.blame_upstream(what, name, [(args, value)], rtol=None, shown=shown)
 
 
 @check(points=3, section="2.1")
