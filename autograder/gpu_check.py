@@ -223,24 +223,19 @@ def w4a16_speed(device: str, quick: bool) -> tuple[str, str, dict]:
     The goal is at least 2x at these batches (a measurement: reported, not judged)."""
     if device != "cuda":
         return SKIPPED, "needs a CUDA GPU (the interpreter's time says nothing about a kernel's speed)", {}
-    import torch
-
+    from autograder.harnesses.l16_quantization import timing_inputs
     from autograder.harnesses.timing import seconds_per_call
-    from reference_engine.quantization import pack_int4, quantize_groups
     from solutions import l16_quantization as l16
     rows = []
     for name, n, k in [("gate_up", 28672, 4096), ("down", 4096, 14336)][: 1 if quick else 2]:
-        g = torch.Generator().manual_seed(0)
-        w = torch.randn(n, k, generator=g) * 0.02
-        q, scales, zeros = quantize_groups(w, 4, 128, symmetric=False)
-        qw = l16.Int4Weight(pack_int4(q).cuda(), scales.cuda(), zeros.cuda(), 128)
-        wb = w.to("cuda", torch.bfloat16)
+        x16, qw, wb = timing_inputs(0, "cuda", n, k, 16)  # the check's inputs: the engine's quantizer and packing
         for m in (1, 4, 16):
-            x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+            x = x16[:m]
             mine = seconds_per_call(lambda x=x, qw=qw: l16.w4a16_matmul(x, qw), 50)
             bf16 = seconds_per_call(lambda x=x, wb=wb: x @ wb.T, 50)
+            nbytes = n * k / 2 + 3 * n * k / 128  # packed int4, an fp16 scale and a uint8 zero per group of 128
             rows.append({"weight": name, "N": n, "K": k, "M": m, "w4a16_us": mine * 1e6, "bf16_us": bf16 * 1e6,
-                         "speedup": bf16 / mine, "w4a16_GB_s": (n * k / 2 + 3 * n * k / 128) / mine / 1e9})  # fp16 scale, uint8 zero
+                         "speedup": bf16 / mine, "w4a16_GB_s": nbytes / mine / 1e9})
     text = "; ".join(f"{r['weight']} M={r['M']}: {r['w4a16_us']:.1f} vs {r['bf16_us']:.1f} us = {r['speedup']:.2f}x"
                      for r in rows)
     low = [r for r in rows if r["speedup"] < 2]
@@ -267,7 +262,6 @@ def memory_bandwidth(device: str, out_dir: Path) -> tuple[str, str, dict]:
     return PASSED, (f"{record['read_GB_s']:.0f} GB/s read, {record['copy_GB_s']:.0f} GB/s copy = "
                     f"{measured.mem_eff(record):.3f} of {chip.name}'s {record['peak_GB_s']:.0f} GB/s; add it to the "
                     f"calibrated clock's table: python -m reference_engine.sim.measured --add {path}"), record
-
 
 
 def calibration(device: str, quick: bool) -> tuple[str, str, dict]:

@@ -233,11 +233,10 @@ def _users_case(t, label, cfg, mem, n, ctx, wd, kd, util, reserve):
         t.expect_true(isinstance(got, dict) and all(k in got for k in KEYS),
                       f"max_users should return a dict with keys {list(KEYS)}; got {type(got).__name__}"
                       + (f" with keys {sorted(got)}" if isinstance(got, dict) else ""))
-        w_all = t.ref.weight_bytes(t.ref.param_count(cfg), wd)
-        w_mistakes = {"puts the whole model's weights on every GPU; TP splits them": w_all}
+        params = t.ref.param_count(cfg)
+        w_mistakes = {"puts the whole model's weights on every GPU; TP splits them": t.ref.weight_bytes(params, wd)}
         if wd != "bf16":
-            w_mistakes["ignores weight_dtype (sizes the weights in bf16)"] = \
-                t.ref.weight_bytes(t.ref.param_count(cfg), "bf16") / n
+            w_mistakes["ignores weight_dtype (sizes the weights in bf16)"] = t.ref.weight_bytes(params, "bf16") / n
         t.expect(got["weight_bytes_per_gpu"], exp["weight_bytes_per_gpu"], "weight_bytes_per_gpu", mistakes=w_mistakes)
         kv_tp1 = t.ref.kv_bytes_per_token_per_gpu(cfg, kd, 1)
         kv_mistakes = {"counts the KV per token of the whole model on every GPU": kv_tp1,

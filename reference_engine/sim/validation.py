@@ -215,8 +215,8 @@ def table(rows: list[dict]) -> str:
     lines += ["", f"ratio = modeled / published; band {BAND[0]}-{BAND[1]}. Sources:"]
     lines += [f"[{i + 1}] {s}" for i, s in enumerate(sources)]
     lines += ["", "Achievable HBM fraction per chip (reference_engine/sim/measured.py adds a chip measured by gpu_check):"]
-    lines += [f"  {name}: {calibration.calibration_for(c).mem_eff:.3f}, {calibration.calibration_for(c).mem_eff_source}"
-              for name, c in CHIPS.items()]
+    cals = {name: calibration.calibration_for(chip) for name, chip in CHIPS.items()}
+    lines += [f"  {name}: {cal.mem_eff:.3f}, {cal.mem_eff_source}" for name, cal in cals.items()]
     return "\n".join(lines)
 
 
